@@ -1,0 +1,621 @@
+"""Assembler: a Python builder API and a readable text form for VLIW programs.
+
+Both produce a :class:`Program` (int64 arrays the machine runs). The assembler refuses, naming
+bundle, unit and operand: two instructions on one unit in a bundle, an unknown opcode, a
+register or channel out of range, an address operand in the wrong memory space, a bad DMA
+descriptor, an unknown label, and reading (or overwriting) a register before the latency of an
+earlier write to it has elapsed. Hazards are tracked through straight-line code; at a control
+transfer (branch, call, return, wait, barrier, halt) every write must have landed, so each
+basic block can be checked on its own and the machine may write results at issue.
+
+Text form, one bundle per line, instructions separated by ``|``::
+
+    .desc a_tile src=DDR dst=GSM rows=4 row_bytes=256 src_stride=8192 dst_stride=256 mode=copy
+    loop:
+    { sldh s4, [s5+0] | vldh v1, [s6+384] | saddi@SIEU s7, s7, 2 }
+    { vfma v8, v2, v1 | bdec s9, loop }
+    { nop latency }                    # an empty bundle, counted as a latency stall
+    { halt }
+
+A unit may be pinned with ``op@UNIT``; otherwise the first free unit that can run it is used.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import isa
+from .errors import AssemblyError
+from .platform import DEFAULT, Platform
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction before encoding. ``args`` follow the opcode's syntax string."""
+
+    op: str
+    args: tuple = ()
+    unit: str | None = None
+
+    def __repr__(self) -> str:
+        pin = f"@{self.unit}" if self.unit else ""
+        return f"{self.op}{pin} {', '.join(map(str, self.args))}"
+
+
+def ins(op: str, *args, unit: str | None = None) -> Instr:
+    return Instr(op, tuple(args), unit)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    src: str
+    dst: str
+    rows: int
+    row_bytes: int
+    src_stride: int
+    dst_stride: int
+    mode: str = "copy"
+
+
+@dataclass
+class Program:
+    """An assembled program: ``code[bundle, unit, field]`` and the DMA descriptor table."""
+
+    code: np.ndarray
+    descriptors: np.ndarray
+    labels: dict[str, int] = field(default_factory=dict)
+    descriptor_names: list[str] = field(default_factory=list)
+
+    @property
+    def bundles(self) -> int:
+        return int(self.code.shape[0])
+
+    def disassemble(self) -> str:
+        return disassemble(self)
+
+
+# ------------------------------------------------------------------------------------------
+# Builder
+# ------------------------------------------------------------------------------------------
+class ProgramBuilder:
+    """Collects bundles, labels and descriptors; ``assemble`` validates and encodes."""
+
+    def __init__(self, platform: Platform = DEFAULT):
+        self.platform = platform
+        self._bundles: list[tuple[Instr, ...]] = []
+        self._labels: dict[str, int] = {}
+        self._descs: list[Descriptor] = []
+        self._desc_names: list[str] = []
+        self._desc_index: dict[Descriptor, int] = {}
+
+    # structure --------------------------------------------------------------------------
+    def label(self, name: str) -> None:
+        if name in self._labels:
+            raise AssemblyError(f"label '{name}' defined twice (bundles {self._labels[name]} and {len(self._bundles)})")
+        self._labels[name] = len(self._bundles)
+
+    def bundle(self, *instrs: Instr) -> int:
+        self._bundles.append(tuple(instrs))
+        return len(self._bundles) - 1
+
+    def nops(self, count: int, reason: str = "latency") -> None:
+        for _ in range(count):
+            self._bundles.append((ins("nop", reason),))
+
+    def descriptor(self, src: str, dst: str, rows: int, row_bytes: int, src_stride: int,
+                   dst_stride: int, mode: str = "copy", name: str | None = None) -> int:
+        d = Descriptor(src, dst, int(rows), int(row_bytes), int(src_stride), int(dst_stride), mode)
+        if d in self._desc_index and name is None:
+            return self._desc_index[d]
+        self._descs.append(d)
+        self._desc_names.append(name or f"d{len(self._descs) - 1}")
+        self._desc_index.setdefault(d, len(self._descs) - 1)
+        return len(self._descs) - 1
+
+    def extend(self, bundles: Iterable[Sequence[Instr]]) -> None:
+        for b in bundles:
+            self.bundle(*b)
+
+    @property
+    def pc(self) -> int:
+        return len(self._bundles)
+
+    def assemble(self, check_hazards: bool = True) -> Program:
+        return _encode(self.platform, self._bundles, self._labels, self._descs,
+                       self._desc_names, check_hazards)
+
+
+# ------------------------------------------------------------------------------------------
+# Encoding and checks
+# ------------------------------------------------------------------------------------------
+_REG_RE = re.compile(r"^([sv])(\d+)$")
+
+
+def _reg(kind: str, value, where: str, limit: int) -> int:
+    if isinstance(value, str):
+        m = _REG_RE.match(value.strip())
+        if not m or m.group(1) != kind:
+            raise AssemblyError(f"{where}: expected a {'scalar' if kind == 's' else 'vector'} register ({kind}N), got {value!r}")
+        value = int(m.group(2))
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise AssemblyError(f"{where}: expected a register number, got {value!r}")
+    if not 0 <= int(value) < limit:
+        raise AssemblyError(f"{where}: {'scalar' if kind == 's' else 'vector'} register {kind}{value} out of range {kind}0..{kind}{limit - 1}")
+    return int(value)
+
+
+def _imm(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise AssemblyError(f"{where}: expected an integer immediate, got {value!r}")
+    if not -(2**62) <= int(value) < 2**62:
+        raise AssemblyError(f"{where}: immediate {value} out of range")
+    return int(value)
+
+
+def _addr(value, where: str, space: int, nsregs: int) -> tuple[int, int]:
+    """Address operand: (sreg, imm) or (sreg, imm, 'SPACE')."""
+    if not isinstance(value, tuple) or len(value) not in (2, 3):
+        raise AssemblyError(f"{where}: expected an address (sreg, offset[, space]), got {value!r}")
+    if len(value) == 3:
+        sp = value[2]
+        if sp not in isa.SPACES:
+            raise AssemblyError(f"{where}: unknown memory space {sp!r} (known: {', '.join(isa.SPACES)})")
+        if isa.SPACES.index(sp) != space:
+            raise AssemblyError(f"{where}: operand in the wrong memory space: {sp} given, this unit addresses {isa.SPACES[space]}")
+    return _reg("s", value[0], where, nsregs), _imm(value[1], where)
+
+
+def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
+    ns, nv = platform.scalar_registers, platform.vector_registers
+    code = np.zeros((len(bundles), isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    desc_arr = np.zeros((len(descs), isa.N_DESC), dtype=np.int64)
+    for k, d in enumerate(descs):
+        desc_arr[k] = _check_descriptor(d, desc_names[k], platform)
+    for b, instrs in enumerate(bundles):
+        used: dict[int, Instr] = {}
+        for instr in instrs:
+            spec = isa.OP_BY_NAME.get(instr.op)
+            if spec is None:
+                raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
+            unit = _pick_unit(spec, instr, used, b)
+            where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
+            code[b, unit] = _encode_one(spec, instr, where, ns, nv, labels, len(bundles),
+                                        len(descs), platform)
+            used[unit] = instr
+    prog = Program(code, desc_arr, dict(labels), list(desc_names))
+    if check_hazards:
+        check_latency_hazards(prog, platform)
+    return prog
+
+
+def _pick_unit(spec: isa.OpSpec, instr: Instr, used: dict[int, Instr], b: int) -> int:
+    if instr.unit is not None:
+        if instr.unit not in isa.UNITS:
+            raise AssemblyError(f"bundle {b}: unknown unit '{instr.unit}' for {spec.name} (units: {', '.join(isa.UNITS)})")
+        unit = isa.UNITS.index(instr.unit)
+        if unit not in spec.units:
+            raise AssemblyError(f"bundle {b}, unit {instr.unit}: {spec.name} cannot run on {instr.unit} "
+                                f"(allowed: {', '.join(isa.UNITS[u] for u in spec.units)})")
+        if unit in used:
+            raise AssemblyError(f"bundle {b}, unit {instr.unit}: two instructions on one unit ({used[unit]!r} and {instr!r})")
+        return unit
+    for unit in spec.units:
+        if unit not in used:
+            return unit
+    if len(spec.units) == 1:
+        u = spec.units[0]
+        raise AssemblyError(f"bundle {b}, unit {isa.UNITS[u]}: two instructions on one unit ({used[u]!r} and {instr!r})")
+    raise AssemblyError(f"bundle {b}: no free unit for {instr!r} (all of {', '.join(isa.UNITS[u] for u in spec.units)} busy)")
+
+
+def _label(value, where: str, labels: dict[str, int], n: int) -> int:
+    if isinstance(value, str):
+        if value not in labels:
+            raise AssemblyError(f"{where}: unknown label '{value}'")
+        return labels[value]
+    pc = _imm(value, where)
+    if not 0 <= pc < n:
+        raise AssemblyError(f"{where}: branch target {pc} outside the program (0..{n - 1})")
+    return pc
+
+
+def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:
+    row = np.zeros(isa.N_FIELDS, dtype=np.int64)
+    row[isa.F_OP] = spec.code
+    a = instr.args
+    name = spec.name
+
+    def need(count: int) -> None:
+        if len(a) != count:
+            raise AssemblyError(f"{where}: expects {count} operands ({spec.syntax}), got {len(a)}")
+
+    def wreg(kind, idx, slot):  # a written scalar register may not be s0
+        r = _reg(kind, a[idx], f"{where}, operand {idx + 1}", ns if kind == "s" else nv)
+        if kind == "s" and r == isa.ZERO_REG:
+            raise AssemblyError(f"{where}, operand {idx + 1}: s0 is the zero register and cannot be written")
+        row[slot] = r
+
+    if name == "vfma":
+        need(3)
+        for i, slot in enumerate((isa.F_R0, isa.F_R1, isa.F_R2)):
+            row[slot] = _reg("v", a[i], f"{where}, operand {i + 1}", nv)
+    elif name == "svbcast":
+        need(2)
+        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
+        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
+    elif name in ("saddi",):
+        need(3)
+        wreg("s", 0, isa.F_R0)
+        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
+        row[isa.F_IMM0] = _imm(a[2], f"{where}, operand 3")
+    elif name == "sadd":
+        need(3)
+        wreg("s", 0, isa.F_R0)
+        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
+        row[isa.F_R2] = _reg("s", a[2], f"{where}, operand 3", ns)
+    elif name == "smovi":
+        need(2)
+        wreg("s", 0, isa.F_R0)
+        row[isa.F_IMM0] = _imm(a[1], f"{where}, operand 2")
+    elif name == "sldh":
+        need(2)
+        wreg("s", 0, isa.F_R0)
+        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[1], f"{where}, operand 2", spec.space, ns)
+    elif name == "ssth":
+        need(2)
+        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[0], f"{where}, operand 1", spec.space, ns)
+        row[isa.F_R2] = _reg("s", a[1], f"{where}, operand 2", ns)
+    elif name in ("vldh", "vldw"):
+        need(2)
+        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
+        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[1], f"{where}, operand 2", spec.space, ns)
+    elif name in ("vstw", "vsth"):
+        need(2)
+        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[0], f"{where}, operand 1", spec.space, ns)
+        row[isa.F_R2] = _reg("v", a[1], f"{where}, operand 2", nv)
+    elif name == "dma":
+        need(4)
+        ch = _imm(a[0], f"{where}, operand 1 (channel)")
+        if not 0 <= ch < platform.dma_channels:
+            raise AssemblyError(f"{where}, operand 1: DMA channel {ch} out of range 0..{platform.dma_channels - 1}")
+        row[isa.F_R0] = ch
+        d = _imm(a[1], f"{where}, operand 2 (descriptor)")
+        if not 0 <= d < ndesc:
+            raise AssemblyError(f"{where}, operand 2: DMA descriptor {d} not defined ({ndesc} defined)")
+        row[isa.F_R1] = d
+        row[isa.F_R2], row[isa.F_IMM0] = _dma_addr(a[2], f"{where}, operand 3 (source)", ns)
+        row[isa.F_R3], row[isa.F_IMM1] = _dma_addr(a[3], f"{where}, operand 4 (destination)", ns)
+    elif name == "dmawait":
+        need(1)
+        ch = _imm(a[0], f"{where}, operand 1 (channel)")
+        if not 0 <= ch < platform.dma_channels:
+            raise AssemblyError(f"{where}, operand 1: DMA channel {ch} out of range 0..{platform.dma_channels - 1}")
+        row[isa.F_R0] = ch
+    elif name in ("barrier", "ret", "halt"):
+        need(0)
+        if name == "ret":
+            row[isa.F_R1] = ns - 1
+    elif name in ("br", "call"):
+        need(1)
+        row[isa.F_IMM0] = _label(a[0], f"{where}, operand 1", labels, n)
+        if name == "call":
+            row[isa.F_R0] = ns - 1
+    elif name in ("bnz", "bdec"):
+        need(2)
+        if name == "bdec":
+            wreg("s", 0, isa.F_R1)
+        else:
+            row[isa.F_R1] = _reg("s", a[0], f"{where}, operand 1", ns)
+        row[isa.F_IMM0] = _label(a[1], f"{where}, operand 2", labels, n)
+    elif name == "nop":
+        reason = a[0] if a else "latency"
+        if reason not in ("latency", "branch"):
+            raise AssemblyError(f"{where}: nop reason must be 'latency' or 'branch', got {reason!r}")
+        row[isa.F_IMM0] = isa.STALLS.index(reason)
+    return row
+
+
+def _dma_addr(value, where: str, ns: int) -> tuple[int, int]:
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise AssemblyError(f"{where}: expected an address (sreg, offset), got {value!r}")
+    return _reg("s", value[0], where, ns), _imm(value[1], where)
+
+
+def _check_descriptor(d: Descriptor, name: str, platform: Platform) -> np.ndarray:
+    where = f"DMA descriptor '{name}'"
+    for label, sp in (("src", d.src), ("dst", d.dst)):
+        if sp not in isa.SPACES:
+            raise AssemblyError(f"{where}: {label} space {sp!r} unknown (known: {', '.join(isa.SPACES)})")
+    if d.mode not in isa.DMA_MODES:
+        raise AssemblyError(f"{where}: mode {d.mode!r} unknown (known: {', '.join(isa.DMA_MODES)})")
+    if d.rows < 0 or d.row_bytes <= 0:
+        raise AssemblyError(f"{where}: rows must be >= 0 (0 is an empty transfer) and row_bytes positive "
+                            f"(rows={d.rows}, row_bytes={d.row_bytes})")
+    if d.src_stride < 0 or d.dst_stride < 0:
+        raise AssemblyError(f"{where}: strides must be non-negative")
+    if d.rows > 1 and d.dst_stride < d.row_bytes:
+        raise AssemblyError(f"{where}: dst_stride {d.dst_stride} < row_bytes {d.row_bytes}: rows would overlap")
+    if d.row_bytes % 2:
+        raise AssemblyError(f"{where}: row_bytes must be even (FP16 granularity)")
+    if d.mode == "broadcast" and d.dst not in ("SM", "AM"):
+        raise AssemblyError(f"{where}: broadcast writes every DSP's SM or AM, not {d.dst}")
+    if d.mode == "reduce_add":
+        if d.dst not in ("GSM", "DDR") or d.row_bytes % 4:
+            raise AssemblyError(f"{where}: reduce_add adds FP32 rows (row_bytes multiple of 4) into GSM or DDR")
+    return np.array([isa.SPACES.index(d.src), isa.SPACES.index(d.dst), d.rows, d.row_bytes,
+                     d.src_stride, d.dst_stride, isa.DMA_MODES.index(d.mode)], dtype=np.int64)
+
+
+def _reg_effects(row: np.ndarray) -> tuple[list[tuple[str, int]], list[tuple[str, int]], str | None]:
+    """(reads, writes, latency field) of one encoded instruction."""
+    op = int(row[isa.F_OP])
+    r0, r1, r2, r3 = (int(x) for x in row[isa.F_R0:isa.F_R3 + 1])
+    if op == isa.OP_VFMA:
+        return [("v", r1), ("v", r2), ("v", r0)], [("v", r0)], "vmac"
+    if op == isa.OP_SVBCAST:
+        return [("s", r1)], [("v", r0)], "broadcast"
+    if op == isa.OP_SADDI:
+        return [("s", r1)], [("s", r0)], "scalar_alu"
+    if op == isa.OP_SADD:
+        return [("s", r1), ("s", r2)], [("s", r0)], "scalar_alu"
+    if op == isa.OP_SMOVI:
+        return [], [("s", r0)], "scalar_alu"
+    if op == isa.OP_SLDH:
+        return [("s", r1)], [("s", r0)], "scalar_load"
+    if op == isa.OP_SSTH:
+        return [("s", r1), ("s", r2)], [], None
+    if op in (isa.OP_VLDH, isa.OP_VLDW):
+        return [("s", r1)], [("v", r0)], "vector_load"
+    if op in (isa.OP_VSTW, isa.OP_VSTH):
+        return [("s", r1), ("v", r2)], [], None
+    if op == isa.OP_DMA:
+        return [("s", r2), ("s", r3)], [], None
+    if op == isa.OP_BNZ:
+        return [("s", r1)], [], None
+    if op == isa.OP_BDEC:
+        return [("s", r1)], [("s", r1)], "scalar_alu"
+    if op == isa.OP_CALL:
+        return [], [("s", r0)], "scalar_alu"
+    if op == isa.OP_RET:
+        return [("s", r1)], [], None
+    return [], [], None
+
+
+def check_latency_hazards(prog: Program, platform: Platform) -> None:
+    """Reject reads (and overwrites) of a register whose earlier write has not landed.
+
+    Straight-line tracking; branch targets start with every register ready, and a control
+    transfer must find every write landed by the next bundle, so blocks check independently.
+    """
+    lat = platform.latencies
+    targets = set(prog.labels.values())
+    code = prog.code
+    n = code.shape[0]
+    for t in range(n):
+        for u in range(isa.N_UNITS):
+            op = code[t, u, isa.F_OP]
+            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+                targets.add(int(code[t, u, isa.F_IMM0]))
+    ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
+    cycle = 0
+    for b in range(n):
+        if b in targets:
+            ready = {}
+        control = False
+        writes_here = []
+        effects = []
+        for u in range(isa.N_UNITS):
+            row = code[b, u]
+            op = int(row[isa.F_OP])
+            if op == 0:
+                continue
+            reads, writes, latname = _reg_effects(row)
+            effects.append((u, isa.OP_BY_CODE[op], reads, writes, latname))
+        same_bundle = {(kind, r): u for u, _s, _r, writes, _l in effects for kind, r in writes}
+        for u, spec, reads, writes, latname in effects:
+            control |= spec.control
+            for kind, r in reads:
+                if kind == "s" and r == isa.ZERO_REG:
+                    continue
+                writer = same_bundle.get((kind, r))
+                if writer is not None and writer != u:
+                    raise AssemblyError(
+                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} 1 cycle(s) before the write "
+                        f"issued in the same bundle ({isa.UNITS[writer]}) lands")
+                pending = ready.get((kind, r))
+                if pending is not None and pending[0] > cycle:
+                    raise AssemblyError(
+                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} {pending[0] - cycle} "
+                        f"cycle(s) before the write issued in bundle {pending[1]} ({isa.UNITS[pending[2]]}) lands")
+            for kind, r in writes:
+                pending = ready.get((kind, r))
+                if pending is not None and pending[0] > cycle:
+                    raise AssemblyError(
+                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: overwrites {kind}{r} while the write "
+                        f"issued in bundle {pending[1]} is still in flight")
+                writes_here.append(((kind, r), cycle + getattr(lat, latname), b, u))
+        for reg, t_ready, bb, uu in writes_here:
+            if any(w[0] == reg for w in writes_here if w[2:] != (bb, uu)):
+                raise AssemblyError(f"bundle {b}: two units write {reg[0]}{reg[1]} in one bundle")
+            ready[reg] = (t_ready, bb, uu)
+        cycle += 1
+        if control:
+            for reg, (t_ready, bb, uu) in ready.items():
+                if t_ready > cycle:
+                    raise AssemblyError(
+                        f"bundle {b}, unit SBR: control transfer while {reg[0]}{reg[1]} (written in bundle {bb}, "
+                        f"{isa.UNITS[uu]}) is still in flight; pad with nops")
+            ready = {}
+
+
+# ------------------------------------------------------------------------------------------
+# Text form
+# ------------------------------------------------------------------------------------------
+def _fmt_args(spec: isa.OpSpec, row: np.ndarray, prog: Program, label_of: dict[int, str]) -> str:
+    r0, r1, r2, r3, i0, i1 = (int(x) for x in row[1:])
+    n = spec.name
+    if n == "vfma":
+        return f"v{r0}, v{r1}, v{r2}"
+    if n == "svbcast":
+        return f"v{r0}, s{r1}"
+    if n == "saddi":
+        return f"s{r0}, s{r1}, {i0}"
+    if n == "sadd":
+        return f"s{r0}, s{r1}, s{r2}"
+    if n == "smovi":
+        return f"s{r0}, {i0}"
+    if n == "sldh":
+        return f"s{r0}, [s{r1}+{i0}]"
+    if n == "ssth":
+        return f"[s{r1}+{i0}], s{r2}"
+    if n in ("vldh", "vldw"):
+        return f"v{r0}, [s{r1}+{i0}]"
+    if n in ("vstw", "vsth"):
+        return f"[s{r1}+{i0}], v{r2}"
+    if n == "dma":
+        return f"{r0}, {prog.descriptor_names[r1]}, [s{r2}+{i0}], [s{r3}+{i1}]"
+    if n == "dmawait":
+        return f"{r0}"
+    if n in ("br", "call"):
+        return label_of[i0]
+    if n in ("bnz", "bdec"):
+        return f"s{r1}, {label_of[i0]}"
+    if n == "nop":
+        return isa.STALLS[i0]
+    return ""
+
+
+def disassemble(prog: Program) -> str:
+    """Readable text that :func:`parse` turns back into the same arrays."""
+    label_of: dict[int, str] = {}
+    for name, pc in sorted(prog.labels.items(), key=lambda kv: (kv[1], kv[0])):
+        label_of.setdefault(pc, name)
+    for b in range(prog.bundles):
+        for u in range(isa.N_UNITS):
+            op = prog.code[b, u, isa.F_OP]
+            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+                pc = int(prog.code[b, u, isa.F_IMM0])
+                label_of.setdefault(pc, f"L{pc}")
+    lines = []
+    for k, row in enumerate(prog.descriptors):
+        src, dst, rows, rb, ss, ds, mode = (int(x) for x in row)
+        lines.append(f".desc {prog.descriptor_names[k]} src={isa.SPACES[src]} dst={isa.SPACES[dst]} rows={rows} "
+                     f"row_bytes={rb} src_stride={ss} dst_stride={ds} mode={isa.DMA_MODES[mode]}")
+    extra = {pc: [n for n, p in prog.labels.items() if p == pc] for pc in set(prog.labels.values())}
+    for b in range(prog.bundles):
+        names = list(dict.fromkeys(([label_of[b]] if b in label_of else []) + sorted(extra.get(b, []))))
+        for name in names:
+            lines.append(f"{name}:")
+        parts = []
+        for u in range(isa.N_UNITS):
+            row = prog.code[b, u]
+            op = int(row[isa.F_OP])
+            if op == 0:
+                continue
+            spec = isa.OP_BY_CODE[op]
+            args = _fmt_args(spec, row, prog, label_of)
+            parts.append(f"{spec.name}@{isa.UNITS[u]}" + (f" {args}" if args else ""))
+        lines.append("{ " + " | ".join(parts) + " }")
+    for name, pc in prog.labels.items():
+        if pc == prog.bundles:
+            lines.append(f"{name}:")
+    return "\n".join(lines) + "\n"
+
+
+_ADDR_RE = re.compile(r"^\[\s*(s\d+)\s*([+-]\s*-?\d+)?\s*\](?:@(\w+))?$")
+
+
+def _parse_operand(tok: str, line_no: int):
+    tok = tok.strip()
+    m = _ADDR_RE.match(tok)
+    if m:
+        off = int(m.group(2).replace(" ", "")) if m.group(2) else 0
+        return (m.group(1), off, m.group(3)) if m.group(3) else (m.group(1), off)
+    if re.fullmatch(r"-?\d+", tok):
+        return int(tok)
+    if re.fullmatch(r"0x[0-9a-fA-F]+", tok):
+        return int(tok, 16)
+    return tok
+
+
+def _split_args(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur)
+    return out
+
+
+def parse(text: str, platform: Platform = DEFAULT, source: str = "<text>",
+          check_hazards: bool = True) -> Program:
+    """Assemble the text form. Errors name the source line as well as bundle and unit."""
+    builder = ProgramBuilder(platform)
+    desc_ids: dict[str, int] = {}
+    pending: list[tuple[int, list[Instr]]] = []
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{line_no}"
+        if line.startswith(".desc"):
+            parts = line.split()
+            if len(parts) < 2:
+                raise AssemblyError(f"{where}: .desc needs a name")
+            kv = {}
+            for p in parts[2:]:
+                if "=" not in p:
+                    raise AssemblyError(f"{where}: .desc field {p!r} is not key=value")
+                k, v = p.split("=", 1)
+                kv[k] = v
+            try:
+                desc_ids[parts[1]] = builder.descriptor(
+                    kv.pop("src"), kv.pop("dst"), int(kv.pop("rows")), int(kv.pop("row_bytes")),
+                    int(kv.pop("src_stride")), int(kv.pop("dst_stride")), kv.pop("mode", "copy"), name=parts[1])
+            except KeyError as exc:
+                raise AssemblyError(f"{where}: .desc {parts[1]} is missing field {exc.args[0]}") from None
+            except ValueError as exc:
+                raise AssemblyError(f"{where}: .desc {parts[1]}: {exc}") from None
+            if kv:
+                raise AssemblyError(f"{where}: .desc {parts[1]} has unknown field(s) {', '.join(kv)}")
+            continue
+        if line.endswith(":") and not line.startswith("{"):
+            try:
+                builder.label(line[:-1].strip())
+            except AssemblyError as exc:
+                raise AssemblyError(f"{where}: {exc}") from None
+            continue
+        if not (line.startswith("{") and line.endswith("}")):
+            raise AssemblyError(f"{where}: expected '{{ ... }}' bundle, 'label:' or '.desc', got {line!r}")
+        body = line[1:-1].strip()
+        instrs = []
+        for part in filter(None, (p.strip() for p in body.split("|"))):
+            head, _, rest = part.partition(" ")
+            op, _, unit = head.partition("@")
+            args = [_parse_operand(t, line_no) for t in _split_args(rest)] if rest.strip() else []
+            if op == "dma" and len(args) >= 2 and isinstance(args[1], str):
+                if args[1] not in desc_ids:
+                    raise AssemblyError(f"{where}: unknown DMA descriptor '{args[1]}'")
+                args[1] = desc_ids[args[1]]
+            instrs.append(Instr(op, tuple(args), unit or None))
+        pending.append((line_no, instrs))
+        builder.bundle(*instrs)
+    try:
+        return builder.assemble(check_hazards=check_hazards)
+    except AssemblyError as exc:
+        msg = str(exc)
+        m = re.match(r"bundle (\d+)", msg)
+        if m and int(m.group(1)) < len(pending):
+            msg = f"{source}:{pending[int(m.group(1))][0]}: {msg}"
+        raise AssemblyError(msg) from None

@@ -1,0 +1,114 @@
+"""`mtemu platform`, `mtemu gemm` and `mtemu validate`: thin layers over the library."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, fields
+
+from .errors import MtemuError
+from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, run_gemm
+from .platform import Platform, load_platform
+
+_PLATFORM_FLAGS = {f.name: f.type for f in fields(Platform) if f.name not in ("name", "latencies")}
+
+
+def add_platform_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("platform", "override any platform field (see `mtemu platform --json`)")
+    g.add_argument("--platform", metavar="FILE", help="TOML or JSON file of platform fields")
+    for name in _PLATFORM_FLAGS:
+        g.add_argument("--" + name.replace("_", "-"), dest="plat_" + name, type=float, default=None,
+                       metavar="X", help=argparse.SUPPRESS)
+
+
+def platform_from_args(args: argparse.Namespace) -> Platform:
+    overrides = {}
+    for name, typ in _PLATFORM_FLAGS.items():
+        v = getattr(args, "plat_" + name, None)
+        if v is not None:
+            if typ in (int, "int"):
+                if v != int(v):
+                    raise MtemuError(f"--{name.replace('_', '-')} must be an integer, got {v}")
+                v = int(v)
+            overrides[name] = v
+    return load_platform(args.platform, **overrides)
+
+
+def add_tile_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tiles", f"GEMM tile sizes (defaults: {DEFAULT_TILES.describe()})")
+    for f in fields(GemmTiles):
+        if f.name == "pipelined":
+            continue
+        g.add_argument("--" + f.name, type=int, default=None)
+    g.add_argument("--no-pipeline", action="store_true", help="variant without load/compute overlap")
+
+
+def tiles_from_args(args: argparse.Namespace) -> GemmTiles:
+    kw = {f.name: getattr(args, f.name) for f in fields(GemmTiles) if f.name != "pipelined" and getattr(args, f.name, None) is not None}
+    if getattr(args, "no_pipeline", False):
+        kw["pipelined"] = False
+    return GemmTiles(**{**asdict(DEFAULT_TILES), **kw})
+
+
+# --- platform -------------------------------------------------------------------------------
+def _platform(args):
+    plat = platform_from_args(args)
+    d = plat.to_dict()
+    text = "\n".join(f"{k:24s} {v}" for k, v in d.items())
+    return d, text
+
+
+# --- gemm -----------------------------------------------------------------------------------
+def _gemm(args):
+    plat = platform_from_args(args)
+    tiles = tiles_from_args(args)
+    if args.mode == "timing":
+        r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
+    else:
+        import numpy as np
+        rng = np.random.default_rng(args.seed)
+        a = rng.standard_normal((args.m, args.k)).astype(np.float16)
+        b = rng.standard_normal((args.k, args.n)).astype(np.float16)
+        r = run_gemm(a, b, platform=plat, tiles=tiles, mode="functional")
+    payload = r.to_json()
+    total = sum(r.stalls.values())
+    text = (f"GEMM {r.m}x{r.k}x{r.n} ({r.mode}), tiles {r.tiles.describe()}\n"
+            f"  cycles       {r.cycles}\n  utilization  {100 * r.utilization:.2f}%\n"
+            f"  throughput   {r.tmac_per_s:.3f} T MAC/s\n  latency      {r.latency_ms:.3f} ms\n"
+            f"  DDR traffic  {r.ddr_bytes / 1e6:.1f} MB\n"
+            f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()) + f" (total {total})")
+    return payload, text
+
+
+# --- validate -------------------------------------------------------------------------------
+def _validate(args):
+    plat = platform_from_args(args)
+    if args.what == "table5":
+        from .validate import format_table5, table5
+        rows = table5(plat, tiles_from_args(args), progress=not args.json)
+        return {"rows": [r.to_json() for r in rows], "platform_hash": plat.digest()}, format_table5(rows)
+    raise MtemuError(f"unknown validation {args.what!r}")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("platform", help="print the platform spec")
+    add_platform_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_platform)
+
+    p = sub.add_parser("gemm", help="emulate an FP16 GEMM C[M,N] = A[M,K] B[K,N]")
+    p.add_argument("--m", type=int, required=True)
+    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--mode", choices=("timing", "functional"), default="timing")
+    p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
+    add_tile_args(p)
+    add_platform_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_gemm)
+
+    p = sub.add_parser("validate", help="compare emulated kernels with the paper")
+    p.add_argument("what", choices=("table5",))
+    add_tile_args(p)
+    add_platform_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_validate)

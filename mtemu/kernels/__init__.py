@@ -1,0 +1,1 @@
+"""Kernel generators: programs for the emulated cluster."""

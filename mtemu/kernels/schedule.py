@@ -1,0 +1,82 @@
+"""A small list scheduler that turns an ordered list of operations into VLIW bundles.
+
+Used by kernel generators for fully unrolled micro-kernels, the way a VLIW compiler
+software-pipelines a loop: each operation is placed at the earliest cycle where a unit that can
+run it is free and where its register constraints hold:
+
+- read-after-write: a source is read no earlier than its producer's issue + latency;
+- write-after-read: a register is overwritten only after every read of its old value;
+- write-after-write: a register is overwritten only after the earlier write has landed.
+
+``fence=True`` on an operation forbids placing it (or anything after it in the list) before every
+earlier operation has completed: this is how the "no software pipeline" variant is built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import isa
+from ..assembler import Instr
+from ..errors import AssemblyError
+from ..platform import Platform
+
+
+@dataclass
+class Op:
+    name: str
+    args: tuple
+    reads: tuple[tuple[str, int], ...]
+    writes: tuple[tuple[str, int], ...] = ()
+    fence: bool = False
+
+
+def schedule(ops: list[Op], platform: Platform) -> list[list[Instr]]:
+    """Return bundles (lists of pinned instructions); empty cycles become empty lists."""
+    lat = platform.latencies
+    unit_busy: dict[int, set[int]] = {}
+    ready: dict[tuple[str, int], int] = {}       # register -> cycle its latest value is readable
+    last_read: dict[tuple[str, int], int] = {}   # register -> last cycle its current value is read
+    placed: list[tuple[int, Instr]] = []
+    floor = 0          # fence: nothing may be placed before this cycle
+    completion = 0     # latest completion of anything placed so far
+    for op in ops:
+        spec = isa.OP_BY_NAME[op.name]
+        latency = getattr(lat, spec.latency) if spec.latency else 1
+        if op.fence:
+            floor = max(floor, completion)
+        t = floor
+        for r in op.reads:
+            if r[0] == "s" and r[1] == isa.ZERO_REG:
+                continue
+            t = max(t, ready.get(r, 0))
+        for w in op.writes:
+            t = max(t, ready.get(w, 0), last_read.get(w, -1) + 1)
+        while True:
+            busy = unit_busy.setdefault(t, set())
+            free = [u for u in spec.units if u not in busy]
+            if free:
+                unit = free[0]
+                break
+            t += 1
+        busy.add(unit)
+        for r in op.reads:
+            last_read[r] = max(last_read.get(r, -1), t)
+        for w in op.writes:
+            ready[w] = t + latency
+            last_read[w] = max(last_read.get(w, -1), t)
+        completion = max(completion, t + latency)
+        placed.append((t, Instr(op.name, op.args, isa.UNITS[unit])))
+    if not placed:
+        return []
+    length = max(completion, max(t for t, _ in placed) + 1)
+    bundles: list[list[Instr]] = [[] for _ in range(length)]
+    for t, instr in placed:
+        bundles[t].append(instr)
+    return bundles
+
+
+def check_registers(needed_s: int, needed_v: int, platform: Platform, what: str) -> None:
+    if needed_v > platform.vector_registers:
+        raise AssemblyError(f"{what}: needs {needed_v} vector registers, the platform has {platform.vector_registers}")
+    if needed_s > platform.scalar_registers - 1:
+        raise AssemblyError(f"{what}: needs {needed_s} scalar registers, the platform has {platform.scalar_registers - 1} free")

@@ -1,0 +1,612 @@
+"""The cluster executor: runs one program per DSP over shared GSM and DDR, with DMA and barriers.
+
+Model
+- Every bundle takes one cycle; all of its slots issue together. Results are written at issue
+  (equivalent to the exposed pipeline for programs the assembler accepts).
+- A taken branch, call or return costs ``latencies.branch_delay`` cycles (stall 'branch').
+- DMA: a transfer occupies one bandwidth server: DDR if either end is DDR, else GSM if either
+  end is GSM, else the DSP's local SM<->AM engine. Servers are first-come first-served in
+  emulated time: a transfer starts at max(issue + dma_latency, server free, channel free) and
+  holds the server for bytes / (bandwidth / clock) + rows x row_overhead cycles. A broadcast
+  reads its source once. Data moves at issue; programs must wait on the channel before using
+  the destination (as on the real machine).
+- Scheduling: the DSP with the smallest clock runs until it reaches a bundle with a DMA,
+  wait or barrier while another DSP is behind it; so every shared-resource reservation is made
+  in emulated-time order and the result is deterministic.
+- Two modes with identical cycle counts: functional (data in flat byte memory, FP16 as uint16
+  bits, FP32 arithmetic) and timing-only (no data touched). Addresses are checked in both.
+
+Errors come back from the jitted loop as codes and become :class:`MachineError` naming DSP, PC,
+unit and address.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .assembler import Program
+from .errors import MachineError
+from .fp16 import f16_to_f32_array, f32_to_f16_bits
+from .platform import DEFAULT, Platform
+
+# error codes
+E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL = 0, 1, 2, 3, 4, 5, 6
+# per-DSP stat columns
+S_CYCLES, S_BUNDLES, S_VFMA, S_DMA_BYTES, S_DMAS, S_END = 0, 1, 2, 3, 4, 5
+S_STALL0 = 6                      # + isa.ST_* (latency, branch, dma_wait, barrier)
+S_BUSY0 = S_STALL0 + len(isa.STALLS)
+N_STATS = S_BUSY0 + isa.N_UNITS
+# server indices
+SRV_DDR, SRV_GSM, SRV_LOCAL = 0, 1, 2
+
+
+# FP16 -> FP32 for every bit pattern: the hot loop widens by table lookup (exact by construction).
+F16_TABLE = f16_to_f32_array(np.arange(65536, dtype=np.uint16))
+
+
+@njit(cache=True)
+def _space_base_cap(space, d, caps, bases):
+    if space == isa.SP_SM:
+        return bases[0] + d * caps[0], caps[0]
+    if space == isa.SP_AM:
+        return bases[1] + d * caps[1], caps[1]
+    if space == isa.SP_GSM:
+        return bases[2], caps[2]
+    return bases[3], caps[3]
+
+
+@njit(cache=True)
+def _fail(err, code, d, pc, unit, space, addr, size):
+    err[0] = code
+    err[1] = d
+    err[2] = pc
+    err[3] = unit
+    err[4] = space
+    err[5] = addr
+    err[6] = size
+
+
+@njit(cache=True)
+def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
+         functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
+         max_cycles, f16tab, stats, err, server_bytes):
+    time = np.zeros(dsps, np.int64)
+    pc = lo.copy()
+    state = np.zeros(dsps, np.int64)          # 0 running, 1 at barrier, 2 halted
+    chan = np.zeros((dsps, 64), np.int64)     # completion cycle of each channel's last transfer
+    srv_free = np.zeros(3 + dsps, np.float64)
+    nunits = code.shape[1]
+    while True:
+        d = -1
+        best = np.int64(1) << 62
+        for i in range(dsps):
+            if state[i] == 0 and time[i] < best:
+                best = time[i]
+                d = i
+        if d < 0:
+            waiting = 0
+            halted = 0
+            release = np.int64(0)
+            for i in range(dsps):
+                if state[i] == 1:
+                    waiting += 1
+                    if time[i] > release:
+                        release = time[i]
+                elif state[i] == 2:
+                    halted += 1
+            if waiting == 0:
+                break
+            if halted > 0:
+                first = 0
+                for i in range(dsps):
+                    if state[i] == 1:
+                        first = i
+                        break
+                _fail(err, E_DEADLOCK, first, pc[first], isa.SBR, waiting, halted, 0)
+                return
+            for i in range(dsps):
+                if state[i] == 1:
+                    stats[i, S_STALL0 + isa.ST_BARRIER] += release - time[i]
+                    time[i] = release
+                    state[i] = 0
+                    pc[i] += 1
+            continue
+        limit = np.int64(1) << 62
+        for i in range(dsps):
+            if i != d and state[i] == 0 and time[i] < limit:
+                limit = time[i]
+        t = time[d]
+        p = pc[d]
+        while True:
+            if p < lo[d] or p >= hi[d]:
+                _fail(err, E_PC, d, p, isa.SBR, 0, p, 0)
+                time[d] = t
+                return
+            if t > max_cycles:
+                _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
+                time[d] = t
+                return
+            # yield before a shared-resource interaction if another DSP is behind us
+            sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
+                or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
+            if sync and t > limit:
+                break
+            next_p = p + 1
+            extra = np.int64(0)
+            useful = False
+            stop = False
+            for u in range(nunits):
+                op = code[p, u, 0]
+                if op == 0:
+                    continue
+                if op == isa.OP_NOP:
+                    continue
+                useful = True
+                stats[d, S_BUSY0 + u] += 1
+                if op == isa.OP_VFMA:
+                    stats[d, S_VFMA] += 1
+                    if functional:
+                        vd = code[p, u, 1]
+                        va = code[p, u, 2]
+                        vb = code[p, u, 3]
+                        for k in range(lanes):
+                            vregs[d, vd, k] += vregs[d, va, k] * vregs[d, vb, k]
+                elif op == isa.OP_SVBCAST:
+                    if functional:
+                        x = f16tab[sregs[d, code[p, u, 2]] & 0xFFFF]
+                        vd = code[p, u, 1]
+                        for k in range(lanes):
+                            vregs[d, vd, k] = x
+                elif op == isa.OP_SADDI:
+                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                elif op == isa.OP_SADD:
+                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + sregs[d, code[p, u, 3]]
+                elif op == isa.OP_SMOVI:
+                    sregs[d, code[p, u, 1]] = code[p, u, 5]
+                elif op == isa.OP_SLDH or op == isa.OP_SSTH:
+                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    if a < 0 or a + 2 > caps[0]:
+                        _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
+                        time[d] = t
+                        return
+                    if a & 1:
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 2)
+                        time[d] = t
+                        return
+                    if functional:
+                        idx = (bases[0] + d * caps[0] + a) >> 1
+                        if op == isa.OP_SLDH:
+                            sregs[d, code[p, u, 1]] = mem16[idx]
+                        else:
+                            mem16[idx] = np.uint16(sregs[d, code[p, u, 3]] & 0xFFFF)
+                elif op == isa.OP_VLDH or op == isa.OP_VSTH or op == isa.OP_VLDW or op == isa.OP_VSTW:
+                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    half = op == isa.OP_VLDH or op == isa.OP_VSTH
+                    size = lanes * 2 if half else lanes * 4
+                    if a < 0 or a + size > caps[1]:
+                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
+                        time[d] = t
+                        return
+                    if (half and (a & 1)) or ((not half) and (a & 3)):
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, size)
+                        time[d] = t
+                        return
+                    if functional:
+                        base = bases[1] + d * caps[1] + a
+                        if op == isa.OP_VLDH:
+                            vd = code[p, u, 1]
+                            i0 = base >> 1
+                            for k in range(lanes):
+                                vregs[d, vd, k] = f16tab[mem16[i0 + k]]
+                        elif op == isa.OP_VLDW:
+                            vd = code[p, u, 1]
+                            i0 = base >> 2
+                            for k in range(lanes):
+                                vregs[d, vd, k] = mem32[i0 + k]
+                        elif op == isa.OP_VSTW:
+                            vs = code[p, u, 3]
+                            i0 = base >> 2
+                            for k in range(lanes):
+                                mem32[i0 + k] = vregs[d, vs, k]
+                        else:
+                            vs = code[p, u, 3]
+                            i0 = base >> 1
+                            for k in range(lanes):
+                                mem16[i0 + k] = f32_to_f16_bits(vregs[d, vs, k])
+                elif op == isa.OP_DMA:
+                    ch = code[p, u, 1]
+                    di = desc_off[d] + code[p, u, 2]
+                    src_sp = descs[di, 0]
+                    dst_sp = descs[di, 1]
+                    rows = descs[di, 2]
+                    rowb = descs[di, 3]
+                    sstr = descs[di, 4]
+                    dstr = descs[di, 5]
+                    mode = descs[di, 6]
+                    sa = sregs[d, code[p, u, 3]] + code[p, u, 5]
+                    da = sregs[d, code[p, u, 4]] + code[p, u, 6]
+                    sbase, scap = _space_base_cap(src_sp, d, caps, bases)
+                    dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
+                    align = 4 if mode == isa.DMA_REDUCE_ADD else 2
+                    send = sa + (rows - 1) * sstr + rowb
+                    dend = da + (rows - 1) * dstr + rowb
+                    if rows == 0:
+                        # an empty transfer touches no memory
+                        sa = 0
+                        da = 0
+                        send = 0
+                        dend = 0
+                    if sa < 0 or send > scap:
+                        _fail(err, E_ADDR, d, p, u, src_sp, sa, send - sa)
+                        time[d] = t
+                        return
+                    if da < 0 or dend > dcap:
+                        _fail(err, E_ADDR, d, p, u, dst_sp, da, dend - da)
+                        time[d] = t
+                        return
+                    if (sa % align) or (da % align) or (sstr % align) or (dstr % align):
+                        _fail(err, E_ALIGN, d, p, u, src_sp, sa, align)
+                        time[d] = t
+                        return
+                    if functional:
+                        if mode == isa.DMA_REDUCE_ADD:
+                            nw = rowb >> 2
+                            for r in range(rows):
+                                s0 = (sbase + sa + r * sstr) >> 2
+                                d0 = (dbase + da + r * dstr) >> 2
+                                for k in range(nw):
+                                    mem32[d0 + k] += mem32[s0 + k]
+                        else:
+                            nh = rowb >> 1
+                            ntarget = dsps if mode == isa.DMA_BROADCAST else 1
+                            for tg in range(ntarget):
+                                if mode == isa.DMA_BROADCAST:
+                                    tb, _c = _space_base_cap(dst_sp, tg, caps, bases)
+                                else:
+                                    tb = dbase
+                                for r in range(rows):
+                                    s0 = (sbase + sa + r * sstr) >> 1
+                                    d0 = (tb + da + r * dstr) >> 1
+                                    for k in range(nh):
+                                        mem16[d0 + k] = mem16[s0 + k]
+                    nbytes = rows * rowb
+                    if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
+                        srv = SRV_DDR
+                    elif src_sp == isa.SP_GSM or dst_sp == isa.SP_GSM:
+                        srv = SRV_GSM
+                    else:
+                        srv = SRV_LOCAL + d
+                    bw = bpc[min(srv, 2)]
+                    start = float(t + dma_latency)
+                    if srv_free[srv] > start:
+                        start = srv_free[srv]
+                    if chan[d, ch] > start:
+                        start = float(chan[d, ch])
+                    dur = nbytes / bw + rows * row_overhead
+                    srv_free[srv] = start + dur
+                    chan[d, ch] = np.int64(np.ceil(start + dur))
+                    server_bytes[min(srv, 2)] += nbytes
+                    stats[d, S_DMA_BYTES] += nbytes
+                    stats[d, S_DMAS] += 1
+                elif op == isa.OP_DMAWAIT:
+                    ch = code[p, u, 1]
+                    if chan[d, ch] > t + 1:
+                        stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
+                        extra += chan[d, ch] - (t + 1)
+                elif op == isa.OP_BARRIER:
+                    stop = True
+                elif op == isa.OP_BR:
+                    next_p = lo[d] + code[p, u, 5]
+                    extra += lat_branch
+                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                elif op == isa.OP_BNZ:
+                    if sregs[d, code[p, u, 2]] != 0:
+                        next_p = lo[d] + code[p, u, 5]
+                        extra += lat_branch
+                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                elif op == isa.OP_BDEC:
+                    r = code[p, u, 2]
+                    sregs[d, r] -= 1
+                    if sregs[d, r] != 0:
+                        next_p = lo[d] + code[p, u, 5]
+                        extra += lat_branch
+                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                elif op == isa.OP_CALL:
+                    sregs[d, code[p, u, 1]] = p + 1 - lo[d]
+                    next_p = lo[d] + code[p, u, 5]
+                    extra += lat_branch
+                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                elif op == isa.OP_RET:
+                    next_p = lo[d] + sregs[d, code[p, u, 2]]
+                    extra += lat_branch
+                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                elif op == isa.OP_HALT:
+                    state[d] = 2
+                    stop = True
+            if not useful:
+                # an all-nop bundle: padding for latency or branch
+                reason = isa.ST_LATENCY
+                for u in range(nunits):
+                    if code[p, u, 0] == isa.OP_NOP:
+                        reason = code[p, u, 5]
+                        break
+                stats[d, S_STALL0 + reason] += 1
+            stats[d, S_BUNDLES] += 1
+            t += 1 + extra
+            if stop:
+                if state[d] == 0:
+                    state[d] = 1     # barrier: pc stays on the barrier until release
+                else:
+                    p = next_p
+                break
+            p = next_p
+        time[d] = t
+        pc[d] = p
+    for i in range(dsps):
+        stats[i, S_CYCLES] = time[i]
+        end = time[i]
+        for c in range(64):
+            if chan[i, c] > end:
+                end = chan[i, c]
+        stats[i, S_END] = end
+
+
+@dataclass
+class RunStats:
+    """Counters of one cluster run; all figures come from the emulated machine."""
+
+    cycles: int                      # makespan: last DSP halt or last DMA completion
+    per_dsp: np.ndarray              # (dsps, N_STATS) raw counters
+    server_bytes: dict[str, int]
+    platform: Platform
+    lanes: int
+
+    @property
+    def vfma(self) -> int:
+        return int(self.per_dsp[:, S_VFMA].sum())
+
+    def stall_cycles(self) -> dict[str, int]:
+        """Cycles lost per reason, summed over DSPs."""
+        out = {name: int(self.per_dsp[:, S_STALL0 + k].sum()) for k, name in enumerate(isa.STALLS)}
+        # idle after a DSP halts until the makespan (load imbalance)
+        out["imbalance"] = int((self.cycles - self.per_dsp[:, S_CYCLES]).sum())
+        return out
+
+    def busy_cycles(self) -> dict[str, int]:
+        return {name: int(self.per_dsp[:, S_BUSY0 + u].sum()) for u, name in enumerate(isa.UNITS)}
+
+    @property
+    def dma_bytes(self) -> int:
+        return int(self.per_dsp[:, S_DMA_BYTES].sum())
+
+    def seconds(self) -> float:
+        return self.cycles / self.platform.clock_hz
+
+
+@dataclass
+class Cluster:
+    """Machine state: memories and registers of one cluster, sized for a workload."""
+
+    platform: Platform = DEFAULT
+    ddr_bytes: int = 0
+    functional: bool = True
+    mem: np.ndarray = field(init=False)
+    sregs: np.ndarray = field(init=False)
+    vregs: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.platform
+        if self.ddr_bytes < 0 or self.ddr_bytes > p.ddr_bytes:
+            raise MachineError(f"workload needs {self.ddr_bytes} bytes of DDR; the platform has {p.ddr_bytes}")
+        self.ddr_bytes = (self.ddr_bytes + 63) // 64 * 64
+        self.caps = np.array([p.sm_bytes, p.am_bytes, p.gsm_bytes, self.ddr_bytes], dtype=np.int64)
+        sm_total = p.dsps * p.sm_bytes
+        am_total = p.dsps * p.am_bytes
+        self.bases = np.array([0, sm_total, sm_total + am_total, sm_total + am_total + p.gsm_bytes], dtype=np.int64)
+        total = int(self.bases[3] + self.ddr_bytes)
+        if self.functional:
+            self.mem = np.zeros(total // 2, dtype=np.uint16)
+            self.vregs = np.zeros((p.dsps, p.vector_registers, p.vector_lanes), dtype=np.float32)
+        else:
+            self.mem = np.zeros(2, dtype=np.uint16)
+            self.vregs = np.zeros((p.dsps, p.vector_registers, 1), dtype=np.float32)
+        self.sregs = np.zeros((p.dsps, p.scalar_registers), dtype=np.int64)
+
+    # host access to DDR (functional mode) -------------------------------------------------
+    def _ddr_view(self, addr: int, nbytes: int) -> np.ndarray:
+        if not self.functional:
+            raise MachineError("timing-only cluster holds no data")
+        if addr < 0 or addr % 2 or addr + nbytes > self.ddr_bytes:
+            raise MachineError(f"host access to DDR [{addr}, {addr + nbytes}) outside 0..{self.ddr_bytes}")
+        start = (int(self.bases[3]) + addr) // 2
+        return self.mem[start:start + nbytes // 2]
+
+    def write_ddr_u16(self, addr: int, bits: np.ndarray) -> None:
+        flat = np.ascontiguousarray(bits, dtype=np.uint16).ravel()
+        self._ddr_view(addr, flat.size * 2)[:] = flat
+
+    def read_ddr_u16(self, addr: int, count: int) -> np.ndarray:
+        return self._ddr_view(addr, count * 2).copy()
+
+    def read_ddr_f32(self, addr: int, count: int) -> np.ndarray:
+        if addr % 4:
+            raise MachineError(f"FP32 host read at unaligned DDR address {addr}")
+        return self._ddr_view(addr, count * 4).view(np.float32).copy()
+
+    def write_ddr_f32(self, addr: int, values: np.ndarray) -> None:
+        if addr % 4:
+            raise MachineError(f"FP32 host write at unaligned DDR address {addr}")
+        flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
+        self._ddr_view(addr, flat.size * 4)[:] = flat.view(np.uint16)
+
+    def read_gsm_f32(self, addr: int, count: int) -> np.ndarray:
+        start = (int(self.bases[2]) + addr) // 2
+        return self.mem[start:start + count * 2].view(np.float32).copy()
+
+    # running ----------------------------------------------------------------------------
+    def run(self, programs: list[Program], dsp_program: list[int] | None = None,
+            init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = 10**13,
+            dsp_descriptors: dict[int, np.ndarray] | None = None) -> RunStats:
+        """Run ``programs[dsp_program[d]]`` on DSP d (default: program 0 everywhere).
+
+        ``dsp_descriptors`` gives a DSP its own DMA descriptor table (same length as its
+        program's), so one code array can serve DSPs whose transfers differ in size.
+        """
+        p = self.platform
+        if dsp_program is None:
+            dsp_program = [0] * p.dsps
+        if len(dsp_program) != p.dsps:
+            raise MachineError(f"need one program index per DSP ({p.dsps}), got {len(dsp_program)}")
+        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
+        if dsp_descriptors:
+            extra = []
+            base = descs.shape[0]
+            for d, table in sorted(dsp_descriptors.items()):
+                if not 0 <= d < p.dsps:
+                    raise MachineError(f"descriptor table given for DSP {d}, outside 0..{p.dsps - 1}")
+                own = programs[dsp_program[d]].descriptors
+                table = np.asarray(table, dtype=np.int64)
+                if table.shape != own.shape:
+                    raise MachineError(f"DSP {d}: descriptor table shape {table.shape} differs from its program's {own.shape}")
+                _check_descriptor_table(table, f"DSP {d}")
+                desc_off[d] = base
+                base += table.shape[0]
+                extra.append(table)
+            descs = np.ascontiguousarray(np.concatenate([descs] + extra))
+        self.sregs[:] = 0
+        for d, regs in (init_sregs or {}).items():
+            for r, v in regs.items():
+                if not 0 < r < p.scalar_registers:
+                    raise MachineError(f"DSP {d}: initial scalar register s{r} out of range 1..{p.scalar_registers - 1}")
+                self.sregs[d, r] = v
+        stats = np.zeros((p.dsps, N_STATS), dtype=np.int64)
+        err = np.zeros(8, dtype=np.int64)
+        server_bytes = np.zeros(3, dtype=np.int64)
+        bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
+        mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
+        _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
+             self.functional, p.dsps, p.vector_lanes if self.functional else 1, p.latencies.branch_delay,
+             p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
+             stats, err, server_bytes)
+        if err[0] != E_OK:
+            raise MachineError(_describe_error(err, lo))
+        cycles = int(stats[:, S_END].max())
+        return RunStats(cycles, stats, {"ddr": int(server_bytes[0]), "gsm": int(server_bytes[1]),
+                                        "local": int(server_bytes[2])}, p, p.vector_lanes)
+
+
+def _link(programs: list[Program], dsp_program: list[int], p: Platform):
+    """Concatenate programs; branch targets stay program-relative (the machine adds lo)."""
+    if not programs:
+        raise MachineError("no program to run")
+    offsets, doffs = [], []
+    total, dtotal = 0, 0
+    for prog in programs:
+        offsets.append(total)
+        doffs.append(dtotal)
+        total += prog.bundles
+        dtotal += prog.descriptors.shape[0]
+        if prog.code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS):
+            raise MachineError("program code must have shape (bundles, 8, 7)")
+        _validate_raw(prog, p)
+        if prog.descriptors.shape[0]:
+            _check_descriptor_table(prog.descriptors, "program")
+    code = np.concatenate([pr.code for pr in programs]) if total else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64)
+    descs = (np.concatenate([pr.descriptors for pr in programs]) if dtotal
+             else np.zeros((1, isa.N_DESC), np.int64))
+    lo = np.empty(p.dsps, np.int64)
+    hi = np.empty(p.dsps, np.int64)
+    doff = np.empty(p.dsps, np.int64)
+    for d, k in enumerate(dsp_program):
+        if not 0 <= k < len(programs):
+            raise MachineError(f"DSP {d}: program index {k} out of range 0..{len(programs) - 1}")
+        lo[d], hi[d], doff[d] = offsets[k], offsets[k] + programs[k].bundles, doffs[k]
+    return np.ascontiguousarray(code), np.ascontiguousarray(descs), lo, hi, doff
+
+
+def _validate_raw(prog: Program, p: Platform) -> None:
+    """Cheap vectorised checks so that a hand-made array cannot index outside the machine."""
+    code = prog.code
+    ops = code[:, :, isa.F_OP]
+    bad = (ops < 0) | (ops >= isa.N_OPCODES)
+    if bad.any():
+        b, u = np.argwhere(bad)[0]
+        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: unknown opcode {ops[b, u]}")
+    for spec in isa.OPS:
+        mask = ops == spec.code
+        if not mask.any():
+            continue
+        wrong_unit = mask & ~np.isin(np.arange(isa.N_UNITS), spec.units)[None, :]
+        if wrong_unit.any():
+            b, u = np.argwhere(wrong_unit)[0]
+            raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: {spec.name} cannot run on this unit")
+    for spec in isa.OPS:
+        mask = ops == spec.code
+        if not mask.any():
+            continue
+        for f, kind in enumerate(isa.FIELD_KINDS[spec.name]):
+            vals = code[:, :, isa.F_R0 + f][mask]
+            limit = {"s": p.scalar_registers, "v": p.vector_registers, "c": p.dma_channels, "": 1}.get(kind)
+            if limit is None:
+                continue
+            if kind == "" :
+                if (vals != 0).any():
+                    raise MachineError(f"{spec.name}: unused operand field r{f} must be 0")
+                continue
+            bad = (vals < 0) | (vals >= limit)
+            if bad.any():
+                b, u = np.argwhere(mask)[np.argmax(bad)]
+                raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: {spec.name} operand r{f} = "
+                                   f"{vals[np.argmax(bad)]} out of range for a {kind!r} operand (limit {limit})")
+    if p.dma_channels > 64:
+        raise MachineError("at most 64 DMA channels per DSP are supported")
+    nop = ops == isa.OP_NOP
+    if nop.any():
+        reasons = code[:, :, isa.F_IMM0][nop]
+        if ((reasons != isa.ST_LATENCY) & (reasons != isa.ST_BRANCH)).any():
+            raise MachineError("nop reason must be 0 (latency) or 1 (branch)")
+    ndesc = prog.descriptors.shape[0]
+    dma = ops == isa.OP_DMA
+    if dma.any():
+        if ((code[:, :, isa.F_R1][dma] >= ndesc) | (code[:, :, isa.F_R1][dma] < 0)).any():
+            raise MachineError("DMA refers to an undefined descriptor")
+    branches = np.isin(ops, [isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL])
+    tgt = code[:, :, isa.F_IMM0][branches]
+    if ((tgt < 0) | (tgt >= max(prog.bundles, 1))).any():
+        raise MachineError("branch target outside the program")
+    writes_s0 = np.isin(ops, [isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH]) & (code[:, :, isa.F_R0] == 0)
+    if writes_s0.any():
+        b, u = np.argwhere(writes_s0)[0]
+        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: writes s0, the zero register")
+    if prog.bundles and not (ops == isa.OP_HALT).any():
+        raise MachineError("program has no halt instruction")
+
+
+def _check_descriptor_table(table: np.ndarray, who: str) -> None:
+    spaces_ok = (table[:, isa.D_SRC] >= 0) & (table[:, isa.D_SRC] < 4) & (table[:, isa.D_DST] >= 0) & (table[:, isa.D_DST] < 4)
+    sizes_ok = (table[:, isa.D_ROWS] >= 0) & (table[:, isa.D_ROWB] > 0) & (table[:, isa.D_ROWB] % 2 == 0) \
+        & (table[:, isa.D_SSTR] >= 0) & (table[:, isa.D_DSTR] >= 0)
+    mode_ok = (table[:, isa.D_MODE] >= 0) & (table[:, isa.D_MODE] < len(isa.DMA_MODES))
+    bad = ~(spaces_ok & sizes_ok & mode_ok)
+    if bad.any():
+        raise MachineError(f"{who}: DMA descriptor {int(np.argmax(bad))} is malformed: {table[np.argmax(bad)].tolist()}")
+
+
+def _describe_error(err: np.ndarray, lo: np.ndarray) -> str:
+    code, d, pc, unit, space, addr, size = (int(x) for x in err[:7])
+    rel = pc - int(lo[d]) if 0 <= d < len(lo) else pc
+    where = f"DSP {d}, PC {rel}, unit {isa.UNITS[unit]}"
+    if code == E_ADDR:
+        return f"{where}: access of {size} bytes at {isa.SPACES[space]} address {addr} is outside the memory"
+    if code == E_ALIGN:
+        return f"{where}: unaligned {isa.SPACES[space]} address {addr} (needs {size}-byte alignment)"
+    if code == E_PC:
+        return f"{where}: PC left the program (jumped to {addr - int(lo[d])})"
+    if code == E_DEADLOCK:
+        return f"{where}: deadlock: {space} DSP(s) wait at a barrier that {addr} halted DSP(s) will never reach"
+    if code == E_CYCLES:
+        return f"{where}: cycle limit {size} exceeded (infinite loop?)"
+    return f"{where}: machine error {code}"

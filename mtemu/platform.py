@@ -1,0 +1,170 @@
+"""Platform spec of one MT-3000 acceleration cluster.
+
+Defaults come from ../shared/reference/mt3000-facts.md and the RATrain paper; every field can be
+overridden from a TOML/JSON file or keyword arguments ("what if AM were 1 MB").
+
+Peak derivation (docs/CHOICES.md, "mtemu platform"): the paper's Table 5 implies 8.1 T MAC/s per
+cluster. One VMAC issue slot in RATrain's 8-lane abstraction stands for the DSP's three hardware
+FP16 MAC pipes of 64 lanes each, so a VMAC instruction performs ``vector_lanes`` = 192 MACs.
+24 DSPs x 192 MAC/cycle x f = 8.1e12 gives f = 1.7578125 GHz, inside the 1.65-1.8 GHz that
+deployed parts reach in open GEMM code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import PlatformError
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Result latencies in cycles (exposed pipeline: software must wait this long)."""
+
+    scalar_load: int = 7
+    broadcast: int = 4
+    vmac: int = 6
+    vector_load: int = 9
+    vector_store: int = 4
+    scalar_alu: int = 1
+    branch_delay: int = 6   # cycles lost on a taken branch (delay slots are not filled)
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str = "mt3000"
+    dsps: int = 24
+    sm_bytes: int = 64 * KIB
+    am_bytes: int = 768 * KIB
+    gsm_bytes: int = 6 * MIB
+    ddr_bytes: int = 20 * 1024 * MIB          # usable DDR per cluster for training
+    clock_hz: float = 1.7578125e9
+    vector_lanes: int = 192                    # MACs per VMAC instruction (3 pipes x 64 FP16)
+    scalar_registers: int = 64
+    vector_registers: int = 64
+    ddr_bandwidth: float = 30e9                # B/s, effective per cluster (RATrain measurement)
+    gsm_bandwidth: float = 120e9               # B/s, GSM port shared by the cluster's DMA
+    local_bandwidth: float = 60e9              # B/s, per-DSP SM<->AM DMA
+    dma_channels: int = 8                      # channels per DSP visible to a program
+    dma_latency_cycles: int = 600              # issue-to-first-byte latency of a DMA transfer
+    dma_row_overhead_cycles: float = 0.0       # extra server cycles per row of a strided transfer
+    latencies: Latencies = field(default_factory=Latencies)
+
+    # --- derived figures -------------------------------------------------------------------
+    @property
+    def peak_macs_per_cycle(self) -> int:
+        return self.dsps * self.vector_lanes
+
+    @property
+    def peak_mac_per_s(self) -> float:
+        return self.peak_macs_per_cycle * self.clock_hz
+
+    def bytes_per_cycle(self, bandwidth: float) -> float:
+        return bandwidth / self.clock_hz
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["peak_mac_per_s"] = self.peak_mac_per_s
+        d["hash"] = self.digest()
+        return d
+
+    def digest(self) -> str:
+        """Stable short hash of every field: keys caches and profiles."""
+        raw = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+    # --- construction ----------------------------------------------------------------------
+    def with_overrides(self, source: str = "overrides", **values: Any) -> "Platform":
+        """Return a copy with fields replaced; ``latencies`` may be a dict of latency fields."""
+        return _apply(self, values, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Platform":
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise PlatformError(f"{p}: cannot read platform file ({exc.strerror})") from None
+        try:
+            data = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise PlatformError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+        if not isinstance(data, dict):
+            raise PlatformError(f"{p}: top level must be a table of platform fields")
+        data.pop("hash", None)
+        data.pop("peak_mac_per_s", None)
+        return _apply(cls(), data, str(p))
+
+
+_INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector_lanes",
+               "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles"}
+_FLOAT_FIELDS = {"clock_hz", "ddr_bandwidth", "gsm_bandwidth", "local_bandwidth",
+                 "dma_row_overhead_cycles"}
+
+
+def _check_number(source: str, name: str, value: Any, integer: bool, allow_zero: bool = False) -> Any:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        kind = "an integer" if integer else "a number"
+        raise PlatformError(f"{source}: field '{name}' must be {kind}, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise PlatformError(f"{source}: field '{name}' must be positive, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _apply(base: Platform, values: dict[str, Any], source: str) -> Platform:
+    known = {f.name for f in fields(Platform)}
+    changes: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in known:
+            raise PlatformError(f"{source}: unknown platform field '{name}' (known: {', '.join(sorted(known))})")
+        if name == "latencies":
+            if isinstance(value, Latencies):
+                changes[name] = value
+                continue
+            if not isinstance(value, dict):
+                raise PlatformError(f"{source}: field 'latencies' must be a table")
+            lat_known = {f.name for f in fields(Latencies)}
+            lat = {}
+            for lname, lval in value.items():
+                if lname not in lat_known:
+                    raise PlatformError(f"{source}: unknown latency field 'latencies.{lname}'")
+                lat[lname] = _check_number(source, f"latencies.{lname}", lval, True, allow_zero=True)
+            changes[name] = replace(base.latencies, **lat)
+        elif name == "name":
+            if not isinstance(value, str) or not value:
+                raise PlatformError(f"{source}: field 'name' must be a non-empty string")
+            changes[name] = value
+        elif name in _INT_FIELDS:
+            changes[name] = _check_number(source, name, value, True,
+                                          allow_zero=name in {"dma_latency_cycles"})
+        elif name in _FLOAT_FIELDS:
+            changes[name] = _check_number(source, name, value, False,
+                                          allow_zero=name == "dma_row_overhead_cycles")
+    plat = replace(base, **changes)
+    for name in ("sm_bytes", "am_bytes", "gsm_bytes"):
+        if getattr(plat, name) % 64:
+            raise PlatformError(f"{source}: field '{name}' must be a multiple of 64 bytes")
+    if plat.vector_lanes % 2:
+        raise PlatformError(f"{source}: field 'vector_lanes' must be even")
+    if plat.scalar_registers < 16 or plat.vector_registers < 8:
+        raise PlatformError(f"{source}: need at least 16 scalar and 8 vector registers")
+    return plat
+
+
+DEFAULT = Platform()
+
+
+def load_platform(path: str | Path | None = None, **overrides: Any) -> Platform:
+    """The default platform, optionally from a file, then keyword overrides."""
+    plat = Platform.from_file(path) if path else DEFAULT
+    if overrides:
+        plat = plat.with_overrides("command line", **overrides)
+    return plat

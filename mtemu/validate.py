@@ -1,0 +1,79 @@
+"""Validation against the paper's kernel figures (Table 5), from emulated cycles only."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .kernels.gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing
+from .platform import DEFAULT, Platform
+
+# Paper Table 5 (M = 2048 tokens; shape column is the weight K x N). Targets only.
+TABLE5 = (
+    # (k, n, utilization %, T MAC/s, latency ms)
+    (4096, 4096, 64.96, 5.26, 6.53),
+    (4096, 11008, 66.16, 5.36, 17.23),
+    (11008, 4096, 65.13, 5.28, 17.50),
+    (6656, 6656, 67.35, 5.46, 16.63),
+    (8192, 8192, 68.13, 5.52, 24.90),
+)
+TABLE5_M = 2048
+TABLE5_TOLERANCE_PP = 1.5
+
+
+@dataclass
+class Table5Row:
+    m: int
+    k: int
+    n: int
+    utilization: float
+    paper_utilization: float
+    latency_ms: float
+    paper_latency_ms: float
+    tmac_per_s: float
+    paper_tmac_per_s: float
+    cycles: int
+    stalls: dict[str, int]
+    fit: bool                  # this row was used to fit a platform constant (others are held out)
+
+    @property
+    def delta_pp(self) -> float:
+        return 100 * (self.utilization - self.paper_utilization)
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.delta_pp) <= TABLE5_TOLERANCE_PP
+
+    def to_json(self) -> dict:
+        return {"m": self.m, "k": self.k, "n": self.n, "utilization": self.utilization,
+                "paper_utilization": self.paper_utilization, "latency_ms": self.latency_ms,
+                "paper_latency_ms": self.paper_latency_ms, "tmac_per_s": self.tmac_per_s,
+                "paper_tmac_per_s": self.paper_tmac_per_s, "cycles": self.cycles,
+                "delta_pp": self.delta_pp, "within_tolerance": self.ok, "fit": self.fit,
+                "stalls": self.stalls}
+
+
+# Rows whose utilization was used to fit platform constants (see docs/CHOICES.md).
+FIT_ROWS = {(4096, 4096), (8192, 8192)}
+
+
+def table5(platform: Platform = DEFAULT, tiles: GemmTiles = DEFAULT_TILES, progress: bool = False) -> list[Table5Row]:
+    rows = []
+    for i, (k, n, util, tmacs, lat) in enumerate(TABLE5):
+        if progress:
+            print(f"[table5 {i + 1}/{len(TABLE5)}] emulating {TABLE5_M}x{k}x{n} ...", file=sys.stderr, flush=True)
+        r: GemmResult = gemm_timing(TABLE5_M, k, n, tiles=tiles, platform=platform)
+        rows.append(Table5Row(TABLE5_M, k, n, r.utilization, util / 100, r.latency_ms, lat, r.tmac_per_s, tmacs,
+                              r.cycles, r.stalls, (k, n) in FIT_ROWS))
+    return rows
+
+
+def format_table5(rows: list[Table5Row]) -> str:
+    lines = ["GEMM (M x K x N)        util    paper   delta   lat ms  paper   T MAC/s  status",
+             "-" * 82]
+    for r in rows:
+        mark = "ok" if r.ok else "MISS"
+        role = "fit" if r.fit else "held out"
+        lines.append(f"{r.m}x{r.k}x{r.n:<10} {100 * r.utilization:6.2f}% {100 * r.paper_utilization:6.2f}% "
+                     f"{r.delta_pp:+6.2f}  {r.latency_ms:7.2f} {r.paper_latency_ms:6.2f}  {r.tmac_per_s:6.2f}   "
+                     f"{mark} ({role})")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""`ratrain model` and `ratrain memory`: model facts, operator shapes and per-stage memory (Eq. 9)."""
+from __future__ import annotations
+
+import argparse
+
+from ratrain.config import ACTIVATION_POLICIES, PARTITIONS, PREFETCH_POLICIES, ParallelConfig
+from ratrain.memory import max_peak, stage_memory
+from ratrain.models import (embedding_and_head_operators, from_hf_config, get_model,
+                            layer_operators, layer_parameter_count, list_models, parameter_count)
+from ratrain.platform import GIB, TrainingPlatform
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--model", help=f"built-in model: {', '.join(list_models())}")
+    group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
+    parser.add_argument("--json", action="store_true", help="print the JSON payload")
+
+
+def _load_model(args):
+    return get_model(args.model) if args.model else from_hf_config(args.hf_config)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("model", help="model size and one layer's operator shapes")
+    _add_model_args(p)
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (b)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (T)")
+    p.set_defaults(handler=run_model)
+
+    p = subparsers.add_parser("memory", help="per-stage peak memory (paper Eq. 9) and the Eq. 10 check")
+    _add_model_args(p)
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (P)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (D)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (T)")
+    p.add_argument("--zero", type=int, default=2, help="ZeRO stage over D (0-3)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (b)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length")
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per step per replica (A)")
+    p.add_argument("--activation", default="fsr", choices=ACTIVATION_POLICIES)
+    p.add_argument("--prefetch", default="layerwise", choices=PREFETCH_POLICIES)
+    p.add_argument("--partition", default="balanced", choices=PARTITIONS)
+    p.add_argument("--platform", metavar="FILE", help="platform file (.toml or .json)")
+    p.set_defaults(handler=run_memory)
+
+
+def run_model(args) -> tuple[dict, str]:
+    spec = _load_model(args)
+    ops = layer_operators(spec, args.micro_batch, args.seq, args.tp)
+    edge = embedding_and_head_operators(spec, args.micro_batch, args.seq, args.tp)
+    total = parameter_count(spec)
+    payload = {
+        "name": spec.name,
+        "spec": spec.to_json(),
+        "parameters": total,
+        "layer_parameters": layer_parameter_count(spec),
+        "layers": spec.layers,
+        "micro_batch": args.micro_batch,
+        "seq": args.seq,
+        "tp": args.tp,
+        "operators": [op.to_json() for op in ops],
+        "first_stage_operators": [op.to_json() for op in edge["first"]],
+        "last_stage_operators": [op.to_json() for op in edge["last"]],
+    }
+    lines = [f"{spec.name}: {total:,} parameters, {spec.layers} layers, hidden {spec.hidden}, "
+             f"ffn {spec.ffn}, heads {spec.heads}/{spec.kv_heads} kv, vocab {spec.vocab}, {spec.position}",
+             f"one layer (b={args.micro_batch}, seq={args.seq}, T={args.tp}):"]
+    for op in ops + edge["first"] + edge["last"]:
+        if op.kind == "gemm":
+            shape = f"m={op.m} k={op.k} n={op.n}" + (" +bias" if op.bias else "")
+        elif op.kind == "attention":
+            shape = (f"batch={op.batch} heads={op.heads} kv_heads={op.kv_heads} seq={op.seq} "
+                     f"head_dim={op.head_dim}" + (" causal" if op.causal else "") + (" alibi" if op.alibi else ""))
+        else:
+            shape = f"{op.bytes_moved:,} bytes"
+        lines.append(f"  {op.name:<20} {op.kind:<12} {shape}")
+    return payload, "\n".join(lines)
+
+
+def run_memory(args) -> tuple[dict, str]:
+    spec = _load_model(args)
+    cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
+                         accum=args.accum, seq=args.seq, activation=args.activation,
+                         prefetch=args.prefetch, partition=args.partition)
+    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    stages = stage_memory(spec, cfg, platform)
+    peak = max_peak(stages)
+    fits = peak <= platform.memory_budget_bytes
+    payload = {
+        "model": spec.name,
+        "config": cfg.describe(verbose=True),
+        "stages": [{"stage": st.stage, "layers": [st.layers.start, st.layers.stop], "n_act": st.n_act,
+                    "state_bytes": st.state_bytes, "activation_bytes": st.activation_bytes,
+                    "buffer_bytes": st.buffer_bytes, "peak_bytes": st.peak_bytes,
+                    "breakdown": st.breakdown} for st in stages],
+        "budget_bytes": platform.memory_budget_bytes,
+        "max_peak_bytes": peak,
+        "fits": fits,
+    }
+    lines = [f"{spec.name} {cfg.describe(verbose=True)}  (GiB = 2**30 bytes)",
+             f"{'stage':>5} {'layers':>9} {'N_act':>5} {'state':>8} {'act':>8} {'buffers':>8} {'peak':>8}"]
+    for st in stages:
+        lines.append(f"{st.stage:>5} {st.layers.start:>4}-{st.layers.stop - 1:<4} {st.n_act:>5} "
+                     f"{st.state_bytes / GIB:>8.2f} {st.activation_bytes / GIB:>8.2f} "
+                     f"{st.buffer_bytes / GIB:>8.2f} {st.peak_bytes / GIB:>8.2f}")
+    lines.append(f"max peak {peak / GIB:.2f} GiB vs budget {platform.memory_budget_bytes / GIB:.2f} GiB: "
+                 + ("fits" if fits else "does NOT fit"))
+    return payload, "\n".join(lines)

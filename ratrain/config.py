@@ -1,0 +1,158 @@
+"""Parallel training configuration c = (P, D, T, Z, b, A, pi_act, pi_pref) and layer partitioning."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from ratrain.errors import ConfigError
+
+ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
+PREFETCH_POLICIES = ("layerwise", "bulk")
+PARTITIONS = ("balanced", "uniform")
+_ACT_LABEL = {"full": "Full", "ckpt": "Ckpt", "fsr": "FSR"}
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    pp: int = 1                   # P, pipeline stages
+    dp: int = 1                   # D, data-parallel replicas
+    tp: int = 1                   # T, tensor-parallel ranks per stage
+    zero: int = 2                 # Z, ZeRO stage over the D replicas (0..3)
+    micro_batch: int = 1          # b, sequences per micro-batch
+    accum: int = 1                # A, micro-batches per step per replica
+    seq: int = 2048               # tokens per sequence
+    activation: str = "fsr"       # 'full' | 'ckpt' | 'fsr'
+    prefetch: str = "layerwise"   # 'layerwise' | 'bulk'
+    partition: str = "balanced"   # 'balanced' (parameter-balanced) | 'uniform' (equal layer counts)
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "dp", "tp", "micro_batch", "accum", "seq"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel config: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or not 0 <= self.zero <= 3:
+            raise ConfigError(f"parallel config: zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.activation not in ACTIVATION_POLICIES:
+            raise ConfigError(f"parallel config: activation must be one of {', '.join(ACTIVATION_POLICIES)}, "
+                              f"got {self.activation!r}")
+        if self.prefetch not in PREFETCH_POLICIES:
+            raise ConfigError(f"parallel config: prefetch must be one of {', '.join(PREFETCH_POLICIES)}, "
+                              f"got {self.prefetch!r}")
+        if self.partition not in PARTITIONS:
+            raise ConfigError(f"parallel config: partition must be one of {', '.join(PARTITIONS)}, "
+                              f"got {self.partition!r}")
+
+    @property
+    def clusters(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over all replicas."""
+        return self.dp * self.micro_batch * self.accum
+
+    def describe(self, verbose: bool = False) -> str:
+        """Paper-style label, e.g. 'P=8,D=32,Z=2,FSR' (T shown only when > 1)."""
+        parts = [f"P={self.pp}", f"D={self.dp}"]
+        if self.tp > 1:
+            parts.append(f"T={self.tp}")
+        parts.append(f"Z={self.zero}")
+        if verbose:
+            parts += [f"b={self.micro_batch}", f"A={self.accum}", f"seq={self.seq}"]
+        parts.append(_ACT_LABEL[self.activation])
+        if verbose:
+            parts += [self.prefetch, self.partition]
+        return ",".join(parts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def in_flight_microbatches(stage: int, pp: int, accum: int) -> int:
+    """N_act(p) = min(P - p, A): micro-batches whose activations stage p holds under 1F1B.
+
+    Stage p runs P - p warm-up forwards before its first backward, and never more than the
+    A micro-batches that exist in one step.
+    """
+    if not 0 <= stage < pp:
+        raise ConfigError(f"stage {stage} out of range for P={pp}")
+    return min(pp - stage, accum)
+
+
+def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
+                     last_extra: float = 0.0) -> list[range]:
+    """Split layers 0..num_layers-1 into `pp` contiguous, non-empty stages.
+
+    Rule: stage p carries a load of (its layer count) + extra_p, where extra_0 = first_extra
+    and extra_{P-1} = last_extra are the embedding / LM-head weights in units of one layer
+    (0 for a pure layer-count split). We pick the smallest capacity C such that stages
+    filled with floor(C - extra_p) layers (at least one each) hold all layers, then take
+    surplus layers away one at a time from the most loaded stage, ties going to the lower
+    stage index: input-side stages hold more in-flight micro-batches (N_act = P - p), so
+    leftover layers end up on the output side.  With no extras this is the usual
+    balanced split with the remainder on the last stages.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ConfigError(f"num_layers must be a positive integer, got {num_layers!r}")
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise ConfigError(f"pp must be a positive integer, got {pp!r}")
+    if pp > num_layers:
+        raise ConfigError(f"pp={pp} exceeds the number of layers ({num_layers}); every stage needs a layer")
+    for label, value in (("first_extra", first_extra), ("last_extra", last_extra)):
+        if value < 0 or not math.isfinite(value):
+            raise ConfigError(f"{label} must be a finite non-negative number, got {value!r}")
+    extras = [0.0] * pp
+    extras[0] += first_extra
+    extras[-1] += last_extra
+    eps = 1e-9
+
+    def caps(capacity: float) -> list[int]:
+        return [max(1, math.floor(capacity - e + eps)) for e in extras]
+
+    # Candidate capacities are integers plus one of the extras; scan them in increasing order.
+    offsets = sorted({e - math.floor(e) for e in extras} | {0.0})
+    base = math.floor(num_layers / pp)
+    capacity = None
+    k = max(0, base - math.ceil(max(extras)) - 1)
+    while capacity is None:
+        for off in offsets:
+            c = k + off
+            if sum(caps(c)) >= num_layers:
+                capacity = c
+                break
+        k += 1
+    counts = caps(capacity)
+    surplus = sum(counts) - num_layers
+    while surplus > 0:
+        best = max((p for p in range(pp) if counts[p] > 1),
+                   key=lambda p: (counts[p] + extras[p], -p))
+        counts[best] -= 1
+        surplus -= 1
+    stages, start = [], 0
+    for count in counts:
+        stages.append(range(start, start + count))
+        start += count
+    return stages
+
+
+def partition_model(spec, pp: int, rule: str = "balanced") -> list[range]:
+    """Partition a model's layers over `pp` stages.
+
+    'balanced': parameter-balanced; the embedding counts on stage 0 and the final norm +
+    LM head on stage P-1, both measured in layers' worth of parameters.
+    'uniform': equal layer counts (remainder on the last stages); the embedding and LM head
+    simply sit on top of stage 0 and stage P-1.
+    """
+    if rule == "uniform":
+        return partition_layers(spec.layers, pp)
+    if rule != "balanced":
+        raise ConfigError(f"partition must be one of {', '.join(PARTITIONS)}, got {rule!r}")
+    from ratrain.models import embedding_parameter_count, layer_parameter_count
+    # TP (vocab-parallel embedding, split projections) shrinks both sides alike, so the
+    # ratio uses whole-model counts.
+    per_layer = layer_parameter_count(spec)
+    first = embedding_parameter_count(spec) / per_layer
+    # A tied LM head still needs its own copy of the embedding on a separate last stage.
+    head = spec.vocab * spec.hidden if (not spec.tied_embeddings or pp > 1) else 0
+    last = (head + spec.hidden) / per_layer
+    return partition_layers(spec.layers, pp, first_extra=first, last_extra=last)

@@ -1,0 +1,10 @@
+"""Exceptions raised by ratrain. Messages name the file, field or value that is wrong."""
+from mtemu.errors import MtemuError
+
+
+class RatrainError(MtemuError):
+    """Base class for bad input to the planner, simulator or model loader."""
+
+
+class ConfigError(RatrainError):
+    """A model config, platform file or parallel configuration is malformed or unsupported."""

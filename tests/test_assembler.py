@@ -1,0 +1,169 @@
+import numpy as np
+import pytest
+
+from mtemu import isa
+from mtemu.assembler import ProgramBuilder, disassemble, ins, parse
+from mtemu.errors import AssemblyError
+from mtemu.platform import DEFAULT
+
+
+def build(*bundles, labels=None):
+    b = ProgramBuilder(DEFAULT)
+    for i, bundle in enumerate(bundles):
+        if labels and i in labels:
+            b.label(labels[i])
+        b.bundle(*bundle)
+    return b
+
+
+def test_two_instructions_on_one_unit_names_bundle_and_unit():
+    b = build([ins("sldh", 1, (0, 0)), ins("sldh", 2, (0, 2))], [ins("halt")])
+    with pytest.raises(AssemblyError, match=r"bundle 0, unit SLDST: two instructions on one unit"):
+        b.assemble()
+
+
+def test_pinned_unit_conflict_and_wrong_unit():
+    b = build([ins("smovi", 1, 5, unit="SIEU"), ins("smovi", 2, 5, unit="SIEU")], [ins("halt")])
+    with pytest.raises(AssemblyError, match="bundle 0, unit SIEU: two instructions"):
+        b.assemble()
+    b = build([ins("vfma", 1, 2, 3, unit="SMAC1")], [ins("halt")])
+    with pytest.raises(AssemblyError, match="vfma cannot run on SMAC1"):
+        b.assemble()
+
+
+def test_no_free_unit_when_all_alternatives_busy():
+    b = build([ins("smovi", 1, 1), ins("smovi", 2, 1), ins("smovi", 3, 1), ins("smovi", 4, 1)], [ins("halt")])
+    with pytest.raises(AssemblyError, match="no free unit"):
+        b.assemble()
+
+
+def test_unknown_opcode():
+    with pytest.raises(AssemblyError, match="bundle 0: unknown opcode 'vfmax'"):
+        build([ins("vfmax", 1, 2, 3)]).assemble()
+
+
+@pytest.mark.parametrize("instr, pattern", [
+    (ins("vfma", 64, 1, 2), r"operand 1: vector register v64 out of range v0..v63"),
+    (ins("vfma", 1, 2, -1), r"operand 3: vector register v-1 out of range"),
+    (ins("saddi", 70, 1, 2), r"operand 1: scalar register s70 out of range"),
+    (ins("saddi", 0, 1, 2), r"s0 is the zero register"),
+    (ins("sldh", 1, (99, 0)), r"operand 2: scalar register s99"),
+])
+def test_register_out_of_range(instr, pattern):
+    with pytest.raises(AssemblyError, match=pattern):
+        build([instr], [ins("halt")]).assemble()
+
+
+def test_operand_in_wrong_memory_space():
+    with pytest.raises(AssemblyError, match=r"bundle 0, unit VLDST1, vldh, operand 2: operand in the wrong memory space: SM given, this unit addresses AM"):
+        build([ins("vldh", 1, (2, 0, "SM"))], [ins("halt")]).assemble()
+    with pytest.raises(AssemblyError, match="wrong memory space: GSM given, this unit addresses SM"):
+        build([ins("sldh", 1, (2, 0, "GSM"))], [ins("halt")]).assemble()
+
+
+def test_read_before_latency_elapsed_names_both_bundles():
+    # scalar load latency is 7: reading in the next bundle is 6 cycles early
+    b = build([ins("sldh", 5, (0, 0))], [ins("svbcast", 1, 5)], [ins("halt")])
+    with pytest.raises(AssemblyError, match=r"bundle 1, unit SMAC1, svbcast: reads s5 6 cycle\(s\) before the write issued in bundle 0 \(SLDST\) lands"):
+        b.assemble()
+
+
+def test_read_exactly_at_latency_is_accepted():
+    lat = DEFAULT.latencies.scalar_load
+    bundles = [[ins("sldh", 5, (0, 0))]] + [[ins("nop")]] * (lat - 1) + [[ins("svbcast", 1, 5)]] + [[ins("nop")]] * 4 + [[ins("halt")]]
+    build(*bundles).assemble()
+
+
+def test_overwrite_in_flight_and_same_bundle_read():
+    with pytest.raises(AssemblyError, match="overwrites v1 while the write issued in bundle 0 is still in flight"):
+        build([ins("vldh", 1, (0, 0))], [ins("vldh", 1, (0, 0))], [ins("halt")]).assemble()
+    with pytest.raises(AssemblyError, match="reads s3 1 cycle"):
+        build([ins("smovi", 3, 4), ins("saddi", 4, 3, 1)], [ins("halt")]).assemble()
+
+
+def test_control_transfer_with_write_in_flight():
+    b = build([ins("vfma", 1, 2, 3), ins("halt")])
+    with pytest.raises(AssemblyError, match="control transfer while v1"):
+        b.assemble()
+
+
+def test_unknown_label_and_bad_descriptor():
+    with pytest.raises(AssemblyError, match="unknown label 'nowhere'"):
+        build([ins("br", "nowhere")], [ins("halt")]).assemble()
+    b = ProgramBuilder(DEFAULT)
+    b.descriptor("DDR", "AM", 1, 384, 384, 384, mode="broadcast")
+    b.descriptor("DDR", "XM", 1, 384, 384, 384)
+    b.bundle(ins("halt"))
+    with pytest.raises(AssemblyError, match="DMA descriptor 'd1': dst space 'XM' unknown"):
+        b.assemble()
+    b = ProgramBuilder(DEFAULT)
+    b.descriptor("AM", "GSM", 1, 6, 6, 6, mode="reduce_add")
+    b.bundle(ins("halt"))
+    with pytest.raises(AssemblyError, match="reduce_add adds FP32 rows"):
+        b.assemble()
+
+
+def test_dma_channel_range():
+    b = ProgramBuilder(DEFAULT)
+    d = b.descriptor("DDR", "AM", 1, 64, 64, 64)
+    b.bundle(ins("dma", DEFAULT.dma_channels, d, (0, 0), (0, 0)))
+    b.bundle(ins("halt"))
+    with pytest.raises(AssemblyError, match="DMA channel 8 out of range"):
+        b.assemble()
+
+
+TEXT = """
+.desc load src=DDR dst=AM rows=2 row_bytes=384 src_stride=512 dst_stride=384 mode=copy
+{ smovi s1, 3 | smovi@SIEU s2, 0 }
+{ dma 0, load, [s0+0], [s2+0] }
+{ dmawait 0 }
+top:
+{ vldh v1, [s2+0] | sldh s4, [s0+8] }
+{ nop latency }
+{ nop }
+{ nop }
+{ nop }
+{ nop }
+{ nop }
+{ svbcast v2, s4 }
+{ nop }
+{ nop }
+{ nop }
+{ vfma v3, v1, v2 }
+{ nop }
+{ nop }
+{ nop }
+{ nop }
+{ nop }
+{ nop branch | bdec s1, top }
+{ vstw [s2+1024], v3 }
+{ halt }
+"""
+
+
+def test_text_round_trip_is_exact():
+    prog = parse(TEXT)
+    again = parse(disassemble(prog))
+    assert np.array_equal(prog.code, again.code)
+    assert np.array_equal(prog.descriptors, again.descriptors)
+    assert disassemble(again) == disassemble(prog)
+    assert prog.labels["top"] == 3
+
+
+def test_builder_and_text_agree():
+    prog = parse(TEXT)
+    assert prog.code[0, isa.SMAC1, isa.F_OP] == isa.OP_SMOVI
+    assert prog.code[0, isa.SIEU, isa.F_OP] == isa.OP_SMOVI
+    assert prog.code[1, isa.SIEU, isa.F_OP] == isa.OP_DMA
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("{ vfma v1, v2 }\n{ halt }", r"<text>:1: bundle 0, unit VMAC, vfma: expects 3 operands"),
+    ("garbage\n", r"<text>:1: expected"),
+    (".desc x src=DDR dst=AM rows=1\n{ halt }", r"<text>:1: .desc x is missing field row_bytes"),
+    ("{ dma 0, nodesc, [s0+0], [s0+0] }\n{ halt }", r"unknown DMA descriptor 'nodesc'"),
+    ("{ halt }\n{ sldh s1, [s2+0]@AM }", r"<text>:2: bundle 1, unit SLDST, sldh, operand 2: operand in the wrong memory space"),
+])
+def test_text_errors_name_the_line(text, pattern):
+    with pytest.raises(AssemblyError, match=pattern):
+        parse(text)
