@@ -55,9 +55,9 @@ class GemmTiles:
 
     mg: int = 1024
     k2: int = 128
-    n2: int = 576
-    mr: int = 8
-    nv: int = 3
+    n2: int = 768
+    mr: int = 6
+    nv: int = 4
     rotation: int = 2
     pipelined: bool = True
 

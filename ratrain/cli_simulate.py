@@ -1,0 +1,117 @@
+"""`ratrain simulate`: one simulated training step from synthetic uniform costs.
+
+Example::
+
+    ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
+        --t-update 0.5 --t-recompute 1 --t-gradsync 1 --layers-per-stage 2 --json
+"""
+from __future__ import annotations
+
+import argparse
+
+from ratrain.costs import PipelineCosts
+from ratrain.errors import ConfigError
+from ratrain.schedule import SCHEDULES
+from ratrain.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
+
+_TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", None),
+          ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
+          ("t_recompute", "--t-recompute", 0.0), ("t_gradsync", "--t-gradsync", 0.0),
+          ("t_prefetch", "--t-prefetch", 0.0))
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="simulate one 1F1B/GPipe step with training-state lifecycle tasks",
+        description="Simulate one training step. Per-stage times are in ms per micro-batch "
+                    "(forward/backward/recompute) or per step (update/gradsync/prefetch) and are split "
+                    "evenly over --layers-per-stage layers.")
+    p.add_argument("--uniform", action="store_true", help="identical stages from the --t-* times")
+    p.add_argument("--stages", type=int, help="pipeline stages P")
+    p.add_argument("--microbatches", type=int, help="micro-batches per step A")
+    for dest, flag, _ in _TIMES:
+        p.add_argument(flag, dest=dest, type=float, help="ms per stage")
+    p.add_argument("--layers-per-stage", type=int, default=1)
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--activation", choices=ACTIVATIONS, default="fsr")
+    p.add_argument("--variant", choices=ABLATION_VARIANTS + ("all-off",),
+                   help="start from a paper ablation variant (the --no-* flags still apply)")
+    p.add_argument("--no-fsr", action="store_true", help="backward-time recovery instead of FSR")
+    p.add_argument("--no-layerwise", action="store_true", help="bulk step-end GradSync/update/prefetch")
+    p.add_argument("--no-update-prefetch", action="store_true", help="bulk update/prefetch after all GradSyncs")
+    p.add_argument("--fsr-lookahead", type=int, default=1, help="micro-batches that may hold recovery buffers")
+    p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute")
+    p.add_argument("--update-resource", choices=("compute", "ddr"), default="ddr")
+    p.add_argument("--prefetch-resource", choices=("compute", "ddr"), default="ddr")
+    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
+    p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
+    p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
+    p.set_defaults(handler=run)
+
+
+def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
+    base = Mechanisms.variant(args.variant) if args.variant else Mechanisms(activation=args.activation)
+    activation = args.activation if not args.variant else base.activation
+    return Mechanisms(layerwise=base.layerwise and not args.no_layerwise,
+                      update_prefetch=base.update_prefetch and not args.no_update_prefetch,
+                      fsr=base.fsr and not args.no_fsr, activation=activation,
+                      fsr_lookahead=args.fsr_lookahead)
+
+
+def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
+    if not args.uniform:
+        raise ConfigError("model-driven simulation comes from `ratrain simulate --model` (not yet "
+                          "available); use --uniform with --stages/--microbatches/--t-forward/--t-backward")
+    for name, flag in (("stages", "--stages"), ("microbatches", "--microbatches"),
+                       ("t_forward", "--t-forward"), ("t_backward", "--t-backward")):
+        if getattr(args, name) is None:
+            raise ConfigError(f"{flag} is required with --uniform")
+    times = {dest: (getattr(args, dest) if getattr(args, dest) is not None else default)
+             for dest, _, default in _TIMES}
+    for dest, flag, _ in _TIMES:
+        if times[dest] < 0:
+            raise ConfigError(f"{flag} must be >= 0 ms, got {times[dest]}")
+    return PipelineCosts.uniform(args.stages, args.microbatches, layers_per_stage=args.layers_per_stage,
+                                 recovery_resource=args.recovery_resource, update_resource=args.update_resource,
+                                 prefetch_resource=args.prefetch_resource, **times)
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str]:
+    costs = costs_from_args(args)
+    mech = mechanisms_from_args(args)
+    result = simulate(costs, schedule=args.schedule, mechanisms=mech)
+    payload = result.to_json(timeline=True)
+    payload["config"] = {"stages": costs.num_stages, "microbatches": costs.microbatches,
+                         "layers_per_stage": len(costs.stages[0]), "schedule": args.schedule,
+                         "transfer_ms": costs.transfer_ms, "layer_costs": costs.to_json()["stages"][0][0],
+                         "recovery_resource": costs.recovery_resource,
+                         "update_resource": costs.update_resource, "prefetch_resource": costs.prefetch_resource}
+    if args.trace:
+        from ratrain.trace import write_chrome_trace
+        write_chrome_trace(args.trace, result)
+        payload["trace"] = args.trace
+    if args.plot:
+        from ratrain.plots import plot_timeline
+        plot_timeline(result, args.plot)
+        payload["plot"] = args.plot
+    return payload, render_text(result, costs, payload)
+
+
+def render_text(result, costs: PipelineCosts, payload: dict) -> str:
+    m = result.mechanisms
+    onoff = lambda b: "on" if b else "off"  # noqa: E731
+    lines = [f"simulate {result.schedule}: P={costs.num_stages} A={costs.microbatches} "
+             f"layers/stage={len(costs.stages[0])}; layer-wise {onoff(m.layerwise)}, update-prefetch "
+             f"{onoff(m.deadline_aware)}, activation {m.policy}",
+             f"step time       {result.step_time_ms:12.3f} ms",
+             f"last backward   {result.last_backward_end_ms:12.3f} ms",
+             f"exposed tail    {result.exposed_tail_ms:12.3f} ms",
+             "stage  compute busy  compute idle  ddr busy  link busy  in-flight  R hidden  R exposed"]
+    for s in result.stages:
+        lines.append(f"{s.stage:5d}  {s.compute_busy_ms:12.3f}  {s.compute_idle_ms:12.3f}  {s.ddr_busy_ms:8.3f}  "
+                     f"{s.link_busy_ms:9.3f}  {s.peak_inflight:9d}  {s.hidden_recovery_ms:8.3f}  "
+                     f"{s.exposed_recovery_ms:9.3f}")
+    for key in ("trace", "plot"):
+        if key in payload:
+            lines.append(f"wrote {payload[key]}")
+    return "\n".join(lines)

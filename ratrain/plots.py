@@ -1,0 +1,146 @@
+"""PNG figures of simulated steps (matplotlib, Agg backend), written atomically.
+
+``plot_timeline``: per-stage rows in the style of the paper's Fig. 6 (F, B and R
+of each micro-batch on the stage's compute row; DDR and link work such as
+UpdateShard, PrefetchW, GradSync and Send/Recv on their own rows).
+``plot_stage_memory``: per-stage peak memory against the budget.
+"""
+from __future__ import annotations
+
+import io
+import os
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from mtemu.fileio import atomic_write_bytes  # noqa: E402
+from ratrain.errors import ConfigError  # noqa: E402
+from ratrain.timeline import Task  # noqa: E402
+
+COLORS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
+          "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3"}
+SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "W", "Update": "Upd"}
+GIB = 2 ** 30
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _boxes(tasks: list[Task]) -> list[tuple[str, str, float, float]]:
+    """(kind, label, start, end); consecutive per-layer pieces of one F/B/R of a micro-batch merge."""
+    out: list[list] = []
+    for t in sorted(tasks, key=lambda t: (t.start_ms, t.end_ms)):
+        if t.kind in ("F", "B", "R", "Send", "Recv"):
+            label = f"{t.kind}{t.microbatch}" if t.kind in ("F", "B", "R") else ""
+        else:
+            label = f"{SHORT.get(t.kind, t.kind)}{'' if t.layer is None else t.layer}"
+        if out and t.kind in ("F", "B", "R") and out[-1][0] == t.kind and out[-1][1] == label \
+                and abs(out[-1][3] - t.start_ms) < 1e-9:
+            out[-1][3] = t.end_ms
+            continue
+        out.append([t.kind, label, t.start_ms, t.end_ms])
+    return [tuple(b) for b in out]
+
+
+def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | None = None,
+                  t_range: tuple[float, float] | None = None, title: str | None = None,
+                  max_labels: int = 600) -> None:
+    """Draw a SimResult's timeline (or a subset of stages / a time window) to ``path``."""
+    tasks: list[Task] = list(result.tasks)
+    if not tasks:
+        raise ConfigError("plot_timeline: the timeline has no tasks")
+    all_stages = sorted({t.stage for t in tasks})
+    stages = all_stages if stages is None else list(stages)
+    for p in stages:
+        if p not in all_stages:
+            raise ConfigError(f"plot_timeline: stage {p} not in the timeline (stages {all_stages})")
+    step = getattr(result, "step_time_ms", None)
+    lo, hi = t_range if t_range is not None else (0.0, max(max(t.end_ms for t in tasks), step or 0.0))
+    if not hi > lo:
+        raise ConfigError(f"plot_timeline: empty time range {lo}..{hi}")
+    rows: list[tuple[str, list[Task]]] = []
+    for p in stages:
+        mine = [t for t in tasks if t.stage == p and t.end_ms >= lo and t.start_ms <= hi]
+        rows.append((f"S{p} compute", [t for t in mine if t.resource == "compute"]))
+        for res in ("ddr", "link"):
+            sub = [t for t in mine if t.resource == res]
+            if sub:
+                rows.append((f"S{p} {res}", sub))
+    fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 1.6))
+    span = hi - lo
+    labels = 0
+    used = set()
+    for i, (_, row) in enumerate(rows):
+        y = len(rows) - 1 - i
+        per_kind: dict[str, list[tuple[float, float]]] = {}
+        for kind, label, a, b in _boxes(row):
+            if b <= a:
+                continue
+            per_kind.setdefault(kind, []).append((a, b - a))
+            if label and (b - a) >= 0.012 * span and labels < max_labels and a >= lo and b <= hi:
+                ax.text((a + b) / 2, y, label, ha="center", va="center", fontsize=6, clip_on=True,
+                        color="white" if kind in ("F", "B", "GradSync", "UpdateShard") else "black")
+                labels += 1
+        for kind, bars in per_kind.items():
+            ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS.get(kind, "#333333"),
+                           edgecolor="white", linewidth=0.3)
+            used.add(kind)
+    last_b = getattr(result, "last_backward_end_ms", None)
+    if last_b is not None and lo <= last_b <= hi:
+        ax.axvline(last_b, color="black", linestyle="--", linewidth=0.8)
+    if step is not None and lo <= step <= hi:
+        ax.axvline(step, color="red", linewidth=1.0)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([name for name, _ in reversed(rows)], fontsize=8)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("time (ms)")
+    handles = [Patch(color=COLORS[k], label=k) for k in COLORS if k in used]
+    if last_b is not None:
+        handles.append(plt.Line2D([], [], color="black", linestyle="--", label="last backward"))
+    if step is not None:
+        handles.append(plt.Line2D([], [], color="red", label="step end"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(1, len(rows))),
+              ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    if title is None and step is not None:
+        title = (f"{getattr(result, 'schedule', '')} step {step:.3f} ms, exposed tail "
+                 f"{getattr(result, 'exposed_tail_ms', 0.0):.3f} ms")
+    if title:
+        ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def plot_stage_memory(stages_peak_bytes: Sequence[float], budget_bytes: float, path: str | os.PathLike, *,
+                      labels: Sequence[str] | None = None, title: str | None = None) -> None:
+    """Bar per stage of peak memory (GiB = 2**30 bytes) with the budget as a line; over-budget bars are red."""
+    peaks = list(stages_peak_bytes)
+    if not peaks:
+        raise ConfigError("plot_stage_memory: no stages given")
+    if any(v < 0 for v in peaks) or not budget_bytes > 0:
+        raise ConfigError(f"plot_stage_memory: peaks must be >= 0 and the budget > 0, got budget {budget_bytes}")
+    if labels is not None and len(labels) != len(peaks):
+        raise ConfigError(f"plot_stage_memory: {len(labels)} labels for {len(peaks)} stages")
+    names = list(labels) if labels is not None else [f"S{p}" for p in range(len(peaks))]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(peaks) + 2), 3.2))
+    colors = ["#C44E52" if v > budget_bytes else "#4C72B0" for v in peaks]
+    ax.bar(range(len(peaks)), [v / GIB for v in peaks], color=colors)
+    ax.axhline(budget_bytes / GIB, color="black", linestyle="--", linewidth=1.0,
+               label=f"budget {budget_bytes / GIB:.2f} GiB")
+    ax.set_xticks(range(len(peaks)))
+    ax.set_xticklabels(names, fontsize=8, rotation=0 if len(peaks) <= 16 else 90)
+    ax.set_ylabel("peak memory (GiB)")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+__all__ = ["COLORS", "plot_stage_memory", "plot_timeline"]

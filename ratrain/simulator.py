@@ -1,0 +1,824 @@
+"""Event-driven simulator of one pipeline-parallel training step with training-state lifecycles.
+
+Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
+
+* Every stage p owns three resources: ``compute`` (the cluster's DSPs),
+  ``ddr`` (its DDR/DMA engine) and ``link`` (its single inter-cluster port,
+  shared by stage-boundary transfers and data-parallel GradSync). A
+  stage-boundary transfer occupies the ports of both ends at once (a ``Send``
+  task on the sender and a ``Recv`` task on the receiver, same interval).
+* The main path is the unchanged schedule order (``ratrain.schedule``), one
+  task per layer: F in forward layer order, B in reverse.
+* Tasks are never preempted and never free: a task holds its resource for its
+  whole duration (so each logical task is exactly one ``Task`` record).
+  Priorities apply when a resource picks its next task: main path (F, B,
+  Send/Recv, backward-time recovery) first, then FSR recovery, then lifecycle
+  tasks. Low-priority work on ``compute`` and ``link`` is additionally only
+  started if a lower bound on when the next main-path task there becomes
+  ready says it will finish in time ("window fits"); that is how transfers
+  keep priority over GradSync and how FSR recovery stays off the critical path.
+* Activation policies: ``full`` (no recovery), ``ckpt`` (recompute at backward
+  time: each B lasts backward_ms + recompute_ms, no R tasks), ``fsr`` (one R
+  task per layer and micro-batch, started in idle windows after F(m, l) once
+  fewer than ``fsr_lookahead`` micro-batches hold recovery buffers; if B(m, l)
+  is otherwise ready and R(m, l) is unfinished, R is promoted to main-path
+  priority: backward-time fallback).
+* Lifecycle (Eq. 2): GradSync(l) -> UpdateShard(l) -> PrefetchW(l). Layer-wise
+  chains start when layer l's accumulation completes (its last backward in the
+  stage order); the deadline is the next step's first Forward(l).
+* Step time: the smallest period T at which the step's timeline repeats with
+  no resource running two tasks at once and every next-step Forward(l) starting
+  after PrefetchW(l) of this step (without deadline-aware update-prefetch:
+  after all of its stage's state tasks). PrefetchW may therefore finish after T,
+  overlapping the next step's first forwards. exposed_tail = T - end of the
+  step's last backward.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from bisect import bisect_left, bisect_right
+from dataclasses import asdict, dataclass, field
+
+from ratrain.costs import PipelineCosts
+from ratrain.errors import ConfigError, RatrainError
+from ratrain.schedule import build as build_schedule
+from ratrain.timeline import Task
+
+ACTIVATIONS = ("full", "ckpt", "fsr")
+ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")
+LIFECYCLE_KINDS = ("GradSync", "UpdateShard", "PrefetchW", "Update")
+RES_NAMES = ("compute", "ddr", "link")
+_COMPUTE, _DDR, _LINK = 0, 1, 2
+_WAITING, _READY, _RUNNING, _DONE = 0, 1, 2, 3
+_MAIN, _FSR, _LIFE = 0, 1, 2          # priority classes, lower runs first
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Mechanisms:
+    """Which RATrain mechanisms are on.
+
+    layerwise: per-layer GradSync -> UpdateShard -> PrefetchW chains (off: bulk
+    step-end processing after the stage's last backward: all GradSyncs, then all
+    updates, then all prefetches; ``update_prefetch`` is then ignored).
+    update_prefetch: UpdateShard/PrefetchW of a layer start right after its
+    GradSync, earliest deadline first, and may overlap the next step's forward up
+    to that layer (off: a bulk phase after all of the stage's GradSyncs, and the
+    stage's next step waits for all of it).
+    fsr / activation: see the module docstring; activation 'fsr' with fsr=False
+    behaves as 'ckpt'.
+    fsr_lookahead: how many micro-batches may hold recovery buffers at once.
+    fsr_skip_adjacent: a micro-batch whose B directly follows its F on a stage
+    keeps its activations instead of being recovered (off by default: the
+    executor applies one activation policy per run).
+    """
+    layerwise: bool = True
+    update_prefetch: bool = True
+    fsr: bool = True
+    activation: str = "fsr"
+    fsr_lookahead: int = 1
+    fsr_skip_adjacent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"Mechanisms.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if isinstance(self.fsr_lookahead, bool) or not isinstance(self.fsr_lookahead, int) \
+                or self.fsr_lookahead < 1:
+            raise ConfigError(f"Mechanisms.fsr_lookahead must be an integer >= 1, got {self.fsr_lookahead!r}")
+
+    @property
+    def policy(self) -> str:
+        """Effective activation policy: 'full', 'ckpt' (backward-time) or 'fsr'."""
+        if self.activation == "fsr" and not self.fsr:
+            return "ckpt"
+        return self.activation
+
+    @property
+    def deadline_aware(self) -> bool:
+        return self.layerwise and self.update_prefetch
+
+    @classmethod
+    def all_off(cls, activation: str = "ckpt") -> "Mechanisms":
+        """Baseline 1F1B: bulk step-end processing and backward-time recomputation."""
+        return cls(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
+
+    @classmethod
+    def variant(cls, name: str) -> "Mechanisms":
+        """The paper's ablation variants: 'full', 'no-fsr', 'no-update-prefetch', 'no-layerwise'."""
+        if name == "full":
+            return cls()
+        if name == "no-fsr":
+            return cls(fsr=False, activation="ckpt")
+        if name == "no-update-prefetch":
+            return cls(update_prefetch=False)
+        if name == "no-layerwise":
+            return cls(layerwise=False, update_prefetch=False)
+        if name == "all-off":
+            return cls.all_off()
+        raise ConfigError(f"ablation variant must be one of {ABLATION_VARIANTS + ('all-off',)}, got {name!r}")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "policy": self.policy}
+
+
+@dataclass(frozen=True)
+class TaskNote:
+    """Per-task annotation (aligned with SimResult.tasks).
+
+    hidden_by: for R and lifecycle tasks, what let it run: 'bubble' (the stage's
+    compute sat idle in a pipeline bubble), '<res>-idle during compute' (it used
+    an otherwise idle link/ddr while compute worked, possibly the next step's
+    forward), 'compute-idle while waiting on <res>' (it ran in the exposed tail),
+    'backward critical path' (FSR fallback: its backward was waiting for it).
+    exposed_ms: the part of it that was not hidden that way. peer: the other
+    stage of a Send/Recv.
+    """
+    hidden_by: str | None = None
+    exposed_ms: float = 0.0
+    peer: int | None = None
+
+
+@dataclass
+class StageSummary:
+    stage: int
+    compute_busy_ms: float
+    compute_idle_ms: float          # step_time - compute busy
+    ddr_busy_ms: float
+    link_busy_ms: float
+    busy_by_kind_ms: dict[str, float]
+    peak_inflight: int              # micro-batches with live activations, measured
+    hidden_recovery_ms: float
+    exposed_recovery_ms: float
+    lifecycle_end_ms: float | None  # end of the stage's last state task
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SimResult:
+    tasks: list[Task]
+    notes: list[TaskNote]
+    step_time_ms: float
+    exposed_tail_ms: float
+    last_backward_end_ms: float
+    stages: list[StageSummary]
+    schedule: str
+    mechanisms: Mechanisms
+    next_forward_ms: dict[int, float] = field(default_factory=dict)   # layer -> first F start (deadline offset)
+
+    @property
+    def hidden_by(self) -> list[str | None]:
+        return [n.hidden_by for n in self.notes]
+
+    @property
+    def peak_inflight(self) -> list[int]:
+        return [s.peak_inflight for s in self.stages]
+
+    def to_json(self, timeline: bool = True) -> dict:
+        out = {
+            "schedule": self.schedule,
+            "mechanisms": self.mechanisms.to_json(),
+            "step_time_ms": self.step_time_ms,
+            "exposed_tail_ms": self.exposed_tail_ms,
+            "last_backward_end_ms": self.last_backward_end_ms,
+            "peak_inflight": self.peak_inflight,
+            "stages": [s.to_json() for s in self.stages],
+        }
+        if timeline:
+            out["timeline"] = [t.to_json() for t in self.tasks]
+            out["notes"] = [asdict(n) for n in self.notes]
+        return out
+
+
+class _Job:
+    __slots__ = ("idx", "stage", "kind", "mb", "layer", "res", "res2", "dur", "cls", "key", "npred",
+                 "preds", "succs", "state", "start", "end", "fsr_r", "other", "promoted_at", "peer",
+                 "layer2", "order_hint", "main")
+
+    def __init__(self, idx, stage, kind, mb, layer, res, dur, cls, key=(), res2=-1):
+        self.idx = idx
+        self.stage = stage
+        self.kind = kind
+        self.mb = mb
+        self.layer = layer
+        self.res = res
+        self.res2 = res2
+        self.dur = dur
+        self.cls = cls
+        self.key = key
+        self.npred = 0
+        self.preds: list[_Job] = []
+        self.succs: list[_Job] = []
+        self.state = _WAITING
+        self.start = 0.0
+        self.end = 0.0
+        self.fsr_r: _Job | None = None   # for B: its FSR recovery task
+        self.other = 0                   # for B: unfinished predecessors other than fsr_r
+        self.promoted_at: float | None = None
+        self.peer = None                 # for transfers: receiving stage
+        self.layer2 = None               # for transfers: consuming layer on the receiver
+        self.order_hint = 0
+        self.main = cls == _MAIN
+
+
+def _edge(a: _Job, b: _Job) -> None:
+    a.succs.append(b)
+    b.preds.append(a)
+    b.npred += 1
+
+
+class _Sim:
+    def __init__(self, costs: PipelineCosts, schedule: str, mech: Mechanisms):
+        self.costs, self.schedule, self.mech = costs, schedule, mech
+        self.P, self.A = costs.num_stages, costs.microbatches
+        self.jobs: list[_Job] = []
+        self.now = 0.0
+        self.seq = 0
+        nres = 3 * self.P
+        self.running: list[_Job | None] = [None] * nres
+        self.heaps: list[list] = [[] for _ in range(nres)]
+        self.events: list = []
+        self.instant: deque[_Job] = deque()
+        self.dirty: set[int] = set()
+        self.waiting_fillers: set[int] = set()
+        self.memo: dict[int, float] = {}
+        self._build()
+
+    # ------------------------------------------------------------ graph construction
+    def _job(self, stage, kind, mb, layer, resname, dur, cls, key=(), res2=-1) -> _Job:
+        j = _Job(len(self.jobs), stage, kind, mb, layer, 3 * stage + RES_NAMES.index(resname), dur, cls,
+                 key, res2)
+        self.jobs.append(j)
+        return j
+
+    def _build(self) -> None:
+        c, m_, P, A = self.costs, self.mech, self.P, self.A
+        policy = m_.policy
+        self.orders = build_schedule(self.schedule, P, A)
+        self.F: dict[tuple[int, int], list[_Job]] = {}   # (p, m) -> jobs in layer order
+        self.B: dict[tuple[int, int], list[_Job]] = {}   # (p, m) -> jobs in layer order (run reversed)
+        self.main_chain: list[list[_Job]] = []
+        for p in range(P):
+            rng = c.layer_range(p)
+            chain: list[_Job] = []
+            for op, m in self.orders[p]:
+                jobs = []
+                layers = list(rng) if op == "F" else list(reversed(rng))
+                for l in layers:
+                    lc = c.stages[p][l - rng.start]
+                    if op == "F":
+                        dur = lc.forward_ms
+                    else:
+                        dur = lc.backward_ms + (lc.recompute_ms if policy == "ckpt" else 0.0)
+                    j = self._job(p, op, m, l, "compute", dur, _MAIN)
+                    if chain:
+                        _edge(chain[-1], j)
+                    chain.append(j)
+                    jobs.append(j)
+                if op == "F":
+                    self.F[(p, m)] = jobs
+                else:
+                    self.B[(p, m)] = jobs[::-1]
+            self.main_chain.append(chain)
+        # stage-boundary transfers (joint jobs on both ports)
+        X = c.transfer_ms
+        self.link_streams: list[list[list[_Job]]] = [[] for _ in range(P)]
+        for p in range(P - 1):
+            q = p + 1
+            fwd, bwd = [], []
+            for m in range(A):
+                t = self._job(p, "Send", m, c.layer_range(p)[-1], "link", X, _MAIN, res2=3 * q + _LINK)
+                t.peer, t.layer2 = q, c.layer_range(q)[0]
+                _edge(self.F[(p, m)][-1], t)
+                _edge(t, self.F[(q, m)][0])
+                fwd.append(t)
+                t = self._job(q, "Send", m, c.layer_range(q)[0], "link", X, _MAIN, res2=3 * p + _LINK)
+                t.peer, t.layer2 = p, c.layer_range(p)[-1]
+                _edge(self.B[(q, m)][0], t)
+                _edge(t, self.B[(p, m)][-1])
+                bwd.append(t)
+            self.link_streams[p] += [fwd, bwd]
+            self.link_streams[q] += [fwd, bwd]
+        self.stream_pos = [[0] * len(s) for s in self.link_streams]
+        # FSR recovery tasks
+        if policy == "fsr":
+            for p in range(P):
+                rng = c.layer_range(p)
+                order = self.orders[p]
+                b_ops = [m for op, m in order if op == "B"]
+                adjacent = {m for i, (op, m) in enumerate(order[:-1]) if op == "F" and order[i + 1] == ("B", m)}
+                for bi, m in enumerate(b_ops):
+                    if m_.fsr_skip_adjacent and m in adjacent:
+                        continue
+                    gate = self.B[(p, b_ops[bi - m_.fsr_lookahead])][0] if bi >= m_.fsr_lookahead else None
+                    for l in rng:
+                        lc = c.stages[p][l - rng.start]
+                        r = self._job(p, "R", m, l, c.recovery_resource, lc.recompute_ms, _FSR, key=(bi, -l))
+                        _edge(self.F[(p, m)][l - rng.start], r)
+                        if gate is not None:
+                            _edge(gate, r)
+                        b = self.B[(p, m)][l - rng.start]
+                        b.other = b.npred
+                        b.fsr_r = r
+                        _edge(r, b)
+        # lifecycle tasks
+        self.life: list[list[_Job]] = []
+        self.prefetch: list[dict[int, _Job]] = []
+        for p in range(P):
+            rng = c.layer_range(p)
+            order = self.orders[p]
+            last_b = [m for op, m in order if op == "B"][-1]
+            final = self.main_chain[p][-1]
+            gs, us, pw, life = {}, {}, {}, []
+            for l in rng:
+                lc = c.stages[p][l - rng.start]
+                g = self._job(p, "GradSync", None, l, "link", lc.gradsync_ms, _LIFE)
+                g.order_hint = -l
+                _edge(self.B[(p, last_b)][l - rng.start] if m_.layerwise else final, g)
+                gs[l] = g
+            bulk_update = None
+            if not m_.deadline_aware and c.bulk_update_ms is not None:
+                bulk_update = self._job(p, "Update", None, None, c.update_resource, c.bulk_update_ms, _LIFE)
+                for g in gs.values():
+                    _edge(g, bulk_update)
+            for l in rng:
+                lc = c.stages[p][l - rng.start]
+                if bulk_update is None:
+                    u = self._job(p, "UpdateShard", None, l, c.update_resource, lc.update_ms, _LIFE)
+                    u.order_hint = l
+                    for g in ([gs[l]] if m_.deadline_aware else gs.values()):
+                        _edge(g, u)
+                    us[l] = u
+            for l in rng:
+                lc = c.stages[p][l - rng.start]
+                w = self._job(p, "PrefetchW", None, l, c.prefetch_resource, lc.prefetch_ms, _LIFE)
+                w.order_hint = l
+                if bulk_update is not None:
+                    _edge(bulk_update, w)
+                else:
+                    for u in ([us[l]] if m_.deadline_aware else us.values()):
+                        _edge(u, w)
+                pw[l] = w
+            life = list(gs.values()) + ([bulk_update] if bulk_update else []) + list(us.values()) + list(pw.values())
+            self.life.append(life)
+            self.prefetch.append(pw)
+        self.next_main = [0] * P
+        self.first_f_start: dict[int, float] = {}
+
+    # ------------------------------------------------------------ lower bounds ("window fits")
+    def _lb_end(self, root: _Job) -> float:
+        """Lower bound on when a main-path job will finish, from what is known now."""
+        memo, now = self.memo, self.now
+        got = memo.get(root.idx)
+        if got is not None:
+            return got
+        stack = [root]
+        while stack:
+            j = stack[-1]
+            if j.idx in memo:
+                stack.pop()
+                continue
+            if j.state >= _RUNNING:
+                memo[j.idx] = j.end
+                stack.pop()
+                continue
+            todo = [q for q in j.preds if q.idx not in memo and q.state < _RUNNING]
+            if todo:
+                stack.extend(todo)
+                continue
+            start = now
+            for q in j.preds:
+                v = memo[q.idx] if q.state < _RUNNING else q.end
+                if v > start:
+                    start = v
+            memo[j.idx] = start + j.dur
+            stack.pop()
+        return memo[root.idx]
+
+    def _compute_window_ok(self, p: int, cand: _Job) -> bool:
+        chain = self.main_chain[p]
+        i = self.next_main[p]
+        if i >= len(chain):
+            return True
+        nxt = chain[i]
+        if cand in nxt.preds:
+            return True                 # the next main task waits for it anyway: running it early is free
+        other, need = self.now, 0.0
+        for q in nxt.preds:
+            if q.state == _DONE:
+                continue
+            if q.kind == "R" and q.res == cand.res and q.state < _RUNNING:
+                need += q.dur           # it must still run on this resource before nxt
+                continue
+            v = self._lb_end(q)
+            if v > other:
+                other = v
+        return self.now + cand.dur + need <= other + _EPS
+
+    def _link_window_ok(self, p: int, cand: _Job) -> bool:
+        end = self.now + cand.dur
+        streams, pos = self.link_streams[p], self.stream_pos[p]
+        for k, s in enumerate(streams):
+            i = pos[k]
+            while i < len(s) and s[i].state >= _RUNNING and (s[i].state == _DONE or s[i].end <= self.now):
+                i += 1
+            pos[k] = i
+            if i >= len(s):
+                continue
+            t = s[i]
+            if t.state == _RUNNING:   # the port is (or will be) busy with it; it ends before any later one
+                continue
+            ready = self.now
+            for q in t.preds:
+                v = self._lb_end(q)
+                if v > ready:
+                    ready = v
+            if end > ready + _EPS:
+                return False
+        return True
+
+    # ------------------------------------------------------------ event loop
+    def _push(self, job: _Job, res: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heaps[res], (job.cls, job.key, self.seq, job))
+        self.dirty.add(res)
+
+    def _make_ready(self, job: _Job) -> None:
+        if job.dur == 0.0:
+            self.instant.append(job)
+            return
+        job.state = _READY
+        if job.cls == _LIFE:
+            if job.kind in ("UpdateShard", "PrefetchW") and self.mech.deadline_aware:
+                job.key = (self.first_f_start[job.layer], job.layer)   # earliest deadline first
+            else:
+                job.key = (self.now, job.order_hint)
+        self._push(job, job.res)
+        if job.res2 >= 0:
+            self._push(job, job.res2)
+
+    def _start(self, job: _Job) -> None:
+        job.state = _RUNNING
+        job.start = self.now
+        job.end = self.now + job.dur
+        if job.kind == "F" and job.layer not in self.first_f_start:
+            self.first_f_start[job.layer] = job.start
+        self.running[job.res] = job
+        if job.res2 >= 0:
+            self.running[job.res2] = job
+        self.seq += 1
+        heapq.heappush(self.events, (job.end, self.seq, job))
+
+    def _promote(self, r: _Job) -> None:
+        if r.promoted_at is not None or r.state == _DONE:
+            return
+        r.promoted_at = self.now
+        r.cls = _MAIN
+        if r.state == _READY:
+            self._push(r, r.res)
+
+    def _complete(self, job: _Job) -> None:
+        job.state = _DONE
+        if job.dur > 0.0:
+            self.running[job.res] = None
+            self.dirty.add(job.res)
+            if job.res2 >= 0:
+                self.running[job.res2] = None
+                self.dirty.add(job.res2)
+        p = job.stage
+        if job.main and job.res % 3 == _COMPUTE:
+            self.next_main[p] += 1
+        for q in range(max(0, p - 1), min(self.P, p + 2)):
+            self.dirty.add(3 * q + _COMPUTE)
+            self.dirty.add(3 * q + _LINK)
+        for s in job.succs:
+            s.npred -= 1
+            if s.fsr_r is not None and s.fsr_r is not job:
+                s.other -= 1
+                if s.other == 0 and s.fsr_r.state != _DONE:
+                    self._promote(s.fsr_r)
+            if s.npred == 0:
+                self._make_ready(s)
+
+    def _drain_instant(self) -> None:
+        while self.instant:
+            job = self.instant.popleft()
+            job.start = job.end = self.now
+            if job.kind == "F" and job.layer not in self.first_f_start:
+                self.first_f_start[job.layer] = job.start
+            self._complete(job)
+
+    def _dispatch(self, r: int) -> None:
+        if self.running[r] is not None:
+            return
+        heap = self.heaps[r]
+        kind = r % 3
+        skipped = []
+        while heap:
+            ent = heapq.heappop(heap)
+            cls, _, _, job = ent
+            if job.state != _READY or cls != job.cls:
+                continue                              # stale entry
+            if job.res2 >= 0:
+                other = job.res2 if job.res == r else job.res
+                if self.running[other] is not None:
+                    skipped.append(ent)               # other port busy: let something else use this one
+                    continue
+            elif cls != _MAIN and kind != _DDR:
+                ok = (self._compute_window_ok(r // 3, job) if kind == _COMPUTE
+                      else self._link_window_ok(r // 3, job))
+                if not ok:
+                    skipped.append(ent)
+                    self.waiting_fillers.add(r)
+                    continue
+            self._start(job)
+            break
+        for ent in skipped:
+            heapq.heappush(heap, ent)
+
+    def run(self) -> None:
+        for j in self.jobs:
+            if j.npred == 0:
+                self._make_ready(j)
+        self._drain_instant()
+        self._dispatch_dirty()
+        events = self.events
+        while events:
+            t = events[0][0]
+            self.now = t
+            while events and events[0][0] == t:
+                job = heapq.heappop(events)[2]
+                self._complete(job)
+                self._drain_instant()
+            self._dispatch_dirty()
+        stuck = [j for j in self.jobs if j.state != _DONE]
+        if stuck:
+            j = stuck[0]
+            raise RatrainError(f"simulator deadlock: {len(stuck)} tasks never ran, first "
+                               f"{j.kind}(stage {j.stage}, mb {j.mb}, layer {j.layer})")
+
+    def _dispatch_dirty(self) -> None:
+        self.memo.clear()
+        dirty = self.dirty | self.waiting_fillers
+        self.waiting_fillers = set()
+        self.dirty = set()
+        for r in sorted(dirty):     # dispatching only starts tasks; it never marks anything dirty
+            self._dispatch(r)
+
+
+# ------------------------------------------------------------ step time and annotations
+
+def _segments(jobs: list[_Job], P: int) -> list[list[list[tuple[float, float]]]]:
+    segs = [[[] for _ in range(3)] for _ in range(P)]
+    for j in jobs:
+        if j.end > j.start:
+            segs[j.stage][j.res % 3].append((j.start, j.end))
+            if j.res2 >= 0:
+                segs[j.res2 // 3][_LINK].append((j.start, j.end))
+    for per in segs:
+        for s in per:
+            s.sort()
+    return segs
+
+
+def _period(segs, lower: float) -> float:
+    """Smallest T >= lower such that no resource's intervals overlap the same intervals shifted by T."""
+    T = lower
+    changed = True
+    while changed:
+        changed = False
+        for per in segs:
+            for s in per:
+                if not s:
+                    continue
+                starts = [a for a, _ in s]
+                ends = [b for _, b in s]
+                first = starts[0]
+                for k in range(len(s) - 1, -1, -1):
+                    a0, a1 = s[k]
+                    if a1 <= T + first + _EPS:
+                        break
+                    hi = bisect_left(starts, a1 - T - _EPS)
+                    lo = bisect_right(ends, a0 - T + _EPS)
+                    if lo < hi:
+                        T = a1 - starts[lo]
+                        changed = True
+    return T
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap(merged: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
+    if b <= a:
+        return 0.0
+    i = max(0, bisect_right(starts, a) - 1)
+    tot = 0.0
+    while i < len(merged) and merged[i][0] < b:
+        lo, hi = max(a, merged[i][0]), min(b, merged[i][1])
+        if hi > lo:
+            tot += hi - lo
+        i += 1
+    return tot
+
+
+def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechanisms = Mechanisms()) -> SimResult:
+    """Simulate one training step; see the module docstring for the model."""
+    if not isinstance(costs, PipelineCosts):
+        raise ConfigError(f"simulate: costs must be a PipelineCosts, got {type(costs).__name__}")
+    if not isinstance(mechanisms, Mechanisms):
+        raise ConfigError(f"simulate: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
+    sim = _Sim(costs, schedule, mechanisms)
+    sim.run()
+    P, jobs = sim.P, sim.jobs
+
+    # ---- step time (periodic steady state)
+    last_b = max(j.end for j in jobs if j.kind == "B")
+    lower = last_b
+    stage_first_f = [sim.F[(p, sim.orders[p][0][1])][0].start for p in range(P)]
+    for p in range(P):
+        if mechanisms.deadline_aware:
+            for l, w in sim.prefetch[p].items():
+                lower = max(lower, w.end - sim.first_f_start[l])
+        else:
+            lower = max(lower, max(j.end for j in sim.life[p]) - stage_first_f[p])
+    segs = _segments(jobs, P)
+    T = _period(segs, lower)
+
+    # ---- tasks, ordered like the executor orders them
+    tasks_notes: list[tuple[Task, TaskNote]] = []
+    busy = []
+    for p in range(P):
+        comp = segs[p][_COMPUTE]
+        merged = _merge([(a + k * T, b + k * T) for k in (-1, 0, 1) for a, b in comp])
+        busy.append((merged, [a for a, _ in merged]))
+    for j in jobs:
+        rname = RES_NAMES[j.res % 3]
+        note = TaskNote()
+        if j.kind in ("Send",):
+            tasks_notes.append((Task(j.stage, "Send", j.mb, j.layer, "link", j.start, j.end), TaskNote(peer=j.peer)))
+            tasks_notes.append((Task(j.peer, "Recv", j.mb, j.layer2, "link", j.start, j.end),
+                                TaskNote(peer=j.stage)))
+            continue
+        if j.kind == "R" or j.kind in LIFECYCLE_KINDS:
+            note = _annotate(j, rname, busy[j.stage], last_b, T)
+        tasks_notes.append((Task(j.stage, j.kind, j.mb, j.layer, rname, j.start, j.end), note))
+    rank = {k: i for i, k in enumerate(("F", "R", "B", "Send", "Recv", "GradSync", "UpdateShard",
+                                        "PrefetchW", "Update"))}
+    tasks_notes.sort(key=lambda tn: (tn[0].start_ms, tn[0].end_ms, rank[tn[0].kind], tn[0].stage,
+                                     -1 if tn[0].layer is None else tn[0].layer,
+                                     -1 if tn[0].microbatch is None else tn[0].microbatch))
+    tasks = [t for t, _ in tasks_notes]
+    notes = [n for _, n in tasks_notes]
+
+    # ---- per-stage summary
+    summaries = []
+    inflight = peak_inflight(tasks, P, costs)
+    by_kind: list[dict[str, float]] = [{} for _ in range(P)]
+    res_busy = [[0.0, 0.0, 0.0] for _ in range(P)]
+    rec = [[0.0, 0.0] for _ in range(P)]          # hidden, exposed
+    res_index = {name: i for i, name in enumerate(RES_NAMES)}
+    for t, n in tasks_notes:
+        d = t.end_ms - t.start_ms
+        k = by_kind[t.stage]
+        k[t.kind] = k.get(t.kind, 0.0) + d
+        res_busy[t.stage][res_index[t.resource]] += d
+        if t.kind == "R":
+            rec[t.stage][0] += d - n.exposed_ms
+            rec[t.stage][1] += n.exposed_ms
+    for p in range(P):
+        life_end = max((j.end for j in sim.life[p]), default=None)
+        summaries.append(StageSummary(stage=p, compute_busy_ms=res_busy[p][0], compute_idle_ms=T - res_busy[p][0],
+                                      ddr_busy_ms=res_busy[p][1], link_busy_ms=res_busy[p][2],
+                                      busy_by_kind_ms=by_kind[p], peak_inflight=inflight[p],
+                                      hidden_recovery_ms=rec[p][0], exposed_recovery_ms=rec[p][1],
+                                      lifecycle_end_ms=life_end))
+    return SimResult(tasks=tasks, notes=notes, step_time_ms=T, exposed_tail_ms=T - last_b,
+                     last_backward_end_ms=last_b, stages=summaries, schedule=schedule, mechanisms=mechanisms,
+                     next_forward_ms=dict(sorted(sim.first_f_start.items())))
+
+
+def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
+    d = j.end - j.start
+    if j.kind == "R" and j.promoted_at is not None:
+        exposed = j.end - max(j.start, j.promoted_at)
+        if exposed >= 0.5 * d:
+            return TaskNote(hidden_by="backward critical path", exposed_ms=exposed)
+        hidden_label = "bubble" if rname == "compute" else f"{rname}-idle during compute"
+        return TaskNote(hidden_by=hidden_label, exposed_ms=exposed)
+    tail_a, tail_b = max(j.start, last_b), min(j.end, T)
+    tail = max(0.0, tail_b - tail_a)
+    if rname == "compute":
+        if d > 0 and tail > 0.5 * d:
+            return TaskNote(hidden_by="compute-idle while waiting on compute", exposed_ms=tail)
+        return TaskNote(hidden_by="bubble", exposed_ms=tail)
+    merged, starts = busy
+    during = _overlap(merged, starts, j.start, j.end)
+    tail_busy = _overlap(merged, starts, tail_a, tail_b) if tail > 0 else 0.0
+    exposed = tail - tail_busy
+    bubble = d - during - exposed
+    parts = {f"{rname}-idle during compute": during, "bubble": bubble,
+             f"compute-idle while waiting on {rname}": exposed}
+    label = max(parts, key=lambda k: (parts[k], k == "bubble")) if d > 0 else \
+        (f"compute-idle while waiting on {rname}" if j.start >= last_b and j.start < T else "bubble")
+    return TaskNote(hidden_by=label, exposed_ms=max(0.0, exposed))
+
+
+# ------------------------------------------------------------ measurements from the timeline
+
+def _stage_layers(costs: PipelineCosts | None, tasks: list[Task], P: int) -> list[tuple[int, int]]:
+    if costs is not None:
+        return [(costs.layer_range(p)[0], costs.layer_range(p)[-1]) for p in range(P)]
+    out = []
+    for p in range(P):
+        ls = [t.layer for t in tasks if t.stage == p and t.kind == "F" and t.layer is not None]
+        out.append((min(ls), max(ls)))
+    return out
+
+
+def peak_inflight(tasks: list[Task], stages: int, costs: PipelineCosts | None = None) -> list[int]:
+    """Per stage, the most micro-batches alive at once: from the start of their first F to the end of their last B."""
+    bounds = _stage_layers(costs, tasks, stages)
+    events: list[list[tuple[float, int]]] = [[] for _ in range(stages)]
+    for t in tasks:
+        if t.kind not in ("F", "B"):
+            continue
+        first = bounds[t.stage][0]
+        if t.layer == first or t.layer is None:
+            if t.kind == "F":
+                events[t.stage].append((t.start_ms, 1))
+            else:
+                events[t.stage].append((t.end_ms, -1))
+    out = []
+    for ev in events:
+        ev.sort()                      # frees (-1) sort before allocations at the same instant
+        cur = peak = 0
+        for _, d in ev:
+            cur += d
+            peak = max(peak, cur)
+        out.append(peak)
+    return out
+
+
+def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
+    """Per stage, the peak bytes of live activations, checkpoints and recovery buffers over the step.
+
+    full: a layer's full activations live from the start of F(m, l) to the end of
+    B(m, l). ckpt/fsr: its checkpoint lives that long; its full intermediates
+    exist transiently during F(m, l); the recovery buffer lives from the start of
+    R(m, l) (ckpt: of B(m, l)) to the end of B(m, l). Under FSR a (layer,
+    micro-batch) without an R task kept its full activations.
+    """
+    policy = result.mechanisms.policy
+    P = costs.num_stages
+    f: dict[tuple[int, int], Task] = {}
+    b: dict[tuple[int, int], Task] = {}
+    r: dict[tuple[int, int], Task] = {}
+    for t in result.tasks:
+        if t.kind == "F":
+            f[(t.layer, t.microbatch)] = t
+        elif t.kind == "B":
+            b[(t.layer, t.microbatch)] = t
+        elif t.kind == "R":
+            r[(t.layer, t.microbatch)] = t
+    events: list[list[tuple[float, int]]] = [[] for _ in range(P)]
+    for (l, m), ft in f.items():
+        bt = b[(l, m)]
+        lc = costs.layer(l)
+        ev = events[ft.stage]
+
+        def live(a: float, z: float, nbytes: int) -> None:
+            if nbytes > 0:
+                ev.append((a, nbytes))
+                ev.append((z, -nbytes))
+
+        if policy == "full" or (policy == "fsr" and (l, m) not in r):
+            live(ft.start_ms, bt.end_ms, lc.act_full_bytes)
+            continue
+        live(ft.start_ms, bt.end_ms, lc.act_ckpt_bytes)
+        live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
+        rec_start = r[(l, m)].start_ms if policy == "fsr" else bt.start_ms
+        live(rec_start, bt.end_ms, lc.recovery_bytes)
+    out = []
+    for ev in events:
+        ev.sort(key=lambda e: (e[0], e[1]))   # frees first at the same instant
+        cur = peak = 0
+        for _, d in ev:
+            cur += d
+            peak = max(peak, cur)
+        out.append(peak)
+    return out
+
+
+__all__ = ["ABLATION_VARIANTS", "ACTIVATIONS", "LIFECYCLE_KINDS", "Mechanisms", "SimResult", "StageSummary",
+           "TaskNote", "activation_residency", "peak_inflight", "simulate"]

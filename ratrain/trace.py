@@ -1,0 +1,64 @@
+"""Chrome trace export (chrome://tracing, Perfetto): one 'X' event per task.
+
+pid = pipeline stage, tid = resource (0 compute, 1 ddr, 2 link); times in
+microseconds as the format wants. Written atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+from mtemu.fileio import atomic_write_text
+from ratrain.timeline import RESOURCES, Task
+
+
+def _name(t: Task) -> str:
+    parts = [t.kind]
+    if t.microbatch is not None:
+        parts.append(f"m{t.microbatch}")
+    if t.layer is not None:
+        parts.append(f"L{t.layer}")
+    return " ".join(parts)
+
+
+def chrome_trace(tasks: Iterable[Task], *, notes: list | None = None, step_time_ms: float | None = None) -> dict:
+    """The trace as a JSON-able dict; ``notes`` (aligned with ``tasks``) become event args."""
+    tasks = list(tasks)
+    events: list[dict] = []
+    stages = sorted({t.stage for t in tasks})
+    for p in stages:
+        events.append({"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": f"stage {p}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0, "args": {"sort_index": p}})
+        for i, r in enumerate(RESOURCES):
+            events.append({"ph": "M", "name": "thread_name", "pid": p, "tid": i, "args": {"name": r}})
+    for i, t in enumerate(tasks):
+        args = {"microbatch": t.microbatch, "layer": t.layer}
+        note = notes[i] if notes is not None else None
+        if note is not None:
+            if getattr(note, "hidden_by", None):
+                args["hidden_by"] = note.hidden_by
+                args["exposed_ms"] = note.exposed_ms
+            if getattr(note, "peer", None) is not None:
+                args["peer_stage"] = note.peer
+        events.append({"name": _name(t), "cat": t.kind, "ph": "X", "pid": t.stage,
+                       "tid": RESOURCES.index(t.resource), "ts": t.start_ms * 1000.0,
+                       "dur": (t.end_ms - t.start_ms) * 1000.0, "args": args})
+    if step_time_ms is not None:
+        for p in stages:
+            events.append({"name": "step end", "ph": "i", "s": "p", "pid": p, "tid": 0,
+                           "ts": step_time_ms * 1000.0})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(path: str | os.PathLike, result_or_tasks) -> None:
+    """Write a SimResult (or a plain task list) as a Chrome trace file."""
+    if hasattr(result_or_tasks, "tasks"):
+        trace = chrome_trace(result_or_tasks.tasks, notes=result_or_tasks.notes,
+                             step_time_ms=result_or_tasks.step_time_ms)
+    else:
+        trace = chrome_trace(result_or_tasks)
+    atomic_write_text(path, json.dumps(trace, separators=(",", ":")) + "\n")
+
+
+__all__ = ["chrome_trace", "write_chrome_trace"]

@@ -1,0 +1,552 @@
+"""The lifecycle simulator: closed forms, dependency and resource invariants, mechanisms, CLI."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ratrain.cli import main as cli_main
+from ratrain.costs import LayerCosts, PipelineCosts
+from ratrain.errors import ConfigError
+from ratrain.schedule import build
+from ratrain.simulator import (LIFECYCLE_KINDS, Mechanisms, activation_residency, peak_inflight, simulate)
+from ratrain.timeline import RESOURCES, TASK_KINDS
+
+EPS = 1e-9
+F, B, U = 1.5, 2.5, 0.75
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12, abs=1e-9)
+
+
+# ------------------------------------------------------------ invariant checkers
+
+def check_resources(result):
+    """No resource ever runs two tasks at once (zero-length tasks occupy nothing)."""
+    per = {}
+    for t in result.tasks:
+        assert t.kind in TASK_KINDS and t.resource in RESOURCES
+        assert t.end_ms >= t.start_ms >= 0.0
+        if t.end_ms > t.start_ms:
+            per.setdefault((t.stage, t.resource), []).append((t.start_ms, t.end_ms, t))
+    T = result.step_time_ms
+    for key, ivs in per.items():
+        ivs.sort(key=lambda x: (x[0], x[1]))
+        for (a0, a1, ta), (b0, b1, tb) in zip(ivs, ivs[1:]):
+            assert b0 >= a1 - EPS, f"{key}: {ta} overlaps {tb}"
+        # the step repeats every T: this step's tasks never overlap the next step's
+        both = sorted([(a, b, 0) for a, b, _ in ivs] + [(a + T, b + T, 1) for a, b, _ in ivs])
+        for (a0, a1, sa), (b0, b1, sb) in zip(both, both[1:]):
+            assert b0 >= a1 - EPS, f"{key}: step boundary overlap {a0}-{a1} vs {b0}-{b1} (T={T})"
+
+
+def check_fillers_never_delay_main(result, costs):
+    """Low-priority work on compute (FSR recovery in windows, compute-resident state tasks)
+    ends before the next main-path task there is ready, unless that task waits for it anyway."""
+    P = costs.num_stages
+    recv, own_r = {}, {}
+    for t, n in zip(result.tasks, result.notes):
+        if t.kind == "Recv":
+            recv[(t.stage, t.microbatch, "F" if n.peer == t.stage - 1 else "B")] = t
+        elif t.kind == "R":
+            own_r[(t.layer, t.microbatch)] = (t, n)
+    for p in range(P):
+        rng = costs.layer_range(p)
+        main = sorted((t for t in result.tasks if t.stage == p and t.kind in ("F", "B")),
+                      key=lambda t: (t.start_ms, t.end_ms))
+        fillers = [(t, n) for t, n in zip(result.tasks, result.notes) if t.stage == p and t.resource == "compute"
+                   and t.end_ms > t.start_ms and (t.kind in LIFECYCLE_KINDS or
+                                                  (t.kind == "R" and n.hidden_by == "bubble" and n.exposed_ms == 0))]
+        for f, _ in fillers:
+            k = next((i for i, x in enumerate(main) if x.start_ms >= f.end_ms - EPS), None)
+            if k is None:
+                continue
+            x = main[k]
+            if f.kind == "R" and x.kind == "B" and (x.layer, x.microbatch) == (f.layer, f.microbatch):
+                continue
+            ready = main[k - 1].end_ms if k else 0.0
+            if x.kind == "F" and x.layer == rng[0] and p > 0:
+                ready = max(ready, recv[(p, x.microbatch, "F")].end_ms)
+            if x.kind == "B" and x.layer == rng[-1] and p < P - 1:
+                ready = max(ready, recv[(p, x.microbatch, "B")].end_ms)
+            extra = 0.0
+            if x.kind == "B" and (x.layer, x.microbatch) in own_r:
+                rx = own_r[(x.layer, x.microbatch)][0]
+                if rx.resource == "compute" and rx.start_ms >= f.end_ms - EPS:
+                    extra = rx.end_ms - rx.start_ms
+                elif rx.resource != "compute":
+                    ready = max(ready, rx.end_ms)
+            assert f.end_ms + extra <= ready + EPS, f"{f} delays {x} (ready {ready})"
+
+
+def check_dependencies(result, costs, schedule="1f1b"):
+    """Every task starts after what it depends on; counts and compute order match the schedule."""
+    P, A, X = costs.num_stages, costs.microbatches, costs.transfer_ms
+    policy = result.mechanisms.policy
+    f, b, r, life = {}, {}, {}, {}
+    for t in result.tasks:
+        key = (t.layer, t.microbatch)
+        if t.kind in ("F", "B", "R"):
+            store = {"F": f, "B": b, "R": r}[t.kind]
+            assert key not in store, f"duplicate {t}"
+            store[key] = t
+        elif t.kind in LIFECYCLE_KINDS:
+            k = (t.kind, t.stage, t.layer)
+            assert k not in life, f"duplicate {t}"
+            life[k] = t
+    L = costs.num_layers
+    assert set(f) == set(b) == {(l, m) for l in range(L) for m in range(A)}
+    if policy == "fsr" and not result.mechanisms.fsr_skip_adjacent:
+        assert set(r) == set(f)
+    if policy in ("full", "ckpt"):
+        assert not r
+    sends = [(t, n) for t, n in zip(result.tasks, result.notes) if t.kind == "Send"]
+    recvs = {(t.stage, t.microbatch, t.start_ms, t.end_ms, n.peer) for t, n in zip(result.tasks, result.notes)
+             if t.kind == "Recv"}
+    assert len(sends) == len(recvs) == 2 * (P - 1) * A
+    transfer = {}
+    for s, n in sends:
+        assert s.end_ms - s.start_ms == approx(X)
+        assert (n.peer, s.microbatch, s.start_ms, s.end_ms, s.stage) in recvs
+        transfer[(s.stage, n.peer, s.microbatch)] = s
+    for p in range(P):
+        rng = costs.layer_range(p)
+        for m in range(A):
+            for l in rng:
+                if l > rng[0]:
+                    assert f[(l, m)].start_ms >= f[(l - 1, m)].end_ms - EPS
+                if l < rng[-1]:
+                    assert b[(l, m)].start_ms >= b[(l + 1, m)].end_ms - EPS
+                if (l, m) in r:
+                    assert r[(l, m)].start_ms >= f[(l, m)].end_ms - EPS
+                    assert b[(l, m)].start_ms >= r[(l, m)].end_ms - EPS
+            if p > 0:
+                s = transfer[(p - 1, p, m)]
+                assert s.start_ms >= f[(rng[0] - 1, m)].end_ms - EPS
+                assert f[(rng[0], m)].start_ms >= s.end_ms - EPS
+                assert f[(rng[0], m)].start_ms >= f[(rng[0] - 1, m)].end_ms + X - EPS
+            if p < P - 1:
+                s = transfer[(p + 1, p, m)]
+                assert s.start_ms >= b[(rng[-1] + 1, m)].end_ms - EPS
+                assert b[(rng[-1], m)].start_ms >= s.end_ms - EPS
+            else:
+                assert b[(rng[-1], m)].start_ms >= f[(rng[-1], m)].end_ms - EPS
+        # compute runs the schedule's order unchanged
+        seq = []
+        for t in sorted((t for t in result.tasks if t.stage == p and t.kind in ("F", "B")),
+                        key=lambda t: (t.start_ms, t.end_ms)):
+            if not seq or seq[-1] != (t.kind, t.microbatch):
+                seq.append((t.kind, t.microbatch))
+        assert seq == build(schedule, P, A)[p]
+        # lifecycle chain of every layer
+        last_b = max(b[(l, m)].end_ms for l in rng for m in range(A))
+        for l in rng:
+            gs = life[("GradSync", p, l)]
+            acc_done = max(b[(l, m)].end_ms for m in range(A))
+            assert gs.start_ms >= (acc_done if result.mechanisms.layerwise else last_b) - EPS
+            w = life[("PrefetchW", p, l)]
+            if ("UpdateShard", p, l) in life:
+                us = life[("UpdateShard", p, l)]
+                assert us.start_ms >= gs.end_ms - EPS and w.start_ms >= us.end_ms - EPS
+            else:
+                upd = life[("Update", p, None)]
+                assert upd.start_ms >= gs.end_ms - EPS and w.start_ms >= upd.end_ms - EPS
+            # the next step's Forward(l) (at T + its offset) never precedes PrefetchW(l)
+            if result.mechanisms.deadline_aware:
+                assert w.end_ms <= result.step_time_ms + result.next_forward_ms[l] + EPS
+            else:
+                assert w.end_ms <= result.step_time_ms + result.next_forward_ms[rng[0]] + EPS
+
+
+def check_all(result, costs, schedule="1f1b"):
+    check_resources(result)
+    check_fillers_never_delay_main(result, costs)
+    check_dependencies(result, costs, schedule)
+    assert result.exposed_tail_ms >= -EPS
+    assert result.step_time_ms == approx(result.last_backward_end_ms + result.exposed_tail_ms)
+    assert len(result.notes) == len(result.tasks)
+    for t, n in zip(result.tasks, result.notes):
+        if t.kind in ("R",) + LIFECYCLE_KINDS:
+            assert n.hidden_by in ("bubble", "backward critical path", "link-idle during compute",
+                                   "ddr-idle during compute", "compute-idle while waiting on link",
+                                   "compute-idle while waiting on ddr",
+                                   "compute-idle while waiting on compute"), (t, n)
+            assert -EPS <= n.exposed_ms <= t.end_ms - t.start_ms + EPS
+        else:
+            assert n.hidden_by is None
+
+
+# ------------------------------------------------------------ closed forms
+
+SHAPES = [(1, 1), (1, 5), (2, 1), (2, 3), (3, 7), (4, 2), (4, 8), (8, 16)]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("P,A", SHAPES)
+def test_uniform_step_closed_form(P, A, schedule):
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U)
+    res = simulate(costs, schedule=schedule)
+    assert res.step_time_ms == approx((A + P - 1) * (F + B) + U)
+    assert res.exposed_tail_ms == approx(U)
+    check_all(res, costs, schedule)
+
+
+@pytest.mark.parametrize("P,A,L", [(3, 5, 4), (4, 8, 2)])
+def test_uniform_step_many_layers_bulk(P, A, L):
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U, layers_per_stage=L)
+    for mech in (Mechanisms.variant("no-layerwise"), Mechanisms(activation="full")):
+        res = simulate(costs, mechanisms=mech)
+        want_tail = U if not mech.layerwise else U / L     # layer-wise: only layer 0's update is exposed
+        assert res.step_time_ms == approx((A + P - 1) * (F + B) + want_tail)
+        check_all(res, costs)
+
+
+@pytest.mark.parametrize("P,A", SHAPES)
+def test_inflight_is_exactly_min_p_minus_stage_a(P, A):
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_transfer=0.2, layers_per_stage=2)
+    res = simulate(costs)
+    assert res.peak_inflight == [min(P - p, A) for p in range(P)]
+    assert peak_inflight(res.tasks, P) == res.peak_inflight          # without the costs, from layers seen
+    assert simulate(costs, schedule="gpipe").peak_inflight == [A] * P
+
+
+@pytest.mark.parametrize("P,A,R", [(1, 4, 0.7), (3, 5, 0.7), (4, 8, 2.0)])
+def test_backward_checkpointing_adds_recompute_on_critical_path(P, A, R):
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R)
+    want = (A + P - 1) * (F + B + R) + U
+    ckpt = simulate(costs, mechanisms=Mechanisms(activation="ckpt"))
+    assert ckpt.step_time_ms == approx(want)
+    off = simulate(costs, mechanisms=Mechanisms.variant("no-fsr"))
+    fsr_off = simulate(costs, mechanisms=Mechanisms(fsr=False, activation="fsr"))
+    assert off.step_time_ms == fsr_off.step_time_ms == ckpt.step_time_ms
+    assert not [t for t in ckpt.tasks if t.kind == "R"]          # recompute lives inside B
+    check_all(ckpt, costs)
+    full = simulate(costs, mechanisms=Mechanisms(activation="full"))
+    assert full.step_time_ms == approx((A + P - 1) * (F + B) + U)
+
+
+def test_fsr_falls_back_when_there_is_no_window():
+    # one stage: B(m) follows F(m) immediately, compute is never idle -> every R is backward-time
+    A, R = 5, 0.7
+    costs = PipelineCosts.uniform(1, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R)
+    res = simulate(costs)
+    assert res.step_time_ms == approx(A * (F + B + R) + U)
+    rs = [(t, n) for t, n in zip(res.tasks, res.notes) if t.kind == "R"]
+    assert len(rs) == A
+    assert all(n.hidden_by == "backward critical path" and n.exposed_ms == approx(R) for _, n in rs)
+    assert res.stages[0].exposed_recovery_ms == approx(A * R)
+    check_all(res, costs)
+
+
+@pytest.mark.parametrize("P", [2, 3, 5])
+def test_fsr_hides_recovery_in_the_warmup_window(P):
+    # A = 1: stage p < P-1 idles from its F until the gradient returns; R fits there.
+    # The last stage runs B right after F, so its recovery is exposed (Eq. 7, W = 0).
+    R = 0.75
+    costs = PipelineCosts.uniform(P, 1, t_forward=F, t_backward=B, t_update=U, t_recompute=R)
+    res = simulate(costs)
+    assert res.step_time_ms == approx(P * (F + B) + R + U)
+    for s in res.stages:
+        assert s.exposed_recovery_ms == approx(R if s.stage == P - 1 else 0.0)
+        assert s.hidden_recovery_ms == approx(0.0 if s.stage == P - 1 else R)
+    kept = simulate(costs, mechanisms=Mechanisms(fsr_skip_adjacent=True))
+    assert kept.step_time_ms == approx(P * (F + B) + U)
+    ckpt = simulate(costs, mechanisms=Mechanisms.variant("no-fsr"))
+    assert ckpt.step_time_ms == approx(P * (F + B + R) + U)
+    check_all(res, costs)
+
+
+@pytest.mark.parametrize("resource", ["ddr", "compute"])
+def test_fsr_window_partially_covers_recovery(resource):
+    # Eq. 7: exposed = max(0, T_rec - W_rec). A = 1, P = 2: stage 0's window is stage 1's
+    # F + R + B; stage 1 exposes all of its R. Recovery longer than stage 0's window
+    # starts right after its forward anyway and exposes exactly the overflow.
+    P, R = 2, 0.9
+    long_r = PipelineCosts(stages=[[LayerCosts(F, B, recompute_ms=R * 10)], [LayerCosts(F, B, recompute_ms=R)]],
+                           transfer_ms=0.0, microbatches=1, recovery_resource=resource)
+    res = simulate(long_r)
+    window = F + R + B
+    assert res.stages[0].exposed_recovery_ms == approx(R * 10 - window)
+    assert res.stages[1].exposed_recovery_ms == approx(R)
+    assert res.step_time_ms == approx(P * (F + B) + R + (R * 10 - window))
+    check_all(res, long_r)
+
+
+@pytest.mark.parametrize("P,A,L", [(4, 8, 1), (4, 8, 3), (6, 20, 2), (3, 2, 2)])
+def test_fsr_on_ddr_hides_all_recovery_when_it_fits_the_forward(P, A, L):
+    R = 0.95 * F
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R, layers_per_stage=L,
+                                  recovery_resource="ddr")
+    mech = Mechanisms(fsr_skip_adjacent=True)      # the last stage keeps its single in-flight set
+    res = simulate(costs, mechanisms=mech)
+    assert res.step_time_ms == approx((A + P - 1) * (F + B) + U / L)
+    assert all(s.exposed_recovery_ms == approx(0.0) for s in res.stages)
+    assert not [t for t in res.tasks if t.kind == "R" and t.stage == P - 1]
+    ckpt = simulate(costs, mechanisms=Mechanisms.variant("no-fsr"))
+    assert ckpt.step_time_ms == approx((A + P - 1) * (F + B + R) + U / L)
+    check_all(res, costs)
+
+
+@pytest.mark.parametrize("P,A,L,R", [(2, 16, 1, 1.5), (4, 12, 2, 1.0), (8, 32, 4, 1.5), (4, 8, 2, 6.0)])
+def test_fsr_never_worse_than_backward_checkpointing(P, A, L, R):
+    costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R, layers_per_stage=L,
+                                  t_transfer=0.1)
+    fsr = simulate(costs)
+    ckpt = simulate(costs, mechanisms=Mechanisms.variant("no-fsr"))
+    assert fsr.step_time_ms <= ckpt.step_time_ms + EPS
+    total = sum(s.exposed_recovery_ms + s.hidden_recovery_ms for s in fsr.stages)
+    assert total == approx(A * P * R)
+    assert sum(s.hidden_recovery_ms for s in fsr.stages) > 0
+    check_all(fsr, costs)
+
+
+# ------------------------------------------------------------ lifecycle mechanisms
+
+@pytest.mark.parametrize("P,A,L", [(3, 6, 4), (2, 5, 2), (4, 8, 8)])
+def test_exposed_tail_closed_forms_per_mechanism(P, A, L):
+    # per-layer GradSync and update+prefetch keep up with the per-layer backward,
+    # so only layer 0's chain is exposed when layer-wise; bulk exposes everything.
+    G, Uu, W = 2.0, 1.0, 0.8
+    costs = PipelineCosts.uniform(P, A, t_forward=1.0, t_backward=2.0, t_update=Uu, t_gradsync=G,
+                                  t_prefetch=W, layers_per_stage=L)
+    main = (A + P - 1) * 3.0
+    want = {"full": (G + Uu + W) / L, "no-update-prefetch": G / L + Uu + W, "no-layerwise": G + Uu + W}
+    tails = {}
+    for name, tail in want.items():
+        res = simulate(costs, mechanisms=Mechanisms.variant(name))
+        assert res.exposed_tail_ms == approx(tail), name
+        assert res.step_time_ms == approx(main + tail), name
+        tails[name] = res.exposed_tail_ms
+        check_all(res, costs)
+    assert tails["full"] < tails["no-update-prefetch"] < tails["no-layerwise"]
+
+
+@pytest.mark.parametrize("G", [0.5, 3.0, 40.0])
+def test_layerwise_tail_strictly_smaller_than_bulk(G):
+    costs = PipelineCosts.uniform(4, 8, t_forward=1.0, t_backward=2.0, t_update=0.5, t_gradsync=G,
+                                  t_prefetch=0.2, layers_per_stage=4, t_transfer=0.1, t_recompute=0.5)
+    lw = simulate(costs)
+    bulk = simulate(costs, mechanisms=Mechanisms(layerwise=False))
+    assert lw.exposed_tail_ms < bulk.exposed_tail_ms
+    assert lw.step_time_ms < bulk.step_time_ms
+    check_all(lw, costs)
+    check_all(bulk, costs)
+
+
+def test_deadline_aware_prefetch_overlaps_next_forward():
+    # DDR-bound PrefetchW backs up behind the last backward; earliest-deadline-first
+    # serves layer 0 first and lets layer 2 finish during the next step's forward.
+    costs = PipelineCosts.uniform(2, 4, t_forward=1.0, t_backward=2.0, t_prefetch=8.0, layers_per_stage=4)
+    res = simulate(costs)
+    E, T = res.last_backward_end_ms, res.step_time_ms
+    w = {t.layer: t for t in res.tasks if t.kind == "PrefetchW" and t.stage == 0}
+    assert [w[l].start_ms - E for l in (3, 0, 1, 2)] == [approx(-1.5), approx(0.5), approx(2.5), approx(4.5)]
+    assert T - E == approx(6.0)
+    assert w[2].end_ms == approx(T + res.next_forward_ms[2])       # exactly at its deadline, after T
+    assert w[2].end_ms > T
+    bulk = simulate(costs, mechanisms=Mechanisms.variant("no-update-prefetch"))
+    assert bulk.exposed_tail_ms == approx(8.0)
+    check_all(res, costs)
+    check_all(bulk, costs)
+
+
+def test_compute_resident_prefetch_cannot_spill_into_next_forward():
+    # same backlog as above, but PrefetchW runs on compute: the next step's forward needs
+    # that compute, so the step cannot end before every PrefetchW is done
+    costs = PipelineCosts.uniform(2, 4, t_forward=1.0, t_backward=2.0, t_prefetch=8.0, layers_per_stage=4,
+                                  prefetch_resource="compute")
+    res = simulate(costs)
+    assert res.exposed_tail_ms == approx(8.0)
+    assert max(t.end_ms for t in res.tasks if t.stage == 0) == approx(res.step_time_ms)
+    check_all(res, costs)
+
+
+def test_fsr_fillers_wait_for_a_window_that_fits():
+    # lookahead 2 lets R of the next-but-one micro-batch fill idle time; recovery longer
+    # than the transfer waits must not be started there (it would delay the pipeline)
+    costs = PipelineCosts.uniform(4, 12, t_forward=1.0, t_backward=2.0, t_recompute=1.6, t_transfer=0.4,
+                                  layers_per_stage=2)
+    res = simulate(costs, mechanisms=Mechanisms(fsr_lookahead=2))
+    check_all(res, costs)
+
+
+def test_transfers_keep_priority_over_gradsync():
+    # huge per-layer GradSync: it must never delay a stage-boundary transfer, so the
+    # main path (last backward) is the same as without any GradSync
+    base = PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, t_transfer=0.3, layers_per_stage=3)
+    heavy = PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, t_transfer=0.3, layers_per_stage=3,
+                                  t_gradsync=30.0)
+    a, b = simulate(base), simulate(heavy)
+    assert b.last_backward_end_ms == approx(a.last_backward_end_ms)
+    main = lambda r: [(t.kind, t.stage, t.microbatch, t.layer, t.start_ms) for t in r.tasks  # noqa: E731
+                      if t.kind in ("F", "B", "Send", "Recv")]
+    assert main(a) == main(b)
+    check_all(b, heavy)
+
+
+def test_bulk_update_task_and_annotations():
+    costs = PipelineCosts.uniform(3, 4, t_forward=1.0, t_backward=2.0, t_gradsync=1.5, t_update=3.0,
+                                  layers_per_stage=2, bulk_update_ms=2.0)
+    bulk = simulate(costs, mechanisms=Mechanisms.all_off())
+    kinds = Counter(t.kind for t in bulk.tasks)
+    assert kinds["Update"] == 3 and kinds["UpdateShard"] == 0 and kinds["PrefetchW"] == 6
+    # stage 0's bulk phase runs after the last backward with nothing else to do
+    s0 = [(t, n) for t, n in zip(bulk.tasks, bulk.notes) if t.stage == 0 and t.kind in ("GradSync", "Update")]
+    assert all(n.hidden_by.startswith("compute-idle while waiting on") for _, n in s0)
+    assert bulk.exposed_tail_ms == approx(1.5 + 2.0)
+    # layer-wise ignores bulk_update_ms; the upper layer's GradSync hides under stage 0's backward
+    lw = simulate(costs)
+    assert Counter(t.kind for t in lw.tasks)["UpdateShard"] == 6
+    g1 = next(n for t, n in zip(lw.tasks, lw.notes) if t.kind == "GradSync" and t.layer == 1)
+    assert g1.hidden_by == "link-idle during compute" and g1.exposed_ms == approx(0.0)
+    # stage 2 finishes its backward early: its chain hides in the pipeline bubble
+    g5 = next(n for t, n in zip(lw.tasks, lw.notes) if t.kind == "GradSync" and t.layer == 5)
+    assert g5.hidden_by in ("bubble", "link-idle during compute")
+    check_all(bulk, costs)
+    check_all(lw, costs)
+
+
+def test_update_on_compute_fills_bubbles_not_the_main_path():
+    costs = PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, t_update=2.0, layers_per_stage=2,
+                                  update_resource="compute", prefetch_resource="compute")
+    res = simulate(costs)
+    ref = simulate(PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, layers_per_stage=2))
+    assert res.last_backward_end_ms == approx(ref.last_backward_end_ms)
+    assert all(t.resource == "compute" for t in res.tasks if t.kind in ("UpdateShard", "PrefetchW"))
+    check_all(res, costs)
+
+
+# ------------------------------------------------------------ general invariants
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(P=st.integers(1, 5), A=st.integers(1, 7), L=st.integers(1, 3),
+       times=st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5]), min_size=6, max_size=6),
+       X=st.sampled_from([0.0, 0.2, 1.3]), schedule=st.sampled_from(["1f1b", "gpipe"]),
+       variant=st.sampled_from(["full", "no-fsr", "no-update-prefetch", "no-layerwise", "all-off"]),
+       rec=st.sampled_from(["compute", "ddr"]), upd=st.sampled_from(["compute", "ddr"]),
+       lookahead=st.integers(1, 3))
+def test_invariants_hold_for_random_configs(P, A, L, times, X, schedule, variant, rec, upd, lookahead):
+    fwd, bwd = 1.0 + times[0], 1.0 + times[1]     # main-path tasks have positive length
+    costs = PipelineCosts.uniform(P, A, t_forward=fwd, t_backward=bwd, t_recompute=times[2], t_gradsync=times[3],
+                                  t_update=times[4], t_prefetch=times[5], t_transfer=X, layers_per_stage=L,
+                                  recovery_resource=rec, update_resource=upd)
+    base = Mechanisms.variant(variant)
+    mech = Mechanisms(layerwise=base.layerwise, update_prefetch=base.update_prefetch, fsr=base.fsr,
+                      activation=base.activation, fsr_lookahead=lookahead)
+    res = simulate(costs, schedule=schedule, mechanisms=mech)
+    check_all(res, costs, schedule)
+    inflight = [min(P - p, A) for p in range(P)] if schedule == "1f1b" else [A] * P
+    assert res.peak_inflight == inflight
+
+
+def test_determinism():
+    costs = PipelineCosts.uniform(4, 9, t_forward=1.0, t_backward=2.0, t_recompute=0.9, t_gradsync=2.0,
+                                  t_update=1.0, t_prefetch=0.5, t_transfer=0.15, layers_per_stage=3)
+    a, b = simulate(costs), simulate(costs)
+    assert a.tasks == b.tasks and a.notes == b.notes and a.step_time_ms == b.step_time_ms
+    assert a.to_json() == b.to_json()
+
+
+def test_activation_residency_closed_forms():
+    P, A, L = 4, 8, 2
+    full_b, ckpt_b, rec_b = 1000, 100, 700
+    costs = PipelineCosts.uniform(P, A, t_forward=1.0, t_backward=2.0, t_recompute=0.5, layers_per_stage=L,
+                                  act_full_bytes=full_b, act_ckpt_bytes=ckpt_b, recovery_bytes=rec_b)
+    n = [min(P - p, A) for p in range(P)]
+    full = simulate(costs, mechanisms=Mechanisms(activation="full"))
+    assert activation_residency(full, costs) == [k * L * full_b for k in n]
+    ckpt = simulate(costs, mechanisms=Mechanisms(activation="ckpt"))
+    assert activation_residency(ckpt, costs) == [k * L * ckpt_b + max(full_b - ckpt_b, rec_b) for k in n]
+    fsr = simulate(costs)
+    got = activation_residency(fsr, costs)
+    # Eq. 6: checkpoints of the in-flight micro-batches plus at most one micro-batch of
+    # recovery buffers (lookahead 1), never the full-save footprint
+    for p in range(P):
+        assert n[p] * L * ckpt_b + rec_b <= got[p] <= n[p] * L * ckpt_b + L * rec_b + (full_b - ckpt_b)
+        assert got[p] < activation_residency(full, costs)[p] or n[p] == 1
+
+
+def test_performance_p8_a128_l8():
+    costs = PipelineCosts.uniform(8, 128, t_forward=8.0, t_backward=16.0, t_recompute=8.0, t_gradsync=6.0,
+                                  t_update=4.0, t_prefetch=1.0, t_transfer=0.3, layers_per_stage=8)
+    t0 = time.perf_counter()
+    res = simulate(costs)
+    elapsed = time.perf_counter() - t0
+    assert len(res.tasks) > 8 * 128 * 8 * 3
+    assert elapsed < 5.0, elapsed
+
+
+def test_mechanisms_api_and_errors():
+    assert Mechanisms() == Mechanisms.variant("full")
+    off = Mechanisms.all_off()
+    assert (off.layerwise, off.update_prefetch, off.fsr, off.activation) == (False, False, False, "ckpt")
+    assert Mechanisms.variant("no-fsr").policy == "ckpt"
+    assert Mechanisms.variant("no-layerwise").deadline_aware is False
+    with pytest.raises(ConfigError, match="variant"):
+        Mechanisms.variant("no-magic")
+    with pytest.raises(ConfigError, match="activation"):
+        Mechanisms(activation="offload")
+    with pytest.raises(ConfigError, match="fsr_lookahead"):
+        Mechanisms(fsr_lookahead=0)
+    with pytest.raises(ConfigError, match="schedule"):
+        simulate(PipelineCosts.uniform(2, 2, t_forward=1, t_backward=1), schedule="zb")
+    with pytest.raises(ConfigError, match="forward_ms"):
+        LayerCosts(forward_ms=-1.0, backward_ms=1.0)
+    with pytest.raises(ConfigError, match="microbatches"):
+        PipelineCosts.uniform(2, 0, t_forward=1, t_backward=1)
+    with pytest.raises(ConfigError, match="recovery_resource"):
+        PipelineCosts.uniform(2, 2, t_forward=1, t_backward=1, recovery_resource="link")
+    with pytest.raises(ConfigError, match=r"stages\[1\]"):
+        PipelineCosts(stages=[[LayerCosts(1, 1)], []], transfer_ms=0, microbatches=1)
+
+
+def test_uniform_costs_split_evenly():
+    c = PipelineCosts.uniform(3, 4, t_forward=6.0, t_backward=9.0, t_gradsync=3.0, layers_per_stage=3)
+    assert c.num_layers == 9 and list(c.layer_range(1)) == [3, 4, 5] and c.stage_of(7) == 2
+    assert c.layer(4).forward_ms == 2.0 and c.layer(4).backward_ms == 3.0 and c.layer(4).gradsync_ms == 1.0
+    assert c.stage_total(2, "forward_ms") == pytest.approx(6.0)
+
+
+# ------------------------------------------------------------ CLI
+
+BASE_ARGS = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "--t-forward", "1.5",
+             "--t-backward", "2.5", "--t-update", "0.75"]
+
+
+def test_cli_json(capsys, tmp_path):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert cli_main(BASE_ARGS + ["--trace", str(trace), "--plot", str(png), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["step_time_ms"] == approx((6 + 4 - 1) * 4.0 + 0.75)
+    assert payload["exposed_tail_ms"] == approx(0.75)
+    assert payload["peak_inflight"] == [4, 3, 2, 1]
+    tl = payload["timeline"]
+    assert tl and all(set(t) == {"stage", "kind", "microbatch", "layer", "resource", "start_ms", "end_ms"}
+                      for t in tl)
+    assert Counter(t["kind"] for t in tl)["F"] == 4 * 6
+    ev = json.loads(trace.read_text())["traceEvents"]
+    xs = [e for e in ev if e["ph"] == "X"]
+    assert len(xs) == len(tl) and {e["pid"] for e in xs} == {0, 1, 2, 3}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_flags_and_errors(capsys):
+    assert cli_main(BASE_ARGS + ["--t-recompute", "0.5", "--activation", "ckpt", "--json"]) == 0
+    ckpt = json.loads(capsys.readouterr().out)
+    assert ckpt["step_time_ms"] == approx(9 * 4.5 + 0.75)
+    assert cli_main(BASE_ARGS + ["--t-gradsync", "2", "--layers-per-stage", "2", "--no-layerwise",
+                                 "--no-fsr", "--json"]) == 0
+    bulk = json.loads(capsys.readouterr().out)
+    assert bulk["mechanisms"]["layerwise"] is False and bulk["exposed_tail_ms"] == approx(2.75)
+    assert cli_main(BASE_ARGS) == 0
+    assert "exposed tail" in capsys.readouterr().out
+    assert cli_main(["simulate", "--stages", "4"]) == 2
+    assert "ratrain simulate --model" in capsys.readouterr().err
+    assert cli_main(["simulate", "--uniform", "--stages", "4", "--microbatches", "2", "--t-forward", "1"]) == 2
+    assert "--t-backward is required" in capsys.readouterr().err
+    assert cli_main(BASE_ARGS + ["--t-gradsync", "-1"]) == 2
