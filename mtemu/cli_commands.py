@@ -83,9 +83,14 @@ def _gemm(args):
 def _validate(args):
     plat = platform_from_args(args)
     if args.what == "table5":
-        from .validate import format_table5, table5
-        rows = table5(plat, tiles_from_args(args), progress=not args.json)
-        return {"rows": [r.to_json() for r in rows], "platform_hash": plat.digest()}, format_table5(rows)
+        from .validate import format_table5, format_variants, table5, table5_variants
+        tiles = tiles_from_args(args)
+        rows = table5(plat, tiles, progress=not args.json)
+        variants = table5_variants(plat, tiles)
+        ok = sum(r.ok for r in rows)
+        text = (format_table5(rows) + f"\n{ok}/{len(rows)} rows within {1.5} pp of the paper "
+                f"(fit rows: 4096x4096, 8192x8192; the others are held out)\n\n" + format_variants(variants))
+        return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
     raise MtemuError(f"unknown validation {args.what!r}")
 
 

@@ -53,8 +53,8 @@ class Platform:
     gsm_bandwidth: float = 120e9               # B/s, GSM port shared by the cluster's DMA
     local_bandwidth: float = 60e9              # B/s, per-DSP SM<->AM DMA
     dma_channels: int = 8                      # channels per DSP visible to a program
-    dma_latency_cycles: int = 600              # issue-to-first-byte latency of a DMA transfer
-    dma_row_overhead_cycles: float = 0.0       # extra server cycles per row of a strided transfer
+    dma_latency_cycles: int = 600              # issue-to-first-byte latency of a DMA transfer (assumed)
+    dma_row_overhead_cycles: float = 2.1       # server cycles per row of a strided transfer (fit, CHOICES.md)
     latencies: Latencies = field(default_factory=Latencies)
 
     # --- derived figures -------------------------------------------------------------------

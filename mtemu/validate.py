@@ -67,6 +67,32 @@ def table5(platform: Platform = DEFAULT, tiles: GemmTiles = DEFAULT_TILES, progr
     return rows
 
 
+# Variants that show what the software pipeline and the tiles buy (issue: "show why").
+VARIANT_SHAPE = (2048, 4096, 4096)
+NAIVE_TILES = GemmTiles(mg=2048, k2=32, n2=192, mr=1, nv=1)
+
+
+def table5_variants(platform: Platform = DEFAULT, tiles: GemmTiles = DEFAULT_TILES) -> list[dict]:
+    """Default tiles vs no software pipeline vs naive tiles on one Table 5 shape."""
+    out = []
+    for name, t in (("pipelined (default)", tiles), ("no software pipeline", GemmTiles(**{**tiles.__dict__, "pipelined": False})),
+                    ("naive tiles", NAIVE_TILES)):
+        r = gemm_timing(*VARIANT_SHAPE, tiles=t, platform=platform)
+        out.append({"variant": name, "tiles": t.describe(), "utilization": r.utilization,
+                    "latency_ms": r.latency_ms, "stalls": r.stalls, "ddr_bytes": r.ddr_bytes})
+    return out
+
+
+def format_variants(variants: list[dict]) -> str:
+    m, k, n = VARIANT_SHAPE
+    lines = [f"Why ({m}x{k}x{n}; stalls in DSP-cycles, summed over DSPs):"]
+    for v in variants:
+        s = v["stalls"]
+        lines.append(f"  {v['variant']:22s} util {100 * v['utilization']:6.2f}%  dma_wait {s['dma_wait']:>11,}  "
+                     f"barrier {s['barrier']:>11,}  latency {s['latency']:>9,}  DDR {v['ddr_bytes'] / 1e6:7.1f} MB")
+    return "\n".join(lines)
+
+
 def format_table5(rows: list[Table5Row]) -> str:
     lines = ["GEMM (M x K x N)        util    paper   delta   lat ms  paper   T MAC/s  status",
              "-" * 82]

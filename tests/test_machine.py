@@ -48,7 +48,8 @@ def test_dma_takes_latency_plus_bytes_over_bandwidth(nbytes):
             "{ dma 0, d, [s0+0], [s0+0] }\n{ dmawait 0 }\n{ halt }")
     stats, _ = run_text(text, plat, ddr=32768)
     bpc = plat.ddr_bandwidth / plat.clock_hz
-    done = math.ceil(plat.dma_latency_cycles + nbytes / bpc)   # issued at cycle 0
+    # issued at cycle 0; one row, so one row overhead
+    done = math.ceil(plat.dma_latency_cycles + nbytes / bpc + plat.dma_row_overhead_cycles)
     # the wait bundle issues at cycle 1 and releases at completion; halt takes one more cycle
     assert stats.cycles == max(done, 2) + 1
     assert stats.stall_cycles()["dma_wait"] == done - 2
@@ -60,7 +61,7 @@ def test_ddr_bandwidth_is_shared_first_come_first_served():
     text = (f".desc d src=DDR dst=AM rows=1 row_bytes={nbytes} src_stride=0 dst_stride={nbytes} mode=copy\n"
             "{ dma 0, d, [s0+0], [s0+0] }\n{ dmawait 0 }\n{ halt }")
     stats, _ = run_text(text, plat, functional=False, ddr=32768)
-    per = nbytes / (plat.ddr_bandwidth / plat.clock_hz)
+    per = nbytes / (plat.ddr_bandwidth / plat.clock_hz) + plat.dma_row_overhead_cycles
     # four equal transfers issued together finish one after another on the DDR server
     assert stats.cycles == math.ceil(plat.dma_latency_cycles + 4 * per) + 1
 

@@ -1,0 +1,52 @@
+"""Table 5 from emulated cycles: a regression guard on the calibrated platform.
+
+The paper's target is 1.5 pp per row; the current model reaches 1.8 pp (docs/CHOICES.md says
+why). These bounds fail if the emulator, the kernel or the platform drift.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mtemu.validate import FIT_ROWS, TABLE5, table5, table5_variants
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return table5()
+
+
+def test_every_table5_row_is_close_to_the_paper(rows):
+    assert [(r.k, r.n) for r in rows] == [(k, n) for k, n, *_ in TABLE5]
+    for r in rows:
+        assert abs(r.delta_pp) <= 1.8, (r.k, r.n, r.delta_pp)
+        assert r.fit == ((r.k, r.n) in FIT_ROWS)
+        # latency and utilization are the same measurement
+        assert r.latency_ms == pytest.approx(2048 * r.k * r.n / (r.utilization * 8.1e12) * 1e3, rel=1e-9)
+
+
+def test_larger_gemms_use_the_machine_better(rows):
+    util = {(r.k, r.n): r.utilization for r in rows}
+    assert util[(8192, 8192)] > util[(6656, 6656)] > util[(4096, 4096)]
+
+
+def test_pipeline_and_tiles_explain_the_utilization():
+    base, flat, naive = table5_variants()
+    assert base["utilization"] > flat["utilization"] + 0.1
+    assert base["utilization"] > naive["utilization"] + 0.1
+    # without overlap the DSPs wait on DMA; naive tiles move far more DDR traffic
+    assert flat["stalls"]["dma_wait"] > 2 * base["stalls"]["dma_wait"]
+    assert naive["ddr_bytes"] > 2 * base["ddr_bytes"]
+
+
+def test_cli_json_shape():
+    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "256", "--k", "256", "--n", "384", "--json"],
+                         capture_output=True, text=True, check=True)
+    payload = json.loads(out.stdout)
+    for key in ("cycles", "utilization", "tmac_per_s", "latency_ms", "stalls"):
+        assert key in payload
+    assert 0 < payload["utilization"] < 1
+    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "0", "--k", "1", "--n", "1"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "dimension m" in bad.stderr
