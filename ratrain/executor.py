@@ -1,0 +1,627 @@
+"""Replay a simulated timeline on the tiny model, checking the training-state lifecycle.
+
+``execute_step`` takes the simulator's task list for one training step
+(``ratrain.timeline.Task``) and really runs it, in one process, for P pipeline
+stages (layers split contiguously), D data-parallel replicas and A
+micro-batches:
+
+* F(l, m) / B(l, m): forward / backward of layer l for micro-batch m, on every
+  replica. A task with ``layer=None`` means "all layers of the stage" (forward
+  order for F and R, reverse order for B).
+* R(l, m): activation recovery (FSR): rebuild layer l's internals for m from its
+  checkpoint into a recovery buffer that the later B consumes. A B of a
+  checkpointed layer that finds no recovered buffer recomputes at backward
+  time (Baseline-1F1B's behaviour, and FSR's fallback).
+* GradSync(l): average layer l's accumulated gradients over the D replicas in
+  replica order 0..D-1 (a fixed order, so every schedule sums identically).
+* UpdateShard(l): Adam step of layer l's FP32 master (element-wise, so a ZeRO
+  shard split would give the same bits; one copy stands for all replicas,
+  which hold identical parameters after the average).
+* PrefetchW(l): cast the master to the FP16 working view the next step's
+  forward uses.
+* Update: bulk step-end finalisation for the stage's layers (or one layer):
+  GradSync, UpdateShard, PrefetchW for every layer not already finalised by
+  per-layer tasks.
+* Send / Recv: no-ops. In one process the tensor is handed over through the
+  per-micro-batch activation table; readiness is checked where it is consumed.
+
+Order: tasks run by (start_ms, end_ms, kind rank, stage, layer, microbatch),
+kind rank F < R < B < Send < Recv < GradSync < UpdateShard < PrefetchW < Update.
+Sorting on end_ms second puts a zero-length task before a longer one starting
+at the same instant; the rank keeps a zero-length GradSync -> UpdateShard ->
+PrefetchW chain in dependency order. Whatever the order, every dependency is
+checked when the task runs.
+
+Time: a task computes when it starts but its results count as available only
+from its end_ms. Every read checks that its producer has ended by the reader's
+start (F(l-1, m) before F(l, m); B(l+1, m) before B(l, m); F or R before B;
+all B(l, .) before GradSync(l); GradSync -> UpdateShard -> PrefetchW(l); the
+previous step's PrefetchW(l) before F(l)). ``execute_steps`` with a period
+lays consecutive steps on one time axis (step k shifted by k * period), so a
+PrefetchW that the simulator lets spill past the step boundary is checked
+against the next step's forwards.
+
+Lifecycle checks (``LifecycleError``): a forward of step k that would use
+weights other than version k (the layer's previous-step UpdateShard has not
+run, or ran but PrefetchW has not re-materialised the view); weights that
+change between a micro-batch's F and its R/B; GradSync/UpdateShard of a layer
+before all A backwards of that layer; PrefetchW before UpdateShard; UpdateShard
+before GradSync when D > 1; a layer updated twice or not at all in a step; a
+backward accumulating into an earlier step's unsynchronised gradients; any
+read that starts before its producer ends (see Time). With
+``fault_injection=True`` these are recorded in the step's stats instead and
+the step runs on with the wrong state (this is the "teeth" of the correctness
+check). Structural errors (a B with neither saved, checkpointed nor recovered
+activations, a forward without its input, a malformed task) always raise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ratrain.errors import ConfigError, RatrainError
+from ratrain.timeline import TASK_KINDS, Task
+from ratrain.tinymodel import (AdamConfig, LayerCache, LayerOptState, TinyConfig, adam_update,
+                               init_params, layer_backward, layer_forward, make_view, new_opt_state,
+                               recompute)
+
+ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
+KIND_RANK = {k: i for i, k in enumerate(
+    ("F", "R", "B", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update"))}
+assert set(KIND_RANK) == set(TASK_KINDS)
+
+_TIME_EPS = 1e-6   # ms; simulator times are sums of floats
+
+BatchFn = Callable[[int, int, int], tuple[np.ndarray, np.ndarray]]
+
+
+class LifecycleError(RatrainError):
+    """A task list breaks the training-state lifecycle (would change what is learned)."""
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """How the step is laid out: P stages x D replicas x A micro-batches, and the activation policy.
+
+    ``activation``: "full" (F keeps every intermediate), "ckpt" (F keeps the
+    layer input, B recomputes) or "fsr" (F keeps the layer input, R tasks
+    recover before B; B without R falls back to recomputing).
+    """
+    stages: int
+    dp: int
+    microbatches: int
+    layers: int
+    activation: str = "ckpt"
+
+    def __post_init__(self) -> None:
+        for name in ("stages", "dp", "microbatches", "layers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"ExecPlan.{name} must be >= 1, got {getattr(self, name)}")
+        if self.layers < self.stages:
+            raise ConfigError(f"ExecPlan: {self.layers} layers cannot fill {self.stages} stages")
+        if self.activation not in ACTIVATION_POLICIES:
+            raise ConfigError(f"ExecPlan.activation must be one of {ACTIVATION_POLICIES}, "
+                              f"got {self.activation!r}")
+
+    def stage_layers(self, stage: int) -> range:
+        """Contiguous split; the first ``layers % stages`` stages get one extra layer."""
+        base, extra = divmod(self.layers, self.stages)
+        start = stage * base + min(stage, extra)
+        return range(start, start + base + (1 if stage < extra else 0))
+
+    def stage_of(self, layer: int) -> int:
+        for s in range(self.stages):
+            if layer in self.stage_layers(s):
+                return s
+        raise ConfigError(f"layer {layer} out of range 0..{self.layers - 1}")
+
+
+@dataclass
+class StepStats:
+    tasks: dict[str, int] = field(default_factory=dict)
+    recovered_by_r: int = 0              # per replica x layer x micro-batch
+    recomputed_at_backward: int = 0
+    peak_live_full: list[int] = field(default_factory=list)   # per stage, one replica
+    violations: list[str] = field(default_factory=list)       # only with fault_injection
+
+
+@dataclass
+class ModelState:
+    """Everything that lives across steps: master, FP16 views, Adam state, gradient buffers."""
+    cfg: TinyConfig
+    opt: AdamConfig
+    master: list[dict[str, np.ndarray]]
+    view: list[dict[str, np.ndarray]]
+    opt_state: list[LayerOptState]
+    master_version: list[int]
+    view_version: list[int]
+    grads: list[list[dict[str, np.ndarray] | None]]   # [replica][layer], fp32 accumulation buffers
+    grads_step: list[list[int]]                        # [replica][layer]: step the buffer belongs to
+    step: int = 0                                      # steps finished
+    clock_ms: float = 0.0                              # where the next back-to-back step starts
+    view_ready_ms: list[float] | None = None           # [layer]: end of the PrefetchW that made the view
+    last_stats: StepStats | None = None
+
+    def __post_init__(self) -> None:
+        if self.view_ready_ms is None:
+            self.view_ready_ms = [-np.inf] * len(self.master)
+
+    @classmethod
+    def create(cls, cfg: TinyConfig, opt: AdamConfig, seed: int, dp: int) -> "ModelState":
+        master = init_params(cfg, seed)
+        return cls(cfg=cfg, opt=opt, master=master, view=[make_view(m, cfg) for m in master],
+                   opt_state=[new_opt_state(m) for m in master],
+                   master_version=[0] * cfg.layers, view_version=[0] * cfg.layers,
+                   grads=[[None] * cfg.layers for _ in range(dp)],
+                   grads_step=[[-1] * cfg.layers for _ in range(dp)])
+
+
+# ------------------------------------------------------------ shared arithmetic
+# The single-stage reference loop uses these same helpers, so both paths sum
+# in the same order.
+
+def accumulate(buf: dict[str, np.ndarray] | None, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if buf is None:
+        return {k: v.copy() for k, v in g.items()}
+    for k, v in g.items():
+        buf[k] += v
+    return buf
+
+
+def dp_average(per_replica: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Average over replicas in replica order 0..D-1."""
+    out = {k: v.copy() for k, v in per_replica[0].items()}
+    for g in per_replica[1:]:
+        for k, v in g.items():
+            out[k] += v
+    d = len(per_replica)
+    if d > 1:
+        for k in out:
+            out[k] /= d
+    return out
+
+
+def microbatch_dloss(opt: AdamConfig, microbatches: int) -> float:
+    """d(objective)/d(micro-batch loss): objective is the mean over micro-batches, loss-scaled."""
+    return opt.loss_scale / microbatches
+
+
+def order_tasks(tasks: Iterable[Task]) -> list[Task]:
+    """The execution order (see module docstring)."""
+    def key(t: Task):
+        return (t.start_ms, t.end_ms, KIND_RANK.get(t.kind, 99), t.stage,
+                -1 if t.layer is None else t.layer, -1 if t.microbatch is None else t.microbatch)
+    return sorted(tasks, key=key)
+
+
+# ------------------------------------------------------------ one step
+
+@dataclass
+class _Run:
+    step: int
+    outputs: dict = field(default_factory=dict)     # (r, l, m) -> layer output (input of l+1)
+    targets: dict = field(default_factory=dict)     # (r, m) -> targets
+    caches: dict = field(default_factory=dict)      # (r, l, m) -> LayerCache (full or checkpoint)
+    recovered: dict = field(default_factory=dict)   # (r, l, m) -> full LayerCache from R
+    douts: dict = field(default_factory=dict)       # (r, l, m) -> d objective / d output of l
+    losses: dict = field(default_factory=dict)      # (r, m) -> loss
+    f_done: set = field(default_factory=set)        # (l, m)
+    b_done: dict = field(default_factory=dict)      # l -> set of m
+    f_version: dict = field(default_factory=dict)   # (l, m) -> view version used by F
+    synced: dict = field(default_factory=dict)      # l -> averaged grads
+    updated: set = field(default_factory=set)
+    live_full: list = field(default_factory=list)   # per stage
+    ready: dict = field(default_factory=dict)       # ("F"|"B"|"R", l, m) / ("GradSync"|"UpdateShard", l) -> end
+
+
+class _Executor:
+    def __init__(self, state: ModelState, plan: ExecPlan, batches: BatchFn, fault_injection: bool,
+                 step: int | None = None, offset_ms: float = 0.0):
+        if plan.layers != state.cfg.layers:
+            raise ConfigError(f"ExecPlan.layers={plan.layers} but the model has {state.cfg.layers} layers")
+        if len(state.grads) != plan.dp:
+            raise ConfigError(f"ExecPlan.dp={plan.dp} but the model state holds {len(state.grads)} replicas")
+        self.s, self.plan, self.batches, self.fault = state, plan, batches, fault_injection
+        self.cfg = state.cfg
+        self.stats = StepStats(peak_live_full=[0] * plan.stages)
+        self.run = _Run(step=state.step if step is None else step, live_full=[0] * plan.stages)
+        self.offset = offset_ms
+        self.t0 = self.t1 = 0.0              # current task's start / end on the global time axis
+        self.task_keys: set = set()          # what the current task itself produced
+        self.max_end = offset_ms
+
+    # -- helpers
+    def violation(self, msg: str) -> None:
+        msg = f"step {self.run.step}: {msg}"
+        if not self.fault:
+            raise LifecycleError(msg)
+        self.stats.violations.append(msg)
+
+    def _live(self, layer: int, delta: int, replica: int) -> None:
+        if replica:   # replicas are identical: count replica 0's device only
+            return
+        st = self.plan.stage_of(layer)
+        self.run.live_full[st] += delta
+        self.stats.peak_live_full[st] = max(self.stats.peak_live_full[st], self.run.live_full[st])
+
+    def layers_of(self, task: Task, reverse: bool = False) -> list[int]:
+        if task.stage < 0 or task.stage >= self.plan.stages:
+            raise ConfigError(f"task {task.kind} has stage {task.stage}, plan has {self.plan.stages} stages")
+        own = self.plan.stage_layers(task.stage)
+        if task.layer is None:
+            ls = list(own)
+        else:
+            if task.layer not in own:
+                raise ConfigError(f"task {task.kind} on stage {task.stage} names layer {task.layer}, "
+                                  f"which lives on stage {self.plan.stage_of(task.layer)} when "
+                                  f"{self.plan.layers} layers are split over {self.plan.stages} stages")
+            ls = [task.layer]
+        return ls[::-1] if reverse else ls
+
+    def mb_of(self, task: Task) -> int:
+        m = task.microbatch
+        if m is None or not 0 <= m < self.plan.microbatches:
+            raise ConfigError(f"task {task.kind} on stage {task.stage} layer {task.layer} has microbatch "
+                              f"{m}, expected 0..{self.plan.microbatches - 1}")
+        return m
+
+    # -- timing: a task reads its inputs at its start and publishes its outputs at its end
+    def _produce(self, key: tuple) -> None:
+        self.run.ready[key] = self.t1
+        self.task_keys.add(key)
+
+    def _need(self, key: tuple, reader: str, what: str) -> None:
+        if key in self.task_keys:   # produced earlier inside this same (stage-level) task
+            return
+        t = self.run.ready.get(key)
+        if t is not None and t > self.t0 + _TIME_EPS:
+            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but {what} ends at "
+                           f"{t - self.offset:.4g} ms (step-relative times)")
+
+    def _need_b_all(self, l: int, reader: str) -> None:
+        ends = [(self.run.ready.get(("B", l, m), -np.inf), m) for m in range(self.plan.microbatches)]
+        t, m = max(ends)
+        if ("B", l, m) not in self.task_keys and t > self.t0 + _TIME_EPS:
+            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but B(layer {l}, mb {m}) ends at "
+                           f"{t - self.offset:.4g} ms (step-relative times)")
+
+    # -- tasks
+    def forward(self, l: int, m: int) -> None:
+        cfg, run, s = self.cfg, self.run, self.s
+        if (l, m) in run.f_done:
+            raise LifecycleError(f"step {run.step}: F(layer {l}, mb {m}) appears twice")
+        # Every step updates every layer once, so step k's forward needs version k.
+        if s.master_version[l] < run.step:
+            self.violation(f"F(layer {l}, mb {m}) ran before UpdateShard({l}) of step {run.step - 1} "
+                           f"(master v{s.master_version[l]})")
+        elif s.view_version[l] != s.master_version[l]:
+            self.violation(f"F(layer {l}, mb {m}) would use a stale weight view: master v"
+                           f"{s.master_version[l]} was updated but PrefetchW({l}) has not "
+                           f"materialised it (view v{s.view_version[l]})")
+        elif s.view_ready_ms[l] > self.t0 + _TIME_EPS:
+            self.violation(f"F(layer {l}, mb {m}) starts at {self.t0 - self.offset:.4g} ms but the "
+                           f"PrefetchW({l}) that makes its view ends at {s.view_ready_ms[l] - self.offset:.4g} ms "
+                           f"(step-relative times)")
+        if l > 0:
+            self._need(("F", l - 1, m), f"F(layer {l}, mb {m})", f"F(layer {l - 1}, mb {m}) producing its input")
+        save = "full" if self.plan.activation == "full" else "ckpt"
+        last = l == cfg.layers - 1
+        for r in range(self.plan.dp):
+            if l == 0:
+                tokens, targets = self.batches(run.step, r, m)
+                run.targets[(r, m)] = targets
+                inp = tokens
+            else:
+                if (r, l - 1, m) not in run.outputs:
+                    raise LifecycleError(f"step {run.step}: F(layer {l}, mb {m}) ran before "
+                                         f"F(layer {l - 1}, mb {m}) produced its input")
+                inp = run.outputs.pop((r, l - 1, m))
+            out, cache = layer_forward(s.view[l], cfg, l, inp, run.targets[(r, m)] if last else None,
+                                       save=save)
+            run.caches[(r, l, m)] = cache
+            if cache.full:
+                self._live(l, 1, r)
+            if last:
+                run.losses[(r, m)] = out
+            else:
+                run.outputs[(r, l, m)] = out
+        run.f_done.add((l, m))
+        run.f_version[(l, m)] = s.view_version[l]
+        self._produce(("F", l, m))
+
+    def _check_same_weights(self, what: str, l: int, m: int) -> None:
+        if self.run.f_version.get((l, m)) != self.s.view_version[l]:
+            self.violation(f"{what}(layer {l}, mb {m}) would use weights v{self.s.view_version[l]} but "
+                           f"its forward used v{self.run.f_version.get((l, m))} (layer updated mid-step)")
+
+    def recover(self, l: int, m: int) -> None:
+        run = self.run
+        if self.plan.activation != "fsr":
+            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) in a plan with activation "
+                                 f"policy {self.plan.activation!r} (only 'fsr' recovers in R slots)")
+        if (l, m) not in run.f_done or m in run.b_done.get(l, ()):
+            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) has no checkpoint to recover "
+                                 f"from (its F has not run, or its B already consumed it)")
+        if (0, l, m) in run.recovered:
+            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) appears twice")
+        self._check_same_weights("R", l, m)
+        self._need(("F", l, m), f"R(layer {l}, mb {m})", f"F(layer {l}, mb {m}) saving its checkpoint")
+        for r in range(self.plan.dp):
+            run.recovered[(r, l, m)] = recompute(self.s.view[l], self.cfg, run.caches[(r, l, m)])
+            self._live(l, 1, r)
+        self.stats.recovered_by_r += self.plan.dp
+        self._produce(("R", l, m))
+
+    def backward(self, l: int, m: int) -> None:
+        cfg, run, s = self.cfg, self.run, self.s
+        done = run.b_done.setdefault(l, set())
+        if m in done:
+            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) appears twice")
+        last = l == cfg.layers - 1
+        if last and (l, m) not in run.f_done:
+            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) before its forward produced a loss")
+        if not last and (0, l, m) not in run.douts:
+            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) ran before B(layer {l + 1}, mb {m}) "
+                                 f"produced its output gradient")
+        if (0, l, m) not in run.recovered and (0, l, m) not in run.caches:
+            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) has neither saved nor recovered "
+                                 f"activations (no F ran for it)")
+        self._check_same_weights("B", l, m)
+        who = f"B(layer {l}, mb {m})"
+        if last:
+            self._need(("F", l, m), who, f"F(layer {l}, mb {m}) producing the loss")
+        else:
+            self._need(("B", l + 1, m), who, f"B(layer {l + 1}, mb {m}) producing its output gradient")
+        if (0, l, m) in run.recovered:
+            self._need(("R", l, m), who, f"R(layer {l}, mb {m}) recovering its activations")
+        else:
+            self._need(("F", l, m), who, f"F(layer {l}, mb {m}) saving its activations")
+        tag = s.grads_step[0][l]
+        if s.grads[0][l] is not None and tag != run.step:
+            self.violation(f"B(layer {l}, mb {m}) would accumulate into step {tag}'s gradients "
+                           f"(GradSync({l}) of step {tag} has not consumed them)")
+        dloss = microbatch_dloss(s.opt, self.plan.microbatches)
+        for r in range(self.plan.dp):
+            cache: LayerCache | None = run.recovered.pop((r, l, m), None)
+            ckpt = run.caches.pop((r, l, m), None)
+            if cache is None:
+                cache = ckpt
+                if not cache.full:   # backward-time recovery: a transient full set
+                    self.stats.recomputed_at_backward += 1
+                    self._live(l, 1, r)
+            dout = dloss if last else run.douts.pop((r, l, m))
+            dx, grads = layer_backward(s.view[l], cfg, cache, dout)
+            self._live(l, -1, r)
+            s.grads[r][l] = accumulate(s.grads[r][l], grads)
+            s.grads_step[r][l] = run.step
+            if l > 0:
+                run.douts[(r, l - 1, m)] = dx
+        done.add(m)
+        self._produce(("B", l, m))
+
+    def _missing_b(self, l: int) -> list[int]:
+        return sorted(set(range(self.plan.microbatches)) - self.run.b_done.get(l, set()))
+
+    def gradsync(self, l: int) -> None:
+        run, s = self.run, self.s
+        if l in run.synced:
+            self.violation(f"GradSync({l}) runs twice")
+            return
+        missing = self._missing_b(l)
+        if missing:
+            self.violation(f"GradSync({l}) before the backward of micro-batches {missing} for layer {l}")
+        else:
+            self._need_b_all(l, f"GradSync({l})")
+        bufs = [s.grads[r][l] for r in range(self.plan.dp)]
+        if any(b is None for b in bufs):
+            raise LifecycleError(f"step {run.step}: GradSync({l}) has no gradients to average")
+        run.synced[l] = dp_average(bufs)
+        for r in range(self.plan.dp):
+            s.grads[r][l] = None
+        self._produce(("GradSync", l))
+
+    def update_shard(self, l: int) -> None:
+        run, s = self.run, self.s
+        if l in run.updated:
+            self.violation(f"UpdateShard({l}) runs twice")
+            return
+        missing = self._missing_b(l)
+        if missing:
+            self.violation(f"UpdateShard({l}) before the backward of micro-batches {missing} for layer {l}")
+        if l not in run.synced:
+            if self.plan.dp > 1:
+                self.violation(f"UpdateShard({l}) before GradSync({l}) with {self.plan.dp} replicas")
+            self.gradsync(l)   # D == 1: the average of one replica is its own gradient
+        self._need(("GradSync", l), f"UpdateShard({l})", f"GradSync({l})")
+        adam_update(s.master[l], run.synced[l], s.opt_state[l], s.opt)
+        s.master_version[l] += 1
+        run.updated.add(l)
+        self._produce(("UpdateShard", l))
+
+    def prefetch(self, l: int) -> None:
+        run, s = self.run, self.s
+        if l not in run.updated:
+            self.violation(f"PrefetchW({l}) before UpdateShard({l}): it would materialise the old weights")
+        self._need(("UpdateShard", l), f"PrefetchW({l})", f"UpdateShard({l})")
+        s.view[l] = make_view(s.master[l], self.cfg)
+        s.view_version[l] = s.master_version[l]
+        s.view_ready_ms[l] = self.t1
+
+    def bulk_update(self, l: int) -> None:
+        if l not in self.run.updated:
+            if l not in self.run.synced:
+                self.gradsync(l)
+            self.update_shard(l)
+        if self.s.view_version[l] != self.s.master_version[l]:
+            self.prefetch(l)
+
+    def execute(self, tasks: list[Task]) -> float:
+        for task in order_tasks(tasks):
+            self.run_task(task)
+        return self.finish()
+
+    def run_task(self, task: Task) -> None:
+        plan = self.plan
+        kind = task.kind
+        if kind not in KIND_RANK:
+            raise ConfigError(f"task kind {kind!r} is not one of {TASK_KINDS}")
+        self.stats.tasks[kind] = self.stats.tasks.get(kind, 0) + 1
+        self.t0, self.t1 = task.start_ms + self.offset, task.end_ms + self.offset
+        if not self.t1 >= self.t0:
+            raise ConfigError(f"task {kind} on stage {task.stage} ends ({task.end_ms}) before it starts "
+                              f"({task.start_ms})")
+        self.max_end = max(self.max_end, self.t1)
+        self.task_keys = set()
+        if kind == "F":
+            m = self.mb_of(task)
+            for l in self.layers_of(task):
+                self.forward(l, m)
+        elif kind == "R":
+            m = self.mb_of(task)
+            for l in self.layers_of(task):
+                self.recover(l, m)
+        elif kind == "B":
+            m = self.mb_of(task)
+            for l in self.layers_of(task, reverse=True):
+                self.backward(l, m)
+        elif kind == "GradSync":
+            for l in self.layers_of(task, reverse=True):
+                self.gradsync(l)
+        elif kind == "UpdateShard":
+            for l in self.layers_of(task, reverse=True):
+                self.update_shard(l)
+        elif kind == "PrefetchW":
+            for l in self.layers_of(task, reverse=True):
+                self.prefetch(l)
+        elif kind == "Update":
+            for l in self.layers_of(task, reverse=True):
+                self.bulk_update(l)
+        else:   # Send / Recv: hand-over is implicit, see module docstring
+            if not 0 <= task.stage < plan.stages:
+                raise ConfigError(f"task {kind} has stage {task.stage}, plan has {plan.stages} stages")
+
+    def finish(self) -> float:
+        """Step-end invariants; returns the step loss."""
+        s, run, plan = self.s, self.run, self.plan
+        want = {(l, m) for l in range(plan.layers) for m in range(plan.microbatches)}
+        if run.f_done != want:
+            raise LifecycleError(f"step {run.step}: forward never ran for (layer, mb) "
+                                 f"{sorted(want - run.f_done)[:6]}")
+        missing_b = sorted((l, m) for l, m in want if m not in run.b_done.get(l, set()))
+        if missing_b:
+            raise LifecycleError(f"step {run.step}: backward never ran for (layer, mb) {missing_b[:6]}")
+        not_updated = sorted(set(range(plan.layers)) - run.updated)
+        if not_updated:
+            self.violation(f"layers {not_updated} were never updated in this step")
+        s.step = max(s.step, run.step + 1)
+        s.clock_ms = max(s.clock_ms, self.max_end)
+        s.last_stats = self.stats
+        losses = [run.losses[(r, m)] for r in range(plan.dp) for m in range(plan.microbatches)]
+        return float(np.mean(np.asarray(losses, dtype=np.float64)))
+
+
+def execute_step(model_state: ModelState, tasks: list[Task], plan: ExecPlan, batch_provider: BatchFn,
+                 *, fault_injection: bool = False) -> float:
+    """Run one training step's task list; return the step loss (mean over replicas x micro-batches).
+
+    ``batch_provider(step, replica, microbatch) -> (tokens, targets)``. The
+    step's stats (task counts, recoveries, peak live activation sets,
+    violations under fault injection) land in ``model_state.last_stats``.
+    """
+    return _Executor(model_state, plan, batch_provider, fault_injection,
+                     offset_ms=model_state.clock_ms).execute(list(tasks))
+
+
+def execute_steps(model_state: ModelState, tasks: list[Task], plan: ExecPlan, batch_provider: BatchFn,
+                  steps: int, *, period_ms: float | None = None, fault_injection: bool = False,
+                  on_step: Callable[[int], None] | None = None) -> tuple[list[float], list[StepStats]]:
+    """Run ``steps`` steps of the same one-step timeline; return losses and per-step stats.
+
+    ``period_ms=None`` runs the steps back to back. With the simulator's step
+    time as ``period_ms``, step k's tasks are shifted by k * period_ms and all
+    steps are replayed on one time axis, so a PrefetchW that the simulator lets
+    spill past the step boundary really runs after the next step's first
+    forwards; the version checks then verify that every forward still sees its
+    layer's updated view. Order key: (start, end, step, kind rank, ...).
+    ``on_step(n)`` is called whenever n steps have finished.
+    """
+    if steps < 1:
+        raise ConfigError(f"execute_steps: steps must be >= 1, got {steps}")
+    if period_ms is None:
+        losses, stats = [], []
+        for _ in range(steps):
+            losses.append(execute_step(model_state, tasks, plan, batch_provider,
+                                       fault_injection=fault_injection))
+            stats.append(model_state.last_stats)
+            if on_step:
+                on_step(len(losses))
+        return losses, stats
+    if not period_ms > 0:
+        raise ConfigError(f"execute_steps: period_ms must be positive, got {period_ms}")
+    first, t0 = model_state.step, model_state.clock_ms
+    execs = [_Executor(model_state, plan, batch_provider, fault_injection, step=first + k,
+                       offset_ms=t0 + k * period_ms) for k in range(steps)]
+    base = order_tasks(tasks)   # fixes the within-step order of exact ties
+    merged = []
+    for k in range(steps):
+        off = t0 + k * period_ms
+        for i, t in enumerate(base):
+            merged.append((t.start_ms + off, t.end_ms + off, k, i, t))
+    merged.sort(key=lambda e: e[:4])
+    remaining = [len(base)] * steps
+    losses: list[float | None] = [None] * steps
+    finished = 0
+    for _, _, k, _, t in merged:
+        execs[k].run_task(t)
+        remaining[k] -= 1
+        if remaining[k] == 0:
+            losses[k] = execs[k].finish()
+            finished += 1
+            if on_step:
+                on_step(finished)
+    return [float(x) for x in losses], [e.stats for e in execs]
+
+
+# ------------------------------------------------------------ fault injection
+
+FAULTS = ("early-update", "stale-view")
+
+
+def inject_fault(tasks: list[Task], plan: ExecPlan, kind: str, layer: int) -> list[Task]:
+    """A copy of ``tasks`` with one deliberate lifecycle bug for ``layer``.
+
+    * "early-update": GradSync/UpdateShard/PrefetchW(layer) run just before the
+      last micro-batch's B of that layer (its gradient misses the step, and the
+      last backward sees new weights).
+    * "stale-view": PrefetchW(layer) runs just before UpdateShard(layer), so the
+      next step's forward uses the old weights.
+    """
+    if kind not in FAULTS:
+        raise ConfigError(f"fault kind must be one of {FAULTS}, got {kind!r}")
+    stage = plan.stage_of(layer)
+
+    def touches(t: Task) -> bool:
+        return t.stage == stage and (t.layer is None or t.layer == layer)
+
+    if kind == "early-update":
+        bs = [t for t in tasks if t.kind == "B" and touches(t)]
+        if not bs:
+            raise ConfigError(f"no B task for layer {layer} to inject an early update before")
+        last_b = max(bs, key=lambda t: (t.start_ms, t.microbatch or 0))
+        at = last_b.start_ms - 1e-6
+        keep = [t for t in tasks if not (t.kind in ("GradSync", "UpdateShard", "PrefetchW")
+                                         and t.layer == layer)]
+        chain = [Task(stage, k, None, layer, "ddr", at, at) for k in ("GradSync", "UpdateShard", "PrefetchW")]
+        return keep + chain
+    ups = [t for t in tasks if t.kind == "UpdateShard" and t.layer == layer]
+    if not ups:
+        raise ConfigError(f"stale-view fault needs an UpdateShard({layer}) task (layer-wise schedule)")
+    at = ups[0].start_ms - 1e-6
+    keep = [t for t in tasks if not (t.kind == "PrefetchW" and t.layer == layer)]
+    return keep + [Task(stage, "PrefetchW", None, layer, "ddr", at, at)]
+
+
+__all__ = ["ACTIVATION_POLICIES", "ExecPlan", "FAULTS", "LifecycleError", "ModelState", "StepStats",
+           "accumulate", "dp_average", "execute_step", "execute_steps", "inject_fault", "microbatch_dloss", "order_tasks"]
