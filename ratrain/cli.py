@@ -17,6 +17,7 @@ from mtemu.errors import MtemuError
 # Modules that register subcommands, in help order.
 COMMAND_MODULES: list[str] = [
     "ratrain.cli_model",
+    "ratrain.cli_profile",
     "ratrain.cli_correctness",
     "ratrain.cli_simulate",
 ]

@@ -1,0 +1,38 @@
+"""`ratrain profile`: build (or load) the emulated latency profile of a model's layers."""
+from __future__ import annotations
+
+from .models import from_hf_config, get_model, list_models
+from .profile import layer_profile
+
+
+def _model(args):
+    if args.hf_config:
+        return from_hf_config(args.hf_config)
+    return get_model(args.model)
+
+
+def _profile(args):
+    spec = _model(args)
+    prof = layer_profile(spec, args.micro_batch, args.seq, args.tp, source=args.source, progress=not args.json)
+    payload = prof.to_json()
+    lines = [f"{spec.name}: b={args.micro_batch} seq={args.seq} tp={args.tp} ({prof.source}, emulator {prof.emulator_version})",
+             f"  layer forward  {1e3 * prof.forward_s:9.3f} ms   backward {1e3 * prof.backward_s:9.3f} ms",
+             f"  first-stage extra fwd {1e3 * prof.first_forward_s:8.3f} ms   bwd {1e3 * prof.first_backward_s:8.3f} ms",
+             f"  last-stage extra  fwd {1e3 * prof.last_forward_s:8.3f} ms   bwd {1e3 * prof.last_backward_s:8.3f} ms",
+             "  operator            kind          fwd ms     bwd ms"]
+    for o in prof.ops:
+        lines.append(f"  {o.name:18s}  {o.kind:11s} {1e3 * o.forward_s:9.3f}  {1e3 * o.backward_s:9.3f}")
+    return payload, "\n".join(lines)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="per-layer latency profile from kernels emulated on mtemu")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--model", choices=list_models())
+    g.add_argument("--hf-config", metavar="FILE")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--source", choices=("emulated", "roofline"), default="emulated")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_profile)

@@ -1,0 +1,40 @@
+"""Regenerate the latency profiles that ship with the package (ratrain/data/profiles/).
+
+Run after any change to the emulator, the GEMM kernel or the platform defaults:
+    python scripts/ship_profiles.py [model ...]
+Profiles are built into a scratch cache and copied, so a crash leaves the shipped set intact.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="ratrain-ship-"))
+os.environ["RATRAIN_CACHE_DIR"] = str(SCRATCH)
+
+from ratrain.models import get_model  # noqa: E402
+from ratrain.profile import SHIPPED_DIR, layer_profile  # noqa: E402
+
+MODELS = ["llama2-7b", "llama2-13b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b"]
+TPS = (1, 2)
+
+
+def main(models: list[str]) -> None:
+    SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        for tp in TPS:
+            t = time.time()
+            prof = layer_profile(get_model(name), 1, 2048, tp, progress=True)
+            print(f"{name} tp={tp}: fwd {prof.forward_s * 1e3:.2f} ms bwd {prof.backward_s * 1e3:.2f} ms "
+                  f"({time.time() - t:.0f} s)", flush=True)
+            for f in (SCRATCH / "profiles").glob("*.json"):
+                shutil.copyfile(f, SHIPPED_DIR / f.name)
+            shutil.copyfile(SCRATCH / "gemm_cache.json", SHIPPED_DIR / "gemm_cache.json")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or MODELS)

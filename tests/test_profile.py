@@ -1,0 +1,100 @@
+import json
+
+import pytest
+
+import ratrain.profile as profile
+from mtemu.kernels.gemm import gemm_timing
+from ratrain.errors import ConfigError
+from ratrain.models import ModelSpec, get_model, layer_operators
+
+TINY = ModelSpec(name="tiny-test", hidden=192, ffn=384, layers=2, heads=3, kv_heads=3, head_dim=64, vocab=384)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RATRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
+    profile._MEMO.clear()
+    yield tmp_path
+    profile._MEMO.clear()
+
+
+def test_roofline_profile_adds_up_its_operators():
+    prof = profile.layer_profile(get_model("llama2-7b"), 1, 2048, source="roofline")
+    assert prof.forward_s == pytest.approx(sum(o.forward_s for o in prof.ops))
+    ops = {o.name: o for o in prof.ops}
+    # a GEMM's backward is two GEMMs of the same MAC count
+    assert ops["q_proj"].backward_s == pytest.approx(2 * ops["q_proj"].forward_s)
+    assert [o.name for o in prof.ops] == [o.name for o in layer_operators(get_model("llama2-7b"), 1, 2048)]
+    assert prof.last_forward_s > prof.first_forward_s > 0
+
+
+def test_emulated_profile_uses_emulated_gemms_and_is_cached(cache):
+    prof = profile.layer_profile(TINY, 1, 64, progress=False)
+    q = {o.name: o for o in prof.ops}["q_proj"]
+    m, k, n, seconds, method = q.gemms[0]
+    assert (m, k, n, method) == (64, 192, 192, "emulated")
+    assert seconds == pytest.approx(gemm_timing(64, 192, 192).cycles / 1.7578125e9)
+    files = list((cache / "profiles").glob("tiny-test-*.json"))
+    assert len(files) == 1
+    # a second lookup loads the file instead of emulating
+    profile._MEMO.clear()
+    calls = []
+    monkey = profile.build_profile
+    profile.build_profile = lambda *a, **k: calls.append(1) or monkey(*a, **k)
+    try:
+        again = profile.layer_profile(TINY, 1, 64)
+    finally:
+        profile.build_profile = monkey
+    assert calls == [] and again.forward_s == pytest.approx(prof.forward_s)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "stale", "malformed"])
+def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
+    prof = profile.layer_profile(TINY, 1, 64)
+    path = next((cache / "profiles").glob("tiny-test-*.json"))
+    data = json.loads(path.read_text())
+    if damage == "corrupt":
+        path.write_text(path.read_text()[:100])
+    elif damage == "stale":
+        data["emulator_version"] = "0" * 16
+        data["forward_s"] = 123.0
+        for o in data["ops"]:
+            o["forward_s"] = 1.0
+        path.write_text(json.dumps(data))
+    else:
+        del data["ops"]
+        path.write_text(json.dumps(data))
+    profile._MEMO.clear()
+    again = profile.layer_profile(TINY, 1, 64)
+    assert again.forward_s == pytest.approx(prof.forward_s)
+    assert json.loads(path.read_text())["emulator_version"] == profile.emulator_version()
+
+
+def test_gemm_cache_ignores_entries_of_another_emulator_version(cache):
+    c = profile.GemmCache()
+    entry = c.lookup(48, 64, 192)
+    c.save()
+    raw = json.loads((cache / "gemm_cache.json").read_text())
+    assert list(raw["entries"]) == [c.key(48, 64, 192)]
+    # the same shape under another version is not found
+    raw["entries"] = {k.replace(c.version, "f" * 16): {**v, "seconds": 99.0} for k, v in raw["entries"].items()}
+    (cache / "gemm_cache.json").write_text(json.dumps(raw))
+    fresh = profile.GemmCache()
+    assert fresh.lookup(48, 64, 192)["seconds"] == entry["seconds"]
+
+
+def test_extrapolated_gemm_matches_full_emulation(cache, monkeypatch):
+    # N = 5 panels of 768 + 128: emulate 1+r and 3+r panels, extrapolate to 5+r
+    m, k, n = 512, 256, 5 * 768 + 128
+    full = gemm_timing(m, k, n).cycles
+    monkeypatch.setattr(profile, "EXTRAPOLATE_ABOVE_MACS", 1e6)
+    c = profile.GemmCache()
+    e = c.lookup(m, k, n)
+    assert e["method"] == "extrapolated"
+    assert abs(e["cycles"] - full) / full < 0.005
+
+
+def test_bad_source_is_refused():
+    with pytest.raises(ConfigError, match="profile source"):
+        profile.build_profile(TINY, 1, 64, source="guess")
