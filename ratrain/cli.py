@@ -18,6 +18,7 @@ from mtemu.errors import MtemuError
 COMMAND_MODULES: list[str] = [
     "ratrain.cli_model",
     "ratrain.cli_profile",
+    "ratrain.cli_reproduce",
     "ratrain.cli_correctness",
     "ratrain.cli_simulate",
 ]

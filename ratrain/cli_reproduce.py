@@ -1,0 +1,29 @@
+"""`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
+from __future__ import annotations
+
+from .reproduce import EXPERIMENTS, format_checks, reproduce
+
+
+def _reproduce(args):
+    which = [args.experiment] if args.experiment else None
+    exps = reproduce(which, args.out, progress=not args.json)
+    if args.experiment:
+        e = exps[0]
+        payload = {"rows": e.rows, "checks": [c.to_json() for c in e.checks], "figures": e.figures}
+    else:
+        payload = {"experiments": {e.key: e.to_json() for e in exps}, "report": f"{args.out}/report.md"}
+    blocks = []
+    for e in exps:
+        blocks.append(f"== {e.title} ==\n" + (e.text + "\n\n" if e.text else "") + format_checks(e))
+    total = sum(len(e.checks) for e in exps)
+    passed = sum(e.passed for e in exps)
+    blocks.append(f"{passed}/{total} checks pass; results in {args.out}/" + ("" if args.experiment else " (report.md)"))
+    return payload, "\n\n".join(blocks)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("reproduce", help="run the paper reproduction (all experiments, or one)")
+    p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
+    p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_reproduce)
