@@ -94,6 +94,32 @@ def _validate(args):
     raise MtemuError(f"unknown validation {args.what!r}")
 
 
+# --- tune -----------------------------------------------------------------------------------
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise MtemuError(f"expected a comma-separated list of integers, got {text!r}") from None
+    if not vals or min(vals) <= 0:
+        raise MtemuError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _tune(args):
+    from .tune import GEMM_GRID, format_tune, tune_gemm
+    plat = platform_from_args(args)
+    if args.kernel != "gemm":
+        raise MtemuError("attention tuning needs the attention kernel; use `mtemu tune gemm` for now")
+    grid = {}
+    for name in ("mg", "k2", "n2"):
+        v = getattr(args, "grid_" + name)
+        if v:
+            grid[name] = _ints(v)
+    r = tune_gemm(args.m, args.k, args.n, platform=plat, grid=grid, workers=args.workers, scheduler=args.scheduler,
+                  out_dir=args.out, progress=not args.json, cache=not args.no_cache)
+    return r.to_json(), format_tune(r, args.top)
+
+
 def register(sub) -> None:
     p = sub.add_parser("platform", help="print the platform spec")
     add_platform_args(p)
@@ -110,6 +136,23 @@ def register(sub) -> None:
     add_platform_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_gemm)
+
+    p = sub.add_parser("tune", help="search tile sizes: prune by capacity, emulate, rank by utilization")
+    p.add_argument("kernel", choices=("gemm", "attention"))
+    p.add_argument("--m", type=int, required=True)
+    p.add_argument("--k", type=int, required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--mg", dest="grid_mg", metavar="LIST", help="comma-separated mg values to try")
+    p.add_argument("--k2", dest="grid_k2", metavar="LIST")
+    p.add_argument("--n2", dest="grid_n2", metavar="LIST")
+    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask distributed cluster")
+    p.add_argument("--out", default="results/tune", help="folder for the heatmap and table")
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--no-cache", action="store_true", help="re-emulate even if cached")
+    add_platform_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_tune)
 
     p = sub.add_parser("validate", help="compare emulated kernels with the paper")
     p.add_argument("what", choices=("table5",))

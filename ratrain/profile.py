@@ -39,19 +39,10 @@ SHIPPED_DIR = Path(__file__).parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
 
-_EMULATOR_SOURCES = ("isa.py", "assembler.py", "machine.py", "platform.py", "fp16.py",
-                     "kernels/gemm.py", "kernels/schedule.py")
-
-
 def emulator_version() -> str:
     """Version of the code that produces latencies: changes whenever the emulator changes."""
-    import mtemu
-    root = Path(mtemu.__file__).parent
-    h = hashlib.sha256(mtemu.__version__.encode())
-    for rel in _EMULATOR_SOURCES:
-        h.update(rel.encode())
-        h.update((root / rel).read_bytes())
-    return h.hexdigest()[:16]
+    from mtemu.version import emulator_version as _v
+    return _v()
 
 
 def cache_dir() -> Path:

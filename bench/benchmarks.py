@@ -1,0 +1,160 @@
+"""asv suite: speed of the emulator, the step simulator and the memory model, plus tracked figures.
+
+``time_*`` measure how fast our code runs; ``track_*`` record numbers the code computes (MAC
+utilization of the paper's Table 5 shapes, the worst gap to the paper, functional throughput)
+so a change that moves them shows up on the dashboard. Every ``track_*`` carries an explicit
+``version`` so editing its body does not orphan its history; bump it only when the meaning of
+the number changes.
+
+asv re-runs ``setup`` before every timed call, so each ``setup`` here is idempotent and cheap
+after its first call in a process (Numba compiles once, GEMM programs are cached).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import mtemu
+from mtemu.kernels.gemm import build_gemm
+from mtemu.validate import TABLE5, TABLE5_M, table5
+from ratrain.config import ParallelConfig
+from ratrain.costs import PipelineCosts
+from ratrain.memory import stage_memory
+from ratrain.models import get_model
+from ratrain.simulator import simulate
+
+TIMING_SHAPE = (TABLE5_M, 4096, 4096)       # first Table 5 row
+FUNCTIONAL_N = 512                          # time_: 512^3 functional GEMM
+TRACK_FUNCTIONAL_N = 1024                   # track_: larger, so per-call overhead matters less
+TABLE5_SHAPES = [f"{TABLE5_M}x{k}x{n}" for k, n, *_ in TABLE5]
+
+_warmed = False
+
+
+def warm_numba() -> None:
+    """Compile (or load from cache) the jitted machine once per process; cheap afterwards."""
+    global _warmed
+    if not _warmed:
+        mtemu.gemm_timing(64, 64, 64)
+        a, b = _operands(64, 64, 64)
+        mtemu.run_gemm(a, b)
+        _warmed = True
+
+
+def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((m, k)).astype(np.float16),
+            rng.standard_normal((k, n)).astype(np.float16))
+
+
+def step_costs() -> PipelineCosts:
+    """Uniform 1F1B step: P=8 stages, A=128 micro-batches, 8 layers per stage (ms per layer)."""
+    return PipelineCosts.uniform(8, 128, t_forward=1.0, t_backward=2.0, t_transfer=0.05,
+                                 t_update=0.5, layers_per_stage=8, t_recompute=0.3,
+                                 t_gradsync=2.0, t_prefetch=0.5)
+
+
+def memory_config() -> ParallelConfig:
+    return ParallelConfig(pp=8, dp=32, zero=2, micro_batch=1, accum=128, seq=2048, activation="fsr")
+
+
+class TimeEmulator:
+    """Wall time of the emulator itself (not the emulated cycles)."""
+
+    timeout = 300
+
+    def setup(self):
+        warm_numba()
+        # program builds are lru-cached: the time_ functions measure the emulation
+        build_gemm(*TIMING_SHAPE)
+        build_gemm(FUNCTIONAL_N, FUNCTIONAL_N, FUNCTIONAL_N)
+        self.a, self.b = _operands(FUNCTIONAL_N, FUNCTIONAL_N, FUNCTIONAL_N)
+
+    def time_gemm_timing_2048x4096x4096(self):
+        mtemu.gemm_timing(*TIMING_SHAPE)
+
+    # a few seconds per call: one process, few samples, no warmup beyond setup
+    time_gemm_timing_2048x4096x4096.rounds = 1
+    time_gemm_timing_2048x4096x4096.repeat = (1, 3, 20.0)
+    time_gemm_timing_2048x4096x4096.warmup_time = 0.0
+
+    def time_gemm_functional_512(self):
+        mtemu.run_gemm(self.a, self.b)
+
+
+class TimeRatrain:
+    """Wall time of one simulated training step and of one memory-model evaluation."""
+
+    def setup(self):
+        self.costs = step_costs()
+        self.model = get_model("llama2-7b")
+        self.cfg = memory_config()
+
+    def time_simulate_step_p8_a128_l8(self):
+        simulate(self.costs, schedule="1f1b")
+
+    time_simulate_step_p8_a128_l8.repeat = (1, 5, 15.0)
+
+    def time_stage_memory_llama2_7b(self):
+        stage_memory(self.model, self.cfg)
+
+
+class TrackTable5:
+    """MAC utilization the emulator measures for each Table 5 shape, and the worst gap to the paper.
+
+    ``setup_cache`` emulates the five shapes once (~35 s) and both benchmarks read from it.
+    """
+
+    params = [TABLE5_SHAPES]
+    param_names = ["shape"]
+    timeout = 600
+
+    def setup_cache(self):
+        warm_numba()
+        return {f"{r.m}x{r.k}x{r.n}": (r.utilization, r.delta_pp) for r in table5()}
+
+    setup_cache.timeout = 600
+
+    def track_utilization(self, cache, shape):
+        return 100.0 * cache[shape][0]
+
+    track_utilization.unit = "%"
+    track_utilization.version = "1"
+
+
+class TrackTable5Summary:
+    """Worst |utilization - paper| over Table 5, in percentage points."""
+
+    timeout = 600
+    # the same function object gives the same asv cache key: Table 5 is emulated once per run
+    setup_cache = TrackTable5.setup_cache
+
+    def track_table5_max_abs_delta_pp(self, cache):
+        return max(abs(delta) for _, delta in cache.values())
+
+    track_table5_max_abs_delta_pp.unit = "pp"
+    track_table5_max_abs_delta_pp.version = "1"
+
+
+class TrackThroughput:
+    timeout = 300
+
+    def setup(self):
+        warm_numba()
+        n = TRACK_FUNCTIONAL_N
+        self.a, self.b = _operands(n, n, n)
+        mtemu.run_gemm(self.a, self.b)      # builds and caches the 1024^3 program
+
+    def track_functional_gmacs(self):
+        """Host-side GMAC/s of a functional 1024^3 GEMM (best of 3)."""
+        n = TRACK_FUNCTIONAL_N
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            mtemu.run_gemm(self.a, self.b)
+            best = min(best, time.perf_counter() - t0)
+        return n * n * n / best / 1e9
+
+    track_functional_gmacs.unit = "GMAC/s"
+    track_functional_gmacs.version = "1"

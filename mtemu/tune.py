@@ -1,0 +1,256 @@
+"""Tile-size tuner: enumerate tiles, prune by capacity, emulate the rest, rank by utilization.
+
+Candidates that do not fit SM/AM/GSM or the register file are pruned before anything is
+emulated. Every emulated candidate is cached as its own small JSON file keyed by
+(kernel, shape, tiles, platform hash, emulator version) and written atomically, so a rerun is
+instant, an interrupted sweep resumes where it stopped, and a crash mid-write loses nothing.
+Sweeps run on local processes, or on an existing Dask distributed cluster (``scheduler``).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable
+
+from .errors import AssemblyError, CapacityError, MtemuError
+from .fileio import atomic_write_bytes, atomic_write_json
+from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
+from .platform import DEFAULT, Platform
+from .version import emulator_version
+
+# Default GEMM grid: the dimensions that decide DDR traffic, plus two micro-kernel shapes.
+GEMM_GRID = {
+    "mg": (512, 1024, 2048),
+    "k2": (64, 128, 256),
+    "n2": (384, 576, 768, 960, 1152),
+    "mr_nv": ((6, 4), (8, 3)),
+}
+
+
+def tune_cache_dir() -> Path:
+    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu")) / "tune"
+
+
+@dataclass
+class Candidate:
+    tiles: dict
+    feasible: bool
+    reason: str = ""
+    utilization: float | None = None
+    cycles: int | None = None
+    latency_ms: float | None = None
+    stalls: dict | None = None
+    cached: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def gemm_candidates(m: int, k: int, n: int, grid: dict | None = None, platform: Platform = DEFAULT
+                    ) -> tuple[list[GemmTiles], list[Candidate]]:
+    """(feasible tiles, pruned candidates with the capacity they exceed)."""
+    grid = {**GEMM_GRID, **(grid or {})}
+    feasible, pruned, seen = [], [], set()
+    for mg, k2, n2, (mr, nv) in itertools.product(grid["mg"], grid["k2"], grid["n2"], grid["mr_nv"]):
+        t = GemmTiles(mg=mg, k2=k2, n2=n2, mr=mr, nv=nv)
+        try:
+            plan = plan_gemm(m, k, n, t, platform)
+        except (CapacityError, AssemblyError) as exc:
+            pruned.append(Candidate(asdict(t), False, str(exc)))
+            continue
+        eff = plan.tiles               # clipped to the shape: identical candidates collapse
+        if eff in seen:
+            continue
+        seen.add(eff)
+        feasible.append(eff)
+    return feasible, pruned
+
+
+def _key(kernel: str, shape: tuple, tiles: GemmTiles, platform: Platform) -> str:
+    raw = json.dumps([kernel, list(shape), asdict(tiles), platform.digest(), emulator_version()], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def _emulate(args: tuple) -> dict:
+    m, k, n, tiles_dict, platform = args
+    r = gemm_timing(m, k, n, tiles=GemmTiles(**tiles_dict), platform=platform)
+    return {"utilization": r.utilization, "cycles": r.cycles, "latency_ms": r.latency_ms, "stalls": r.stalls}
+
+
+class _Bar:
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.time()
+
+    def step(self, note: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        fill = int(width * self.done / max(self.total, 1))
+        el = time.time() - self.t0
+        eta = el / self.done * (self.total - self.done) if self.done else 0
+        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {el:5.0f}s eta {eta:4.0f}s {note:30.30s}",
+              end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+
+
+@dataclass
+class TuneResult:
+    kernel: str
+    shape: tuple
+    default: Candidate
+    candidates: list[Candidate]          # emulated, best first
+    pruned: list[Candidate]
+    heatmap: str | None = None
+    table: str | None = None
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "shape": list(self.shape), "default": self.default.to_json(),
+                "best": self.best.to_json(), "candidates": [c.to_json() for c in self.candidates],
+                "pruned": len(self.pruned), "pruned_reasons": [c.to_json() for c in self.pruned],
+                "heatmap": self.heatmap, "table": self.table,
+                "gain_pp": 100 * (self.best.utilization - self.default.utilization)}
+
+
+def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
+              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
+              progress: bool = True, cache: bool = True) -> TuneResult:
+    feasible, pruned = gemm_candidates(m, k, n, grid, platform)
+    default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
+    if default not in feasible:
+        feasible.append(default)
+    cdir = tune_cache_dir()
+    results: dict[GemmTiles, Candidate] = {}
+    todo = []
+    for t in feasible:
+        path = cdir / f"{_key('gemm', (m, k, n), t, platform)}.json"
+        hit = _read(path) if cache else None
+        if hit is not None:
+            results[t] = Candidate(asdict(t), True, **hit, cached=True)
+        else:
+            todo.append((t, path))
+    bar = _Bar(len(feasible), progress)
+    for _ in results:
+        bar.step("cached")
+    args = [(m, k, n, asdict(t), platform) for t, _ in todo]
+    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar)):
+        results[t] = Candidate(asdict(t), True, **res)
+        if cache:
+            atomic_write_json(path, res)
+    ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
+    result = TuneResult("gemm", (m, k, n), results[default], ranked, pruned)
+    if out_dir is not None:
+        out = Path(out_dir)
+        stem = f"gemm_{m}x{k}x{n}"
+        result.heatmap = str(out / f"{stem}_heatmap.png")
+        result.table = str(out / f"{stem}.json")
+        _heatmap(result, Path(result.heatmap), grid)
+        atomic_write_json(result.table, result.to_json())
+    return result
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("utilization"), float):
+        return None
+    return {k: data[k] for k in ("utilization", "cycles", "latency_ms", "stalls") if k in data}
+
+
+def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar) -> Iterable[dict]:
+    """Results in the order of ``args``; progress as they complete."""
+    if not args:
+        return []
+    if scheduler:
+        try:
+            from dask.distributed import Client, as_completed
+        except ImportError:
+            raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
+        client = Client(scheduler) if isinstance(scheduler, str) else scheduler
+        futures = client.map(_emulate, args, pure=False)
+        for _f in as_completed(futures):
+            bar.step("dask")
+        return client.gather(futures)
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(args) == 1:
+        out = []
+        for a in args:
+            out.append(_emulate(a))
+            bar.step(f"{a[3]['mg']}/{a[3]['k2']}/{a[3]['n2']}")
+        return out
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_emulate, a) for a in args]
+        from concurrent.futures import as_completed as done_order
+        for _f in done_order(futures):
+            bar.step()
+        return [f.result() for f in futures]
+
+
+def _heatmap(result: TuneResult, path: Path, grid: dict | None) -> None:
+    """Best utilization over (n2, mg), the two tiles that set DDR traffic; X = infeasible."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    g = {**GEMM_GRID, **(grid or {})}
+    mgs, n2s = list(g["mg"]), list(g["n2"])
+    z = np.full((len(mgs), len(n2s)), np.nan)
+    for c in result.candidates:
+        t = c.tiles
+        if t["mg"] in mgs and t["n2"] in n2s:
+            i, j = mgs.index(t["mg"]), n2s.index(t["n2"])
+            z[i, j] = np.nanmax([z[i, j], 100 * c.utilization])
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(n2s) + 2), max(3.5, 0.8 * len(mgs) + 1.8)))
+    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
+    for i in range(len(mgs)):
+        for j in range(len(n2s)):
+            ax.text(j, i, "X" if np.isnan(z[i, j]) else f"{z[i, j]:.1f}", ha="center", va="center",
+                    color="red" if np.isnan(z[i, j]) else "white", fontsize=9)
+    d = result.default.tiles
+    if d["mg"] in mgs and d["n2"] in n2s:
+        ax.add_patch(plt.Rectangle((n2s.index(d["n2"]) - 0.5, mgs.index(d["mg"]) - 0.5), 1, 1, fill=False,
+                                   edgecolor="orange", linewidth=2.5, label="default"))
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xticks(range(len(n2s)), n2s)
+    ax.set_yticks(range(len(mgs)), mgs)
+    ax.set_xlabel("n2 (B panel width)")
+    ax.set_ylabel("mg (rows per m-block)")
+    m, k, n = result.shape
+    ax.set_title(f"GEMM {m}x{k}x{n}: best utilization (%) per (mg, n2)\nX = infeasible (pruned by capacity)")
+    fig.colorbar(im, ax=ax, label="MAC utilization (%)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def format_tune(result: TuneResult, top: int = 5) -> str:
+    d = result.default
+    lines = [f"GEMM {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, {len(result.pruned)} pruned by capacity",
+             f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
+    for i, c in enumerate(result.candidates[:top]):
+        lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%" + ("  (cached)" if c.cached else ""))
+    gain = 100 * (result.best.utilization - d.utilization)
+    lines.append(f"  best is {gain:+.2f} pp over the defaults (the defaults stay the paper-matching validation tiles)")
+    if result.heatmap:
+        lines.append(f"  heatmap: {result.heatmap}\n  table:   {result.table}")
+    return "\n".join(lines)
+
+
+def _desc(t: dict) -> str:
+    return " ".join(f"{f.name}={t[f.name]}" for f in fields(GemmTiles) if f.name in ("mg", "k2", "n2", "mr", "nv"))

@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+from mtemu.errors import CapacityError
+from mtemu.kernels.gemm import gemm_timing, GemmTiles
+from mtemu.platform import DEFAULT
+from mtemu.tune import gemm_candidates, tune_gemm
+
+SHAPE = (256, 512, 768)
+GRID = {"mg": (128, 256), "k2": (64, 128), "n2": (384, 768), "mr_nv": ((6, 4),)}
+
+
+@pytest.fixture
+def cachedir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_infeasible_tiles_are_pruned_before_emulation():
+    small_am = DEFAULT.with_overrides(am_bytes=448 * 1024)
+    feasible, pruned = gemm_candidates(2048, 4096, 4096, {"mg": (2048,), "k2": (128,), "n2": (384, 1152),
+                                                          "mr_nv": ((6, 4),)}, small_am)
+    assert [t.n2 for t in feasible] == [384]
+    assert len(pruned) == 1 and "AM:" in pruned[0].reason
+
+
+def test_sweep_ranks_by_emulated_utilization_and_resumes_from_cache(cachedir):
+    r = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "out", progress=False)
+    utils = [c.utilization for c in r.candidates]
+    assert utils == sorted(utils, reverse=True)
+    best = GemmTiles(**r.best.tiles)
+    assert r.best.utilization == gemm_timing(*SHAPE, tiles=best).utilization
+    assert r.best.utilization >= r.default.utilization
+    assert (cachedir / "out" / "gemm_256x512x768_heatmap.png").stat().st_size > 1000
+    table = json.loads((cachedir / "out" / "gemm_256x512x768.json").read_text())
+    assert set(table) >= {"default", "best", "candidates", "pruned"}
+    again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    assert all(c.cached for c in again.candidates)
+    assert [c.to_json() | {"cached": False} for c in again.candidates] == [c.to_json() for c in r.candidates]
+
+
+def test_a_corrupt_cache_entry_is_re_emulated(cachedir):
+    r = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    files = sorted((cachedir / "cache" / "tune").glob("*.json"))
+    files[0].write_text('{"utilization": 0.9')           # a crash mid-write
+    again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    assert sum(not c.cached for c in again.candidates) == 1
+    assert [c.utilization for c in again.candidates] == [c.utilization for c in r.candidates]
+
+
+def test_local_processes_give_the_same_table(cachedir):
+    one = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, cache=False)
+    two = tune_gemm(*SHAPE, grid=GRID, workers=2, out_dir=None, progress=False, cache=False)
+    assert [c.to_json() for c in one.candidates] == [c.to_json() for c in two.candidates]
+
+
+def test_dask_local_cluster_gives_the_same_table(cachedir):
+    distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] not installed")
+    local = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, cache=False)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            remote = tune_gemm(*SHAPE, grid=GRID, scheduler=client, out_dir=None, progress=False, cache=False)
+    assert [c.to_json() for c in remote.candidates] == [c.to_json() for c in local.candidates]
+
+
+def test_defaults_that_do_not_fit_are_reported():
+    tiny = DEFAULT.with_overrides(sm_bytes=4096)
+    with pytest.raises(CapacityError, match="SM"):
+        tune_gemm(2048, 4096, 4096, platform=tiny, out_dir=None, progress=False)
