@@ -53,7 +53,8 @@ def test_timing_and_functional_modes_give_identical_cycles():
 
 
 def test_ideal_dma_meets_the_analytic_compute_bound():
-    ideal = DEFAULT.with_overrides(ddr_bandwidth=1e15, gsm_bandwidth=1e15, dma_latency_cycles=0)
+    ideal = DEFAULT.with_overrides(ddr_bandwidth=1e15, gsm_bandwidth=1e15, dma_latency_cycles=0,
+                                   dma_row_overhead_cycles=0)
     m, k, n = 2048, 512, 768
     tiles = GemmTiles(mg=1024, k2=128, n2=768, mr=6, nv=4)
     plan = plan_gemm(m, k, n, tiles, ideal)
