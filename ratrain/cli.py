@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "ratrain.cli_reproduce",
     "ratrain.cli_correctness",
     "ratrain.cli_simulate",
+    "ratrain.cli_plan",
 ]
 
 

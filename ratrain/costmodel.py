@@ -1,0 +1,501 @@
+"""Cost model: a latency profile + a parallel configuration -> the simulator's per-layer costs.
+
+Inputs: a ``LayerProfile`` (``ratrain.profile.layer_profile``; times in seconds for one
+transformer layer and one micro-batch on one TP rank, compute only) and a ``ParallelConfig``.
+Output: ``PipelineCosts`` (milliseconds), plus the per-layer "kinds" the planner uses.
+
+Every term and the resource it occupies (reasoning in docs/CHOICES.md, "ratrain cost model
+and planner"):
+
+* F / B per layer and micro-batch: the profile's compute plus two tensor-parallel
+  all-reduces of the b*seq*hidden FP16 activations per direction (T > 1), ring over T ranks on
+  the inter-cluster link: 2(T-1)/T * bytes / link_bw + 2(T-1) * latency. The all-reduce sits
+  between the projection GEMMs of one layer, so the compute waits for it (critical path; the
+  simulator sees it as part of the F/B task, the compute unit idle while waiting on the link).
+  Stage 0's first layer also carries the embedding (+ its all-reduce under vocab-parallel TP),
+  the last stage's last layer the final norm + LM head + loss (+ the LM head's input-gradient
+  all-reduce and a small loss all-reduce under TP).
+* Recompute (R): the layer's forward, all-reduces included (the embedding and LM head are not
+  recomputed: the layer-0 checkpoint is the embedding output, the logits live F->B). Runs on
+  ``compute`` (it is GEMM work): under ckpt it is folded into B, under FSR the simulator places
+  it in compute bubbles.
+* ZeRO-3 with per-use gathers (prefetch policy 'layerwise', D > 1): before every F, B and R of
+  every micro-batch the layer's FP16 weights are all-gathered over D: (D-1)/D * bytes / link_bw
+  + (D-1) * latency. memory.py reserves a one-layer prefetch buffer next to the working
+  weights, so the gather for the next compute task runs on the link while the current one
+  computes: each compute task lasts max(compute, gather) (the overflow is the compute unit
+  waiting on the link). ZeRO-3 with 'bulk' prefetch gathers the whole stage once per step
+  (memory.py counts the stage-sized buffer): no per-use gathers, the gather is PrefetchW's.
+* GradSync per layer per step (D > 1): reduce-scatter (Z >= 2) or all-reduce (Z < 2) of the
+  layer's FP16 gradients over a D ring on the link. For Z = 1, 2 (and Z = 3 with bulk
+  prefetch) the next step's weights must be all-gathered from the updated shards; that
+  all-gather also needs the link, and the simulator's PrefetchW can only occupy compute or DDR,
+  so its link time is carried by the GradSync task (same link occupancy; the chain is
+  reordered RS+AG -> update -> materialise instead of RS -> update -> AG, an error of at most
+  one UpdateShard per layer).
+* UpdateShard per layer per step: Adam over the local shard (1/D of the layer for Z >= 1),
+  DDR-bound: FP32 master, m, v read and written (24 B), FP16 gradient read (2 B), FP16 weight
+  written (2 B) per parameter, over ddr_bw. Resource ``ddr``.
+* PrefetchW per layer per step: materialising the gathered FP16 working weights in DDR
+  (bytes / ddr_bw) when an all-gather happened (Z = 1, 2, or Z = 3 bulk, D > 1); zero otherwise
+  (Z = 0 and D = 1 update the FP16 weights in place; Z = 3 layer-wise gathers at use).
+  Resource ``ddr``.
+* Link sharing: GradSync runs while the layer's backward collectives (2 TP all-reduces, the
+  ZeRO-3 gather) also need the link; the simulator's link only holds GradSync and transfers, so
+  GradSync's duration includes that displaced link time (conservative: it assumes every such
+  collective falls inside the sync's window).
+* Stage-boundary transfer per micro-batch and direction: b*seq*hidden FP16 / link_bw + latency.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ratrain.config import ParallelConfig, partition_model
+from ratrain.costs import LayerCosts, PipelineCosts
+from ratrain.errors import ConfigError
+from ratrain.memory import layer_checkpoint_bytes, layer_full_bytes
+from ratrain.models import FP16, ModelSpec, check_tp, layer_tp_parameter_count
+from ratrain.platform import TrainingPlatform
+
+# Adam bytes moved per parameter of the local shard: FP32 master + m + v read and written
+# (3 * 4 * 2), FP16 gradient read (2), FP16 weight written (2).
+ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + FP16 + FP16
+PROFILE_SOURCES = ("emulated", "roofline")
+
+
+# ---------------------------------------------------------------- collectives (milliseconds)
+
+def p2p_ms(nbytes: float, platform: TrainingPlatform) -> float:
+    """One point-to-point message on the inter-cluster link."""
+    return 1e3 * (nbytes / platform.link_bandwidth + platform.link_latency_s)
+
+
+def allreduce_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
+    """Ring all-reduce: 2(n-1) steps each moving bytes/n per rank."""
+    if ranks <= 1:
+        return 0.0
+    return 1e3 * (2 * (ranks - 1) / ranks * nbytes / platform.link_bandwidth
+                  + 2 * (ranks - 1) * platform.link_latency_s)
+
+
+def reduce_scatter_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
+    """Ring reduce-scatter (and, by symmetry, all-gather): (n-1) steps of bytes/n."""
+    if ranks <= 1:
+        return 0.0
+    return 1e3 * ((ranks - 1) / ranks * nbytes / platform.link_bandwidth
+                  + (ranks - 1) * platform.link_latency_s)
+
+
+all_gather_ms = reduce_scatter_ms
+
+
+# ---------------------------------------------------------------- per-layer kinds
+
+@dataclass(frozen=True)
+class LayerKind:
+    """Costs (ms) of one layer in one configuration; ``backward`` excludes recompute."""
+    forward: float
+    backward: float
+    recompute: float
+    gradsync: float
+    update: float
+    prefetch: float
+
+
+@dataclass(frozen=True)
+class CostTerms:
+    """The distinct layer kinds of a configuration and what they are made of.
+
+    mid: any layer without embedding/head; first: layer 0 (stage 0, with the embedding);
+    last: the final layer (stage P-1, with norm + LM head + loss); only: the single layer of a
+    one-layer model. ``parts`` keeps the components for breakdowns (ms).
+    """
+    mid: LayerKind
+    first: LayerKind
+    last: LayerKind
+    only: LayerKind
+    transfer: float
+    parts: dict
+
+
+def _profile_ms(profile, name: str) -> float:
+    value = getattr(profile, name)
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"layer profile: field {name} must be a finite number >= 0 s, got {value!r}")
+    return 1e3 * float(value)
+
+
+def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform) -> CostTerms:
+    """The per-layer costs of ``cfg`` (see the module docstring for every term)."""
+    check_tp(model, cfg.tp)
+    if model.vocab % cfg.tp:
+        raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={cfg.tp}")
+    T, D, Z = cfg.tp, cfg.dp, cfg.zero
+    m = cfg.micro_batch * cfg.seq
+    act = m * model.hidden * FP16
+    ar = allreduce_ms(act, T, platform)
+    f_core, b_core = _profile_ms(profile, "forward_s"), _profile_ms(profile, "backward_s")
+    fx_first, bx_first = _profile_ms(profile, "first_forward_s"), _profile_ms(profile, "first_backward_s")
+    fx_last, bx_last = _profile_ms(profile, "last_forward_s"), _profile_ms(profile, "last_backward_s")
+
+    layer_params = layer_tp_parameter_count(model, T)
+    emb_params = model.vocab * model.hidden // T
+    head_weights = model.vocab * model.hidden if (not model.tied_embeddings or cfg.pp > 1) else 0
+    head_params = head_weights // T + model.hidden
+
+    # TP traffic of the embedding / head (vocab-parallel): embedding output all-reduce (F),
+    # LM-head input-gradient all-reduce (B), loss max + sum-exp all-reduces of m FP32 values (F).
+    first_f_comm = ar
+    last_f_comm = 2 * allreduce_ms(m * 4, T, platform)
+    last_b_comm = ar
+
+    per_use_gather = Z == 3 and D > 1 and cfg.prefetch == "layerwise"
+    prefetch_gather = D > 1 and (Z in (1, 2) or (Z == 3 and cfg.prefetch == "bulk"))
+
+    def kind(f_extra: float, b_extra: float, f_comm: float, b_comm: float, params: int) -> LayerKind:
+        fwd = f_core + 2 * ar + f_extra + f_comm
+        bwd = b_core + 2 * ar + b_extra + b_comm
+        rec = f_core + 2 * ar
+        gather = 0.0
+        if per_use_gather:
+            g = gather = all_gather_ms(params * FP16, D, platform)
+            fwd = max(fwd, g)
+            if cfg.activation == "ckpt":
+                bwd = max(bwd + rec, g) - rec     # one gather serves recompute + backward
+            elif cfg.activation == "fsr":
+                rec, bwd = max(rec, g), max(bwd, g)
+            else:
+                bwd = max(bwd, g)
+        if cfg.activation == "full":
+            rec = 0.0
+        grad_bytes = params * FP16
+        if D > 1:
+            sync = reduce_scatter_ms(grad_bytes, D, platform) if Z >= 2 else allreduce_ms(grad_bytes, D, platform)
+        else:
+            sync = 0.0
+        if prefetch_gather:
+            sync += all_gather_ms(grad_bytes, D, platform)
+        if sync > 0:
+            # The link also carries the layer's main-path collectives during the backward window
+            # GradSync runs in (its TP all-reduces, its ZeRO-3 gather); the simulator's link only
+            # sees GradSync, so GradSync holds the link for that time too (conservative).
+            sync += 2 * ar + (gather if per_use_gather else 0.0)
+        shard = math.ceil(params / D) if Z >= 1 else params
+        upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / platform.ddr_bandwidth
+        pre = 1e3 * params * FP16 / platform.ddr_bandwidth if prefetch_gather else 0.0
+        return LayerKind(fwd, bwd, rec, sync, upd, pre)
+
+    mid = kind(0.0, 0.0, 0.0, 0.0, layer_params)
+    first = kind(fx_first, bx_first, first_f_comm, 0.0, layer_params + emb_params)
+    last = kind(fx_last, bx_last, last_f_comm, last_b_comm, layer_params + head_params)
+    only = kind(fx_first + fx_last, bx_first + bx_last, first_f_comm + last_f_comm, last_b_comm,
+                layer_params + emb_params + head_params)
+    parts = {
+        "compute_forward_ms": f_core, "compute_backward_ms": b_core,
+        "tp_allreduce_ms": ar, "tp_comm_per_layer_mb_ms": 4 * ar,
+        "zero3_gather_ms": all_gather_ms(layer_params * FP16, D, platform) if per_use_gather else 0.0,
+        "transfer_ms": p2p_ms(act, platform),      # used only between stages (P > 1)
+    }
+    return CostTerms(mid, first, last, only, parts["transfer_ms"], parts)
+
+
+def stage_kinds(terms: CostTerms, parts: list[range]) -> list[list[LayerKind]]:
+    """Per stage, the layer kinds in forward order."""
+    P = len(parts)
+    out = []
+    for p, layers in enumerate(parts):
+        n = len(layers)
+        ks = [terms.mid] * n
+        if P == 1 and n == 1:
+            ks[0] = terms.only
+        else:
+            if p == 0:
+                ks[0] = terms.first
+            if p == P - 1:
+                ks[-1] = terms.last
+        out.append(ks)
+    return out
+
+
+def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform | None = None,
+                   *, recovery_resource: str = "compute") -> PipelineCosts:
+    """The simulator's input for one data-parallel replica of ``cfg``."""
+    platform = platform or TrainingPlatform()
+    terms = cost_terms(model, cfg, profile, platform)
+    parts = partition_model(model, cfg.pp, cfg.partition)
+    b, s, t = cfg.micro_batch, cfg.seq, cfg.tp
+    full = layer_full_bytes(model, b, s, t)
+    ckpt = layer_checkpoint_bytes(model, b, s)
+    cache: dict[int, LayerCosts] = {}
+
+    def lc(k: LayerKind) -> LayerCosts:
+        got = cache.get(id(k))
+        if got is None:
+            got = cache[id(k)] = LayerCosts(
+                forward_ms=k.forward, backward_ms=k.backward, recompute_ms=k.recompute,
+                gradsync_ms=k.gradsync, update_ms=k.update, prefetch_ms=k.prefetch,
+                act_full_bytes=full, act_ckpt_bytes=ckpt, recovery_bytes=full - ckpt)
+        return got
+
+    stages = [[lc(k) for k in ks] for ks in stage_kinds(terms, parts)]
+    return PipelineCosts(stages=stages, transfer_ms=terms.transfer, microbatches=cfg.accum, dp=cfg.dp,
+                         recovery_resource=recovery_resource, update_resource="ddr", prefetch_resource="ddr")
+
+
+def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated"):
+    """``ratrain.profile.layer_profile`` (imported lazily: profile.py builds on mtemu)."""
+    if source not in PROFILE_SOURCES:
+        raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
+    try:
+        from ratrain.profile import layer_profile
+    except ImportError as exc:          # pragma: no cover - until profile.py lands
+        raise ConfigError(f"latency profiles are not available ({exc})") from None
+    return layer_profile(model, micro_batch, seq, tp, source=source)
+
+
+# ---------------------------------------------------------------- analytic step time (Eq. 11-12)
+
+@dataclass
+class StepBreakdown:
+    """Eq. 12: T_step = T_1F1B + E_comm + E_upd + E_pref + E_rec (ms).
+
+    t_1f1b_ms: main path without any recovery (F, B, TP all-reduces, ZeRO-3 gather overflow,
+    boundary transfers, bubbles and imbalance). e_rec_ms: recovery the windows did not hide
+    (all of it under ckpt). e_comm/e_upd/e_pref: how far the GradSync / UpdateShard /
+    PrefetchW chains push the step beyond the main path (deadline or barrier). slot_ms: the
+    steady-state time per micro-batch; bottleneck_stage: the stage that sets it.
+    """
+    step_ms: float
+    t_1f1b_ms: float
+    e_comm_ms: float
+    e_upd_ms: float
+    e_pref_ms: float
+    e_rec_ms: float
+    exposed_tail_ms: float
+    slot_ms: float
+    bottleneck_stage: int
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _stage_sums(kinds: list[LayerKind]) -> tuple[float, float, float]:
+    f = b = r = 0.0
+    for k in kinds:
+        f += k.forward
+        b += k.backward
+        r += k.recompute
+    return f, b, r
+
+
+def _main_path(path: list[float], slot_loads: list[float], X: float, A: int) -> tuple[float, float, int]:
+    """1F1B main path (ms): micro-batch 0's round trip through every stage (``path``: per
+    stage F + B + the recovery it exposes, plus 2X per boundary), then one increment per further
+    micro-batch. Micro-batch m can only follow m-1 as fast as the busiest of the stages it is
+    still alone on allows: the last m stages while the pipeline fills (stage P-1 runs F(m) only
+    after B(m-1)), the busiest stage of all once m >= P (``slot_loads``: all compute work per
+    micro-batch), and never faster than the last stage's load plus the gradient's round trip
+    2X through the half-duplex ports (docs/CHOICES.md, "ratrain simulator").
+    Returns (T, steady slot, busiest stage)."""
+    P = len(path)
+    q = max(range(P), key=lambda p: slot_loads[p])
+    # the last stage runs F(m) right after B(m-1) with nothing in flight to cover the gradient's
+    # round trip; stages before it hold min(P - p, A) micro-batches and absorb it
+    floor = slot_loads[-1] + (2 * X if P > 1 else 0.0)
+    total = sum(path) + 2 * (P - 1) * X
+    best = floor
+    for m in range(1, min(A - 1, P - 1) + 1):       # filling: suffix maxima of the loads
+        load = slot_loads[P - m]
+        if load > best:
+            best = load
+        total += best
+    slot = max(floor, slot_loads[q])
+    if A > P:
+        total += (A - P) * slot
+    return total, slot, q
+
+
+def _hidden_recovery(window: float, recs: list[float]) -> float:
+    """Recovery that fits a window, whole R tasks in backward order (last layer first)."""
+    used = 0.0
+    for r in reversed(recs):
+        if used + r > window + 1e-9:
+            break
+        used += r
+    return used
+
+
+def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd: list[float], X: float,
+               resource: str) -> tuple[list[float], list[float]]:
+    """FSR (Eq. 7): per stage, (steady-state compute load per micro-batch, exposed recovery on
+    the fill/drain path).
+
+    On ``compute`` recovery is compute work wherever it runs: hiding it in a window only means
+    the stage had idle time, so every stage's slot load is F + B + R (as under ckpt). What FSR
+    saves is the pipeline bubbles: stages before the last recover the first micro-batch in
+    their warm-up wait and the last ones in their cool-down waits; the last stage runs F(m)
+    immediately before B(m), has no window, and exposes its recovery on the path.
+    On ``ddr`` recovery overlaps compute. The last stage can recover layer l only after F(m, l)
+    (its B(m) follows F(m) at once): R(m, l) runs during F(m, l+1..), and what the chain has
+    not finished when F(m) ends is exposed (at least the last layer's recovery). Earlier stages
+    recover micro-batch m between B(m-1)'s end and B(m)'s start (their F plus idle time), in
+    whole R tasks, last layer first; the rest is exposed and lengthens the slot (fixed point)."""
+    P = len(f)
+    rsum = [sum(r) for r in recs]
+    if resource == "compute":
+        return [f[p] + b[p] + rsum[p] for p in range(P)], [0.0] * (P - 1) + [rsum[-1]]
+    fend = rend = 0.0
+    for fw, r in zip(last_fwd, recs[-1]):
+        fend += fw
+        rend = max(fend, rend) + r
+    e_last = max(0.0, rend - fend) if rsum[-1] > 0 else 0.0
+    e = [0.0] * (P - 1) + [e_last]
+    for _ in range(8):
+        slot = max(f[p] + b[p] + e[p] for p in range(P))
+        slot = max(slot, f[-1] + b[-1] + e[-1] + (2 * X if P > 1 else 0.0))
+        new = [rsum[p] - _hidden_recovery(slot - b[p] - e[p], recs[p]) for p in range(P - 1)] + [e_last]
+        new = [max(x, y) for x, y in zip(new, e)]
+        if all(abs(x - y) < 1e-9 for x, y in zip(new, e)):
+            break
+        e = new
+    return [f[p] + b[p] + e[p] for p in range(P)], e
+
+
+def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str,
+                has_send: bool) -> tuple[tuple[float, float, float], float, float | None]:
+    """One stage's GradSync -> UpdateShard -> PrefetchW chains, times relative to the end of the
+    stage's last backward (``end``); forward starts relative to the stage's first F.
+
+    Returns (worst[v], all_g, first_g): for the variants v = GradSync only, + UpdateShard,
+    + PrefetchW, the largest ``chain end - (end - first F)`` that the deadline (mode
+    'deadline': next Forward(l) waits for PrefetchW(l)) or the stage barrier (modes 'barrier':
+    layer-wise GradSync then a bulk update/prefetch phase, and 'bulk': everything after the
+    stage's last backward) imposes, as an offset to add to ``end - start``; the end of the last
+    GradSync and the start of the first (relative to ``end``).
+
+    GradSync(l) is ready when layer l's last backward ends; the link runs them in that order.
+    Transfers have priority: a GradSync that would overrun the stage's last boundary Send
+    (ready at ``end`` on stages p > 0) waits until that Send is done. UpdateShard and PrefetchW
+    run on DDR in the order their GradSyncs finish (DDR is work-conserving, so the last layer's
+    end does not depend on the exact earliest-deadline order)."""
+    n = len(kinds)
+    ready = [0.0] * n
+    if mode != "bulk":
+        acc = 0.0
+        for j in range(n):          # layer j's last B ends before layers j-1..0 run theirs
+            ready[j] = -acc
+            acc += bprime[j]
+    link = -float("inf")
+    first_g = None
+    gs_end = [0.0] * n
+    for j in range(n - 1, -1, -1):
+        g = kinds[j].gradsync
+        st = ready[j] if ready[j] > link else link
+        if has_send and g > 0 and st < X and st + g > 1e-9:
+            st = X
+        if first_g is None and g > 0:
+            first_g = st
+        link = st + g
+        gs_end[j] = link
+    all_g = link
+    if mode == "deadline":
+        w0 = w1 = w2 = -float("inf")
+        d1 = d2 = -float("inf")
+        ff = [0.0] * n
+        acc = 0.0
+        for j in range(n):
+            ff[j] = acc
+            acc += kinds[j].forward
+        for j in range(n - 1, -1, -1):
+            k = kinds[j]
+            g = gs_end[j]
+            d1 = (g if g > d1 else d1) + k.update
+            d2 = (g if g > d2 else d2) + k.update + k.prefetch
+            w0 = max(w0, g - ff[j])
+            w1 = max(w1, d1 - ff[j])
+            w2 = max(w2, d2 - ff[j])
+        return (w0, w1, w2), all_g, first_g
+    u = sum(k.update for k in kinds)
+    w = sum(k.prefetch for k in kinds)
+    return (all_g, all_g + u, all_g + u + w), all_g, first_g
+
+
+def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
+                   layerwise: bool = True, update_prefetch: bool = True, fsr: bool = True,
+                   recovery_resource: str = "compute") -> StepBreakdown:
+    """Analytic T_step (Eq. 11-12) of one replica from its per-stage layer kinds; no simulation.
+
+    ``activation``/``fsr`` follow ``ratrain.simulator.Mechanisms`` (fsr off = backward-time
+    recovery); ``layerwise``/``update_prefetch`` select the lifecycle mode; ``recovery_resource``
+    is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts)."""
+    P = len(stages)
+    X = transfer_ms if P > 1 else 0.0
+    policy = "ckpt" if (activation == "fsr" and not fsr) else activation
+    # stages built by stage_kinds share LayerKind objects: sum each distinct shape once
+    shapes: dict = {}
+    sig = []
+    for kinds in stages:
+        key = (len(kinds), id(kinds[0]), id(kinds[-1]))
+        if key not in shapes:
+            fs, bs, rs = _stage_sums(kinds)
+            shapes[key] = (fs, bs, rs if policy != "full" else 0.0,
+                           [k.recompute if policy != "full" else 0.0 for k in kinds])
+        sig.append(key)
+    f = [shapes[k][0] for k in sig]
+    b0 = [shapes[k][1] for k in sig]
+    rsum = [shapes[k][2] for k in sig]
+    base = [f[p] + b0[p] for p in range(P)]
+    t_1f1b, _, _ = _main_path(base, base, X, accum)
+    if policy == "ckpt":
+        path = slot_loads = [base[p] + rsum[p] for p in range(P)]
+        share = [1.0] * P
+    elif policy == "fsr":
+        recs = [shapes[k][3] for k in sig]
+        slot_loads, e = _fsr_loads(f, b0, recs, [k.forward for k in stages[-1]], X, recovery_resource)
+        path = [base[p] + e[p] for p in range(P)]
+        share = [e[p] / rsum[p] if rsum[p] > 0 else 0.0 for p in range(P)]
+    else:
+        path = slot_loads = base
+        share = [0.0] * P
+    t_main, slot, q = _main_path(path, slot_loads, X, accum)
+    starts, ends = [0.0] * P, [0.0] * P
+    acc = 0.0
+    for p in range(P):
+        starts[p] = acc
+        acc += f[p] + X
+    ends[0] = t_main
+    for p in range(1, P):
+        ends[p] = ends[p - 1] - X - b0[p - 1] - share[p - 1] * rsum[p - 1]
+    mode = "deadline" if (layerwise and update_prefetch) else ("barrier" if layerwise else "bulk")
+    bounds = [t_main, t_main, t_main]
+    memo: dict = {}
+    for p, kinds in enumerate(stages):
+        key = (sig[p], share[p], p > 0)
+        got = memo.get(key)
+        if got is None:
+            s = share[p]
+            bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3])]
+            got = memo[key] = _stage_life(kinds, bprime, X, mode, P > 1 and p > 0)
+        worst, all_g, first_g = got
+        span = ends[p] - starts[p]
+        for v in range(3):
+            if worst[v] + span > bounds[v]:
+                bounds[v] = worst[v] + span
+        if first_g is not None:        # the step's link work must clear the next step's
+            if P > 1:
+                first_port = starts[p] - X if p > 0 else f[0]
+                bounds[0] = max(bounds[0], all_g + ends[p] - first_port)
+            else:
+                bounds[0] = max(bounds[0], all_g - first_g)
+    t_g = bounds[0]
+    t_gu = max(t_g, bounds[1])
+    t_all = max(t_gu, bounds[2])
+    return StepBreakdown(step_ms=t_all, t_1f1b_ms=t_1f1b, e_comm_ms=t_g - t_main, e_upd_ms=t_gu - t_g,
+                         e_pref_ms=t_all - t_gu, e_rec_ms=t_main - t_1f1b, exposed_tail_ms=t_all - t_main,
+                         slot_ms=slot, bottleneck_stage=q)
+
+
+__all__ = ["ADAM_BYTES_PER_PARAM", "CostTerms", "LayerKind", "StepBreakdown", "all_gather_ms", "allreduce_ms",
+           "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds",
+           "step_breakdown"]

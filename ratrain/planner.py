@@ -1,0 +1,443 @@
+"""Resource-aware configuration planner (paper Algorithm 2, Eq. 8, 10-13).
+
+For a model, a cluster count N, a global batch G (sequences per step) and a sequence length,
+enumerate c = (P, D, Z, T, b, A, pi_act, pi_pref) with P * D * T = N and D * b * A = G; prune
+every candidate whose worst stage exceeds the memory budget (Eq. 10) BEFORE any timing; time
+the rest analytically (``ratrain.costmodel.step_breakdown``: T_1F1B + E_comm + E_upd + E_pref
++ E_rec, Eq. 12, no simulation); return the argmin (Eq. 13) and a ranked list.
+
+Methods (baselines on the same backend, same profiles, same constants):
+  ratrain       full search, every lifecycle mechanism on
+  tp-heavy      T = 2 forced                      (mechanisms on)
+  zero3-heavy   Z = 3 forced                      (mechanisms on)
+  backward-ckpt activation checkpointing forced   (mechanisms on: layer-wise state pipeline)
+  full-save     full activations forced           (usually OOM)
+  tuned         full search, lifecycle mechanisms off: bulk step-end GradSync/update/prefetch
+                and backward-time recomputation (FSR off, so only full/ckpt are distinct)
+
+Memory pruning uses a fast transcription of ``ratrain.memory.stage_memory`` (partitions
+cached per P); tests/test_planner.py checks it equals ``max_peak(stage_memory(...))`` exactly,
+and every configuration the planner returns is re-checked with ``stage_memory`` itself.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ratrain.config import ACTIVATION_POLICIES, PREFETCH_POLICIES, ParallelConfig, partition_model
+from ratrain.costmodel import (CostTerms, StepBreakdown, cost_terms, load_profile, pipeline_costs,
+                               stage_kinds, step_breakdown)
+from ratrain.errors import ConfigError
+from ratrain.memory import (DEFAULT_CONSTANTS, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryConstants,
+                            head_workspace_bytes, layer_checkpoint_bytes, layer_full_bytes,
+                            layer_workspace_bytes, max_peak, stage_memory)
+from ratrain.models import FP16, ModelSpec, layer_tp_parameter_count
+from ratrain.platform import GIB, TrainingPlatform
+
+METHODS = ("ratrain", "tp-heavy", "zero3-heavy", "backward-ckpt", "full-save", "tuned")
+MAX_MICRO_BATCH = 8        # b is searched over divisors of G/D up to this (longer b only adds memory)
+MAX_TP = 8                 # T beyond 8 ranks on a 3.7 GB/s link is never competitive
+
+
+def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise"):
+    """The simulator's ``Mechanisms`` for a method and configuration."""
+    from ratrain.simulator import Mechanisms
+    _check_method(method)
+    if method == "tuned":
+        return Mechanisms(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
+    return Mechanisms(layerwise=True, update_prefetch=prefetch == "layerwise", fsr=True, activation=activation)
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+# ---------------------------------------------------------------- candidates and results
+
+@dataclass
+class Candidate:
+    config: ParallelConfig
+    method: str
+    step_ms: float
+    breakdown: StepBreakdown
+    peak_bytes: int
+    stages: list | None = None          # per-stage StageMemory (filled for returned candidates)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.config.global_batch * self.config.seq / (self.step_ms / 1e3)
+
+    def to_json(self) -> dict:
+        oom = math.isinf(self.step_ms)          # evaluate() of a layout that does not fit
+        out = {
+            "config": self.config.to_json(), "label": self.config.describe(), "method": self.method,
+            "oom": oom, "step_ms": None if oom else self.step_ms, "step_s": None if oom else self.step_ms / 1e3,
+            "tokens_per_s": None if oom else self.tokens_per_s,
+            "peak_bytes": self.peak_bytes, "peak_gb": self.peak_bytes / GIB,
+            "breakdown": self.breakdown.to_json(),
+        }
+        if self.stages is not None:
+            out["memory"] = [{"stage": s.stage, "layers": [s.layers.start, s.layers.stop], "n_act": s.n_act,
+                              "state_bytes": s.state_bytes, "activation_bytes": s.activation_bytes,
+                              "buffer_bytes": s.buffer_bytes, "peak_bytes": s.peak_bytes} for s in self.stages]
+        return out
+
+
+@dataclass
+class PlanResult:
+    model: str
+    method: str
+    clusters: int
+    global_batch: int
+    seq: int
+    best: Candidate | None
+    ranked: list[Candidate]
+    enumerated: int
+    pruned_by_memory: int
+    timed: int
+    elapsed_s: float
+    grid: dict = field(default_factory=dict)
+    profile_s: float = 0.0          # part of elapsed_s spent building/loading latency profiles
+
+    @property
+    def configs_per_s(self) -> float:
+        """Search speed: enumerated configurations per second, profile building excluded."""
+        search = self.elapsed_s - self.profile_s
+        return self.enumerated / search if search > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model, "method": self.method, "clusters": self.clusters,
+            "global_batch": self.global_batch, "seq": self.seq,
+            "oom": self.best is None,
+            "best": self.best.to_json() if self.best else None,
+            "ranked": [c.to_json() for c in self.ranked],
+            "counts": {"enumerated": self.enumerated, "pruned_by_memory": self.pruned_by_memory,
+                       "timed": self.timed},
+            "elapsed_s": self.elapsed_s, "profile_s": self.profile_s, "configs_per_s": self.configs_per_s,
+            "grid": self.grid,
+        }
+
+
+# ---------------------------------------------------------------- fast memory check
+
+class _MemoryModel:
+    """``max_peak(stage_memory(model, cfg))`` without building StageMemory objects."""
+
+    def __init__(self, model: ModelSpec, partition: str, constants: MemoryConstants):
+        self.model, self.partition, self.constants = model, partition, constants
+        self._parts: dict[int, list[int]] = {}
+        self._shape: dict[tuple[int, int], tuple] = {}
+
+    def counts(self, pp: int) -> list[int]:
+        got = self._parts.get(pp)
+        if got is None:
+            got = self._parts[pp] = [len(r) for r in partition_model(self.model, pp, self.partition)]
+        return got
+
+    def _shapes(self, b: int, s: int, t: int) -> tuple:
+        key = (b, s, t)
+        got = self._shape.get(key)
+        if got is None:
+            mdl = self.model
+            ckpt = layer_checkpoint_bytes(mdl, b, s)
+            full = layer_full_bytes(mdl, b, s, t)
+            got = self._shape[key] = (ckpt, full, layer_workspace_bytes(mdl, b, s, t, True),
+                                      layer_workspace_bytes(mdl, b, s, t, False),
+                                      head_workspace_bytes(mdl, b, s, t), layer_tp_parameter_count(mdl, t))
+        return got
+
+    def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+             activation: str, prefetch: str) -> int:
+        mdl = self.model
+        counts = self.counts(pp)
+        ckpt, full, ws_fwd, ws_bwd, ws_head, layer_params = self._shapes(b, seq, tp)
+        rec = full - ckpt
+        m = b * seq
+        h = mdl.hidden
+        emb_params = mdl.vocab * h // tp
+        head_weights = mdl.vocab * h if (not mdl.tied_embeddings or pp > 1) else 0
+        head_params = head_weights // tp + h
+        d, z = dp, zero
+        ws_layer = ws_bwd if activation == "full" else ws_fwd
+        per_act = full if activation == "full" else ckpt
+        reserve = self.constants.runtime_reserve_bytes
+        tp_staging = m * h * FP16 if tp > 1 else 0
+        best = 0
+        for p in range(pp):
+            n = counts[p]
+            first, last = p == 0, p == pp - 1
+            n_act = pp - p if pp - p < accum else accum
+            params = n * layer_params + (emb_params if first else 0) + (head_params if last else 0)
+            biggest = layer_params
+            if first and emb_params > biggest:
+                biggest = emb_params
+            if last and head_params > biggest:
+                biggest = head_params
+            sh = -(-params // d)
+            state = (WEIGHT_BYTES * (params if z < 3 else sh) + GRAD_BYTES * (params if z < 2 else sh)
+                     + OPTIMIZER_BYTES * (params if z < 1 else sh))
+            tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))
+            act = n_act * n * per_act + tokens + (rec if activation == "fsr" else 0)
+            if d > 1:
+                g = layer_params
+                if first:
+                    g = max(g, min(m, mdl.vocab // tp) * h)
+                if last:
+                    g = max(g, head_params)
+                gstage = GRAD_BYTES * g
+            else:
+                gstage = 0
+            neighbours = (0 if first else 1) + (0 if last else 1)
+            buf = gstage + neighbours * m * h * FP16 + tp_staging + reserve
+            if z == 3 and d > 1:
+                buf += WEIGHT_BYTES * biggest + WEIGHT_BYTES * (biggest if prefetch == "layerwise" else params)
+            if activation == "ckpt":
+                buf += rec
+            buf += max(ws_layer, ws_head) if last else ws_layer
+            total = state + act + buf
+            if total > best:
+                best = total
+        return best
+
+
+# ---------------------------------------------------------------- enumeration
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def _tp_ok(model: ModelSpec, t: int) -> bool:
+    return all(v % t == 0 for v in (model.heads, model.kv_heads, model.ffn, model.vocab))
+
+
+def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str = "ratrain", *,
+                 micro_batches=None, tp_degrees=None, zero_stages=None):
+    """Yield (P, D, T, Z, b, A, activation, prefetch) in a fixed order (Eq. 8).
+
+    ``micro_batches`` / ``tp_degrees`` / ``zero_stages`` restrict b, T and Z (default: b any
+    divisor of G/D up to MAX_MICRO_BATCH; T any divisor of N up to MAX_TP that divides heads,
+    kv_heads, ffn, vocab; Z 0..3)."""
+    _check_method(method)
+    tps = [t for t in _divisors(clusters) if t <= MAX_TP and _tp_ok(model, t)]
+    if tp_degrees is not None:
+        tps = [t for t in tps if t in set(tp_degrees)]
+    if method == "tp-heavy":
+        tps = [t for t in tps if t == 2]
+    bs = None if micro_batches is None else set(micro_batches)
+    zeros = (3,) if method == "zero3-heavy" else (0, 1, 2, 3)
+    if zero_stages is not None:
+        zeros = tuple(z for z in zeros if z in set(zero_stages))
+    acts = {"backward-ckpt": ("ckpt",), "full-save": ("full",), "tuned": ("full", "ckpt")}.get(
+        method, ACTIVATION_POLICIES)
+    for t in tps:
+        for p in _divisors(clusters // t):
+            if p > model.layers:
+                continue
+            d = clusters // (t * p)
+            if global_batch % d:
+                continue
+            per_replica = global_batch // d
+            for b in _divisors(per_replica):
+                if bs is None and b > MAX_MICRO_BATCH:
+                    break
+                if bs is not None and b not in bs:
+                    continue
+                a = per_replica // b
+                for z in zeros:
+                    for act in acts:
+                        for pref in PREFETCH_POLICIES:
+                            yield p, d, t, z, b, a, act, pref
+
+
+class Planner:
+    """Algorithm 2 for one model on one platform. Profiles are cached per (b, seq, T)."""
+
+    def __init__(self, model: ModelSpec, platform: TrainingPlatform | None = None, *,
+                 profile_source: str = "emulated", profile_fn: Callable | None = None,
+                 partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
+                 recovery_resource: str = "compute"):
+        if recovery_resource not in ("compute", "ddr"):
+            raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
+        self.model = model
+        self.platform = platform or TrainingPlatform()
+        self.profile_source = profile_source
+        self.profile_fn = profile_fn
+        self.partition = partition
+        self.constants = constants
+        self.recovery_resource = recovery_resource
+        self.memory = _MemoryModel(model, partition, constants)
+        self._profiles: dict[tuple[int, int, int], object] = {}
+        self._terms: dict[tuple, CostTerms] = {}
+        self._parts: dict[int, list[range]] = {}
+        self.profile_s = 0.0
+
+    # -- caches
+    def profile(self, micro_batch: int, seq: int, tp: int):
+        key = (micro_batch, seq, tp)
+        got = self._profiles.get(key)
+        if got is None:
+            t0 = time.perf_counter()
+            if self.profile_fn is not None:
+                got = self.profile_fn(self.model, micro_batch, seq, tp, source=self.profile_source)
+            else:
+                got = load_profile(self.model, micro_batch, seq, tp, source=self.profile_source)
+            self._profiles[key] = got
+            self.profile_s += time.perf_counter() - t0
+        return got
+
+    def _partition(self, pp: int) -> list[range]:
+        got = self._parts.get(pp)
+        if got is None:
+            got = self._parts[pp] = partition_model(self.model, pp, self.partition)
+        return got
+
+    def terms(self, cfg: ParallelConfig) -> CostTerms:
+        # cost_terms depends on P only through whether the tied head needs its own copy
+        tied_split = self.model.tied_embeddings and cfg.pp > 1
+        key = (cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split)
+        got = self._terms.get(key)
+        if got is None:
+            got = self._terms[key] = cost_terms(self.model, cfg, self.profile(cfg.micro_batch, cfg.seq, cfg.tp),
+                                                self.platform)
+        return got
+
+    # -- one configuration
+    def estimate(self, cfg: ParallelConfig, method: str = "ratrain") -> StepBreakdown:
+        """Analytic T_step of ``cfg`` under ``method``'s mechanisms (no simulation)."""
+        _check_method(method)
+        terms = self.terms(cfg)
+        kinds = stage_kinds(terms, self._partition(cfg.pp))
+        on = method != "tuned"
+        return step_breakdown(kinds, terms.transfer, cfg.accum, activation=cfg.activation,
+                              layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise", fsr=on,
+                              recovery_resource=self.recovery_resource)
+
+    def evaluate(self, cfg: ParallelConfig, method: str = "ratrain") -> Candidate:
+        """Memory (stage_memory) and analytic time of one configuration; ``step_ms`` is inf if OOM."""
+        stages = stage_memory(self.model, cfg, self.platform, self.constants)
+        peak = max_peak(stages)
+        bd = self.estimate(cfg, method)
+        step = bd.step_ms if peak <= self.platform.memory_budget_bytes else math.inf
+        return Candidate(cfg, method, step, bd, peak, stages)
+
+    # -- the search
+    def plan(self, clusters: int, global_batch: int, seq: int = 2048, method: str = "ratrain",
+             top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None) -> PlanResult:
+        _check_method(method)
+        for name, value in (("clusters", clusters), ("global_batch", global_batch), ("seq", seq), ("top", top)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"plan: {name} must be a positive integer, got {value!r}")
+        t0 = time.perf_counter()
+        p0 = self.profile_s
+        budget = self.platform.memory_budget_bytes
+        enumerated = pruned = 0
+        timed: list[tuple[float, int, tuple, ParallelConfig, StepBreakdown]] = []
+        for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
+                              tp_degrees=tp_degrees, zero_stages=zero_stages):
+            enumerated += 1
+            p, d, t, z, b, a, act, pref = c
+            # Eq. 10 first: nothing is timed (or profiled) unless it fits
+            peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
+            if peak > budget:
+                pruned += 1
+                continue
+            cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
+                                 prefetch=pref, partition=self.partition)
+            bd = self.estimate(cfg, method)
+            timed.append((bd.step_ms, peak, c, cfg, bd))
+        timed.sort(key=lambda x: (x[0], x[1], x[2]))
+        ranked: list[Candidate] = []
+        for step, peak, _, cfg, bd in timed:
+            if len(ranked) >= top:
+                break
+            stages = stage_memory(self.model, cfg, self.platform, self.constants)
+            true_peak = max_peak(stages)
+            if true_peak > budget:          # cannot happen while _MemoryModel mirrors memory.py
+                raise ConfigError(f"planner memory model disagrees with ratrain.memory for {cfg.describe(True)}: "
+                                  f"{peak} vs {true_peak} bytes")
+            ranked.append(Candidate(cfg, method, step, bd, true_peak, stages))
+        elapsed = time.perf_counter() - t0
+        grid = {"tp": list(tp_degrees) if tp_degrees else
+                f"divisors of clusters <= {MAX_TP} dividing heads, kv_heads, ffn, vocab",
+                "pp": "divisors of clusters/T up to the layer count", "dp": "clusters/(P*T), must divide global batch",
+                "micro_batch": list(micro_batches) if micro_batches else
+                f"divisors of global_batch/D up to {MAX_MICRO_BATCH}",
+                "zero": [z for z in ((3,) if method == "zero3-heavy" else (0, 1, 2, 3))
+                         if zero_stages is None or z in zero_stages],
+                "prefetch": list(PREFETCH_POLICIES), "partition": self.partition}
+        return PlanResult(self.model.name, method, clusters, global_batch, seq, ranked[0] if ranked else None,
+                          ranked, enumerated, pruned, len(timed), elapsed, grid, self.profile_s - p0)
+
+
+def plan(model: ModelSpec, clusters: int, global_batch: int, seq: int = 2048, *, method: str = "ratrain",
+         top: int = 10, platform: TrainingPlatform | None = None, profile_source: str = "emulated",
+         profile_fn: Callable | None = None, partition: str = "balanced", micro_batches=None,
+         tp_degrees=None, zero_stages=None) -> PlanResult:
+    """Algorithm 2: the best configuration of ``model`` on ``clusters`` clusters (see module doc)."""
+    return Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
+                   partition=partition).plan(clusters, global_batch, seq, method, top,
+                                             micro_batches=micro_batches, tp_degrees=tp_degrees,
+                                             zero_stages=zero_stages)
+
+
+# ---------------------------------------------------------------- predicted vs simulated
+
+@dataclass
+class SimCheck:
+    config: ParallelConfig
+    method: str
+    predicted_ms: float
+    simulated_ms: float
+    breakdown: StepBreakdown
+    result: object          # ratrain.simulator.SimResult
+    costs: object           # ratrain.costs.PipelineCosts
+
+    @property
+    def error(self) -> float:
+        """(predicted - simulated) / simulated."""
+        return (self.predicted_ms - self.simulated_ms) / self.simulated_ms
+
+    def to_json(self, timeline: bool = False) -> dict:
+        return {"config": self.config.to_json(), "label": self.config.describe(), "method": self.method,
+                "predicted_s": self.predicted_ms / 1e3, "simulated_s": self.simulated_ms / 1e3,
+                "error": self.error, "breakdown": self.breakdown.to_json(),
+                "simulated": self.result.to_json(timeline=timeline)}
+
+
+def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
+                    platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
+                    profile_fn: Callable | None = None, recovery_resource: str = "compute",
+                    mechanisms=None) -> SimCheck:
+    """Build PipelineCosts for ``cfg`` and run ``ratrain.simulator.simulate`` with the method's
+    Mechanisms (or ``mechanisms``); also returns the planner's analytic prediction."""
+    from ratrain.simulator import simulate
+    platform = platform or TrainingPlatform()
+    planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
+                      partition=cfg.partition, recovery_resource=recovery_resource)
+    if profile is not None:
+        planner._profiles[(cfg.micro_batch, cfg.seq, cfg.tp)] = profile
+    prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
+    mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
+    costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)
+    result = simulate(costs, mechanisms=mech)
+    terms = planner.terms(cfg)
+    bd = step_breakdown(stage_kinds(terms, planner._partition(cfg.pp)), terms.transfer, cfg.accum,
+                        activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,
+                        fsr=mech.fsr, recovery_resource=recovery_resource)
+    return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)
+
+
+__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "mechanisms_for", "plan",
+           "search_space", "simulate_config"]

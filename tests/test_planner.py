@@ -1,0 +1,202 @@
+"""Planner (ratrain.planner, Algorithm 2) and `ratrain plan`."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from ratrain.config import ParallelConfig
+from ratrain.errors import ConfigError
+from ratrain.memory import DEFAULT_CONSTANTS, max_peak, stage_memory
+from ratrain.models import get_model
+from ratrain.planner import METHODS, Planner, _MemoryModel, mechanisms_for, search_space, simulate_config
+from ratrain.platform import TrainingPlatform
+
+BUDGET = TrainingPlatform().memory_budget_bytes
+
+
+def roofline_fn(calls=None):
+    from ratrain.profile import layer_profile
+
+    def fn(model, b, seq, tp, *, source):
+        assert source == "roofline"
+        if calls is not None:
+            calls.append((b, seq, tp))
+        return layer_profile(model, b, seq, tp, source="roofline")
+    return fn
+
+
+def planner(name, **kw):
+    return Planner(get_model(name), profile_source="roofline", profile_fn=roofline_fn(), **kw)
+
+
+def test_fast_memory_model_equals_stage_memory():
+    rng = random.Random(3)
+    for name, n, g in (("llama2-7b", 64, 256), ("llama2-70b", 96, 32), ("qwen2.5-32b", 256, 512),
+                       ("baichuan2-13b", 32, 128)):
+        m = get_model(name)
+        mm = _MemoryModel(m, "balanced", DEFAULT_CONSTANTS)
+        space = list(search_space(m, n, g))
+        for p, d, t, z, b, a, act, pref in rng.sample(space, 40):
+            cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, activation=act, prefetch=pref)
+            assert mm.peak(p, d, t, z, b, a, 2048, act, pref) == max_peak(stage_memory(m, cfg)), cfg
+
+
+def test_infeasible_grid_is_pruned_before_any_timing():
+    calls = []
+    pl = Planner(get_model("llama2-70b"), profile_source="roofline", profile_fn=roofline_fn(calls))
+    pl.estimate = lambda *a, **k: pytest.fail("estimate called for a pruned configuration")
+    r = pl.plan(4, 32)                      # 70B on 4 clusters: nothing fits 20 GB
+    assert r.enumerated > 0 and r.pruned_by_memory == r.enumerated and r.timed == 0
+    assert r.best is None and r.ranked == [] and calls == []
+    assert r.to_json()["oom"] is True
+
+
+def test_only_feasible_configs_are_timed_and_profiled():
+    calls = []
+    pl = Planner(get_model("llama2-7b"), profile_source="roofline", profile_fn=roofline_fn(calls))
+    real = pl.estimate
+    seen = []
+
+    def checked(cfg, method="ratrain"):
+        assert max_peak(stage_memory(pl.model, cfg)) <= BUDGET, cfg
+        seen.append(cfg)
+        return real(cfg, method)
+    pl.estimate = checked
+    r = pl.plan(8, 64, top=50)
+    assert 0 < r.timed < r.enumerated and r.timed + r.pruned_by_memory == r.enumerated
+    assert len(seen) == r.timed
+    assert len(calls) == len(set(calls))                 # one profile per (b, seq, T)
+    assert set(calls) == {(c.micro_batch, c.seq, c.tp) for c in seen}
+
+
+def test_returned_configs_fit_and_are_ranked():
+    r = planner("llama2-13b").plan(64, 256, top=20)
+    assert r.best is r.ranked[0]
+    steps = [c.step_ms for c in r.ranked]
+    assert steps == sorted(steps)
+    for c in r.ranked:
+        cfg = c.config
+        assert cfg.pp * cfg.dp * cfg.tp == 64 and cfg.dp * cfg.micro_batch * cfg.accum == 256
+        assert c.peak_bytes == max_peak(stage_memory(get_model("llama2-13b"), cfg)) <= BUDGET
+        assert c.stages is not None and len(c.stages) == cfg.pp
+        bd = c.breakdown
+        assert c.step_ms == pytest.approx(bd.t_1f1b_ms + bd.e_comm_ms + bd.e_upd_ms + bd.e_pref_ms + bd.e_rec_ms)
+    payload = r.to_json()
+    assert payload["counts"] == {"enumerated": r.enumerated, "pruned_by_memory": r.pruned_by_memory,
+                                 "timed": r.timed}
+    assert payload["best"]["memory"][0]["peak_bytes"] > 0
+
+
+def test_baselines_have_their_structure():
+    pl = planner("llama2-13b")
+    for method, check in (("tp-heavy", lambda c: c.tp == 2), ("zero3-heavy", lambda c: c.zero == 3),
+                          ("backward-ckpt", lambda c: c.activation == "ckpt"),
+                          ("tuned", lambda c: c.activation in ("full", "ckpt"))):
+        r = pl.plan(64, 256, method=method, top=5)
+        assert r.ranked and all(check(c.config) for c in r.ranked), method
+    # full-save for 13B at P=2, D=128 (Table 2's layout) does not fit
+    c = pl.evaluate(ParallelConfig(pp=2, dp=128, accum=32, activation="full"), "full-save")
+    assert c.peak_bytes > BUDGET and c.step_ms == float("inf")
+    assert c.to_json()["oom"] is True and c.to_json()["step_s"] is None
+    with pytest.raises(ConfigError, match="recovery_resource"):
+        Planner(get_model("llama2-13b"), recovery_resource="gpu")
+    # the same layout with FSR fits, and is faster than backward checkpointing: the pipeline
+    # bubbles hide recovery that ckpt puts on every backward
+    fsr = pl.evaluate(ParallelConfig(pp=2, dp=128, accum=32, activation="fsr"))
+    ckpt = pl.evaluate(ParallelConfig(pp=2, dp=128, accum=32, activation="ckpt"), "backward-ckpt")
+    assert fsr.peak_bytes <= BUDGET and fsr.step_ms < ckpt.step_ms
+    # mechanisms off never helps the same configuration
+    cfg = ParallelConfig(pp=4, dp=16, accum=8, activation="ckpt")
+    assert pl.estimate(cfg, "tuned").step_ms >= pl.estimate(cfg, "backward-ckpt").step_ms
+    assert pl.estimate(cfg, "tuned").exposed_tail_ms > pl.estimate(cfg, "backward-ckpt").exposed_tail_ms
+
+
+def test_tensor_parallel_adds_communication():
+    pl = planner("llama2-13b")
+    t1 = pl.terms(ParallelConfig(pp=2, dp=4, tp=1))
+    t2 = pl.terms(ParallelConfig(pp=2, dp=2, tp=2))
+    assert t1.parts["tp_allreduce_ms"] == 0 and t2.parts["tp_allreduce_ms"] > 0
+    prof = pl.profile(1, 2048, 2)
+    assert t2.mid.forward - 1e3 * prof.forward_s == pytest.approx(2 * t2.parts["tp_allreduce_ms"])
+
+
+def test_more_link_bandwidth_never_slows_the_plan():
+    fast = TrainingPlatform().with_overrides(link_bandwidth=7.4e9)
+    slow = planner("llama2-7b").plan(32, 128, top=1)
+    quick = Planner(get_model("llama2-7b"), fast, profile_source="roofline", profile_fn=roofline_fn()).plan(
+        32, 128, top=1)
+    assert quick.best.step_ms <= slow.best.step_ms
+    cfg = slow.best.config
+    assert Planner(get_model("llama2-7b"), fast, profile_source="roofline",
+                   profile_fn=roofline_fn()).estimate(cfg).step_ms <= slow.best.step_ms
+
+
+@pytest.mark.parametrize("cfg,method", [
+    (ParallelConfig(pp=4, dp=8, accum=8, activation="fsr"), "ratrain"),
+    (ParallelConfig(pp=4, dp=8, accum=8, activation="ckpt"), "tuned"),
+    (ParallelConfig(pp=2, dp=16, zero=3, accum=8, activation="fsr"), "zero3-heavy"),
+])
+def test_simulate_config_agrees_with_planner(cfg, method):
+    chk = simulate_config(get_model("llama2-7b"), cfg, method=method, profile_source="roofline",
+                          profile_fn=roofline_fn())
+    assert abs(chk.error) < 0.03
+    assert chk.result.mechanisms == mechanisms_for(method, cfg.activation, cfg.prefetch)
+    assert chk.to_json()["simulated_s"] == pytest.approx(chk.simulated_ms / 1e3)
+
+
+def test_bad_inputs():
+    pl = planner("llama2-7b")
+    with pytest.raises(ConfigError, match="method"):
+        pl.plan(8, 64, method="magic")
+    with pytest.raises(ConfigError, match="clusters"):
+        pl.plan(0, 64)
+    assert set(METHODS) == {"ratrain", "tp-heavy", "zero3-heavy", "backward-ckpt", "full-save", "tuned"}
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_plan_json(capsys):
+    from ratrain.cli import main
+    rc = main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "64", "--profile", "roofline",
+               "--top", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["counts"]) == {"enumerated", "pruned_by_memory", "timed"}
+    assert len(out["ranked"]) == 3 and out["best"] == out["ranked"][0]
+    assert out["best"]["peak_bytes"] <= BUDGET and out["best"]["step_s"] > 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--model", "nope", "--clusters", "8", "--global-batch", "64", "--profile", "roofline"],
+    ["plan", "--model", "llama2-7b", "--clusters", "0", "--global-batch", "64", "--profile", "roofline"],
+    ["plan", "--hf-config", "/nonexistent/config.json", "--clusters", "8", "--global-batch", "64"],
+])
+def test_cli_plan_bad_input_exits_2(argv, capsys):
+    from ratrain.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err
+
+
+def test_cli_plan_bad_flag_exits_2():
+    from ratrain.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "64", "--method", "magic"])
+    assert exc.value.code == 2
+
+
+def test_cached_terms_do_not_leak_between_pipeline_depths():
+    pl = planner("llama2-7b")
+    one = pl.estimate(ParallelConfig(pp=1, dp=8, accum=8))          # fills the cache with a P=1 entry
+    two = pl.estimate(ParallelConfig(pp=2, dp=8, accum=8))
+    fresh = planner("llama2-7b").estimate(ParallelConfig(pp=2, dp=8, accum=8))
+    assert two.step_ms == fresh.step_ms and one.step_ms != two.step_ms
+
+
+def test_grid_restrictions():
+    r = planner("llama2-7b").plan(16, 64, top=100, micro_batches=(1,), tp_degrees=(1,), zero_stages=(2,))
+    assert r.ranked and all((c.config.micro_batch, c.config.tp, c.config.zero) == (1, 1, 2) for c in r.ranked)
+    assert r.enumerated == sum(1 for _ in search_space(get_model("llama2-7b"), 16, 64, micro_batches=(1,),
+                                                       tp_degrees=(1,), zero_stages=(2,)))
