@@ -1,12 +1,14 @@
 """`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
 from __future__ import annotations
 
-from .reproduce import EXPERIMENTS, format_checks, reproduce
+from .reproduce import EXPERIMENT_NAMES, format_checks, reproduce
 
 
 def _reproduce(args):
+    from .experiments import Settings
     which = [args.experiment] if args.experiment else None
-    exps = reproduce(which, args.out, progress=not args.json)
+    settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource)
+    exps = reproduce(which, args.out, progress=not args.json, settings=settings)
     if args.experiment:
         e = exps[0]
         payload = {"rows": e.rows, "checks": [c.to_json() for c in e.checks], "figures": e.figures}
@@ -23,7 +25,12 @@ def _reproduce(args):
 
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="run the paper reproduction (all experiments, or one)")
-    p.add_argument("experiment", nargs="?", choices=sorted(EXPERIMENTS))
+    p.add_argument("experiment", nargs="?", choices=EXPERIMENT_NAMES)
+    p.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
+                   help="latency source (default: kernels emulated on mtemu)")
+    p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",
+                   help="where FSR recovery runs (default: compute, the honest model; 'ddr' shows the platform "
+                        "the paper's FSR gain needs)")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)

@@ -66,7 +66,7 @@ class Progress:
 # ------------------------------------------------------------------------------------------
 # Table 5 (mtemu)
 # ------------------------------------------------------------------------------------------
-def run_table5(out: Path, progress: Progress) -> Experiment:
+def run_table5(out: Path, progress: Progress, settings=None) -> Experiment:
     from mtemu.validate import TABLE5_TOLERANCE_PP, format_table5, format_variants, table5, table5_variants
     progress("Table 5: emulating the five FP16 GEMMs (timing mode)")
     rows = table5()
@@ -123,7 +123,7 @@ def _plot_table5(rows, variants, path: Path) -> None:
 # ------------------------------------------------------------------------------------------
 # correctness (issue 6)
 # ------------------------------------------------------------------------------------------
-def run_correctness_experiment(out: Path, progress: Progress) -> Experiment:
+def run_correctness_experiment(out: Path, progress: Progress, settings=None) -> Experiment:
     from .correctness import CorrectnessConfig, run_correctness, save_outputs
     progress("Correctness: training Baseline-1F1B, RATrain and single-stage on the tiny model")
     result = run_correctness(CorrectnessConfig(steps=20))
@@ -146,35 +146,39 @@ def run_correctness_experiment(out: Path, progress: Progress) -> Experiment:
 # ------------------------------------------------------------------------------------------
 # registry, driver, report
 # ------------------------------------------------------------------------------------------
-EXPERIMENTS: dict[str, Callable[[Path, Progress], Experiment]] = {
-    "table5": run_table5,
-    "correctness": run_correctness_experiment,
-}
+def registry() -> dict[str, Callable[..., Experiment]]:
+    """Every experiment of the main job, in run order."""
+    from . import experiments as ex
+    return {"table5": run_table5, "table2": ex.run_table2, "table3": ex.run_table3, "table4": ex.run_table4,
+            "table6": ex.run_table6, "ablation": ex.run_ablation, "correctness": run_correctness_experiment}
 
 
-def register(key: str, fn: Callable[[Path, Progress], Experiment]) -> None:
-    EXPERIMENTS[key] = fn
+EXPERIMENT_NAMES = ("table5", "table2", "table3", "table4", "table6", "ablation", "correctness")
 
 
-def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True) -> list[Experiment]:
+def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
+              settings=None) -> list[Experiment]:
     from .errors import ConfigError
-    keys = which or list(EXPERIMENTS)
-    unknown = [k for k in keys if k not in EXPERIMENTS]
+    from .experiments import DEFAULT_SETTINGS
+    settings = settings or DEFAULT_SETTINGS
+    experiments = registry()
+    keys = which or list(experiments)
+    unknown = [k for k in keys if k not in experiments]
     if unknown:
-        raise ConfigError(f"unknown experiment(s) {', '.join(unknown)} (known: {', '.join(EXPERIMENTS)})")
+        raise ConfigError(f"unknown experiment(s) {', '.join(unknown)} (known: {', '.join(experiments)})")
     out = Path(out_dir)
     prog = Progress(progress)
     done = []
     for i, key in enumerate(keys):
         prog(f"({i + 1}/{len(keys)}) {key}")
         t = time.time()
-        exp = EXPERIMENTS[key](out, prog)
+        exp = experiments[key](out, prog, settings)
         exp.seconds = time.time() - t
-        atomic_write_json(out / f"{key}.json", exp.to_json())
+        atomic_write_json(out / f"{key}.json", exp.to_json() | {"settings": settings.to_json()})
         done.append(exp)
         prog(f"{key}: {exp.passed}/{len(exp.checks)} checks pass ({exp.seconds:.0f} s)")
-    if which is None or len(keys) > 1:
-        write_report(done, out)
+    if len(keys) > 1:
+        write_report(done, out, settings)
     return done
 
 
@@ -188,10 +192,11 @@ def format_checks(exp: Experiment) -> str:
     return "\n".join(lines)
 
 
-def write_report(experiments: list[Experiment], out: Path) -> Path:
+def write_report(experiments: list[Experiment], out: Path, settings=None) -> Path:
     parts = ["# RATrain reproduction report", "",
              "Every number marked *ours* is measured by the emulator (mtemu) or the simulator (ratrain);",
              "the paper's numbers are targets only. Regenerate with `ratrain reproduce`.", "",
+             f"Settings (choices where the paper is silent): `{settings.to_json() if settings else {}}`", "",
              "| experiment | checks passed |", "| --- | --- |"]
     for e in experiments:
         parts.append(f"| {e.title} | {e.passed}/{len(e.checks)} |")
