@@ -27,27 +27,26 @@ and planner"):
   waiting on the link). ZeRO-3 with 'bulk' prefetch gathers the whole stage once per step
   (memory.py counts the stage-sized buffer): no per-use gathers, the gather is PrefetchW's.
 * GradSync per layer per step (D > 1): reduce-scatter (Z >= 2) or all-reduce (Z < 2) of the
-  layer's FP16 gradients over a D ring on the link. For Z = 1, 2 (and Z = 3 with bulk
-  prefetch) the next step's weights must be all-gathered from the updated shards; that
-  all-gather also needs the link, and the simulator's PrefetchW can only occupy compute or DDR,
-  so its link time is carried by the GradSync task (same link occupancy; the chain is
-  reordered RS+AG -> update -> materialise instead of RS -> update -> AG, an error of at most
-  one UpdateShard per layer).
+  layer's FP16 gradients over a D ring on the link. Gradients only: the all-gather of the
+  updated weights is PrefetchW's.
 * UpdateShard per layer per step: Adam over the local shard (1/D of the layer for Z >= 1),
   DDR-bound: FP32 master, m, v read and written (24 B), FP16 gradient read (2 B), FP16 weight
   written (2 B) per parameter, over ddr_bw. Resource ``ddr``.
-* PrefetchW per layer per step: materialising the gathered FP16 working weights in DDR
-  (bytes / ddr_bw) when an all-gather happened (Z = 1, 2, or Z = 3 bulk, D > 1); zero otherwise
-  (Z = 0 and D = 1 update the FP16 weights in place; Z = 3 layer-wise gathers at use).
-  Resource ``ddr``.
+* PrefetchW per layer per step: for Z = 1, 2 (and Z = 3 with bulk prefetch), D > 1, the ring
+  all-gather of the updated FP16 shards over D on the link, (D-1)/D * bytes / link_bw +
+  (D-1) * latency; the arriving chunks are written to DDR as they come (bytes / ddr_bw,
+  streamed), so the task lasts max(all-gather, DDR write). Zero otherwise (Z = 0 and D = 1
+  update the FP16 weights in place; Z = 3 layer-wise gathers at use). Resource ``link``
+  (``PipelineCosts.prefetch_resource``), so it competes with GradSync and transfers there.
 * Link sharing: GradSync runs while the layer's backward collectives (2 TP all-reduces, the
-  ZeRO-3 gather) also need the link; the simulator's link only holds GradSync and transfers, so
-  GradSync's duration includes that displaced link time (conservative: it assumes every such
-  collective falls inside the sync's window).
+  ZeRO-3 gather) also need the link; the simulator's link only holds GradSync, PrefetchW and
+  transfers, so GradSync's duration includes that displaced link time (conservative: it
+  assumes every such collective falls inside the sync's window).
 * Stage-boundary transfer per micro-batch and direction: b*seq*hidden FP16 / link_bw + latency.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -62,6 +61,8 @@ from ratrain.platform import TrainingPlatform
 # (3 * 4 * 2), FP16 gradient read (2), FP16 weight written (2).
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + FP16 + FP16
 PROFILE_SOURCES = ("emulated", "roofline")
+# PrefetchW is the all-gather of the updated shards (zero-length where there is none): link work
+PREFETCH_RESOURCE = "link"
 
 
 # ---------------------------------------------------------------- collectives (milliseconds)
@@ -174,8 +175,6 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
             sync = reduce_scatter_ms(grad_bytes, D, platform) if Z >= 2 else allreduce_ms(grad_bytes, D, platform)
         else:
             sync = 0.0
-        if prefetch_gather:
-            sync += all_gather_ms(grad_bytes, D, platform)
         if sync > 0:
             # The link also carries the layer's main-path collectives during the backward window
             # GradSync runs in (its TP all-reduces, its ZeRO-3 gather); the simulator's link only
@@ -183,7 +182,9 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
             sync += 2 * ar + (gather if per_use_gather else 0.0)
         shard = math.ceil(params / D) if Z >= 1 else params
         upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / platform.ddr_bandwidth
-        pre = 1e3 * params * FP16 / platform.ddr_bandwidth if prefetch_gather else 0.0
+        # the all-gather streams into DDR as it arrives: the slower of the two sets the time
+        pre = max(all_gather_ms(params * FP16, D, platform), 1e3 * params * FP16 / platform.ddr_bandwidth) \
+            if prefetch_gather else 0.0
         return LayerKind(fwd, bwd, rec, sync, upd, pre)
 
     mid = kind(0.0, 0.0, 0.0, 0.0, layer_params)
@@ -240,7 +241,8 @@ def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: Tra
 
     stages = [[lc(k) for k in ks] for ks in stage_kinds(terms, parts)]
     return PipelineCosts(stages=stages, transfer_ms=terms.transfer, microbatches=cfg.accum, dp=cfg.dp,
-                         recovery_resource=recovery_resource, update_resource="ddr", prefetch_resource="ddr")
+                         recovery_resource=recovery_resource, update_resource="ddr",
+                         prefetch_resource=PREFETCH_RESOURCE)
 
 
 def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated"):
@@ -362,23 +364,97 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
     return [f[p] + b[p] + e[p] for p in range(P)], e
 
 
+def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float], X: float,
+                     has_send: bool, prefetch_link: bool
+                     ) -> tuple[tuple[list[float], list[float], list[float]], float, float]:
+    """Deadline mode as the simulator runs it: GradSync(l) on the link, UpdateShard(l) on DDR,
+    PrefetchW(l) on the link (``prefetch_link``) or DDR. Each resource is non-preemptive and work
+    conserving; UpdateShard/PrefetchW start earliest deadline first (next Forward(l), i.e. the
+    lowest layer); GradSync too when PrefetchW shares the link, else in ready order. Zero-length
+    tasks occupy nothing. A link task that would overrun the stage's last boundary Send ([0, X]
+    on stages p > 0) must fit before it or wait. Returns per layer the (GradSync, UpdateShard,
+    PrefetchW) ends, and the end and start of the stage's link work."""
+    n = len(kinds)
+    inf = float("inf")
+    ends = ([0.0] * n, [0.0] * n, [0.0] * n)
+    durs = [(k.gradsync, k.update, k.prefetch) for k in kinds]
+    res_of = (0, 1, 0 if prefetch_link else 1)          # 0: link, 1: DDR
+    ready_at: dict[tuple[int, int], float] = {(0, j): ready[j] for j in range(n)}   # (G/U/W index, layer)
+    free = [-inf, -inf]
+    link_end, link_start = -inf, inf
+    events: list[tuple[float, int, int]] = []
+
+    def complete(c: int, j: int, t: float) -> None:
+        ends[c][j] = t
+        if c < 2:
+            became_ready(c + 1, j, t)
+
+    def became_ready(c: int, j: int, t: float) -> None:
+        if durs[j][c] == 0:
+            complete(c, j, t)                 # instant
+        else:
+            ready_at[(c, j)] = t
+
+    for j in range(n):                       # zero-length GradSyncs are done when ready
+        if durs[j][0] == 0:
+            del ready_at[(0, j)]
+            complete(0, j, ready[j])
+    now = -inf
+    while ready_at or events:
+        started = False
+        for r in (0, 1):
+            if free[r] > now + 1e-12:
+                continue
+            # EDF key (deadline, layer); GradSync alone on the link: FIFO (ready time, upper layer first)
+            cands = sorted((((ff[j], j) if (c or prefetch_link) else (t, -j)), c, j)
+                           for (c, j), t in ready_at.items() if res_of[c] == r and t <= now + 1e-12)
+            if r == 0 and has_send and now < X:
+                # transfers keep priority: only a task that ends before the last Send may start
+                cands = [x for x in cands if now + durs[x[2]][x[1]] <= 1e-9]
+            if not cands:
+                continue
+            _, c, j = cands[0]
+            del ready_at[(c, j)]
+            end = now + durs[j][c]
+            free[r] = end
+            if r == 0:
+                link_start, link_end = min(link_start, now), max(link_end, end)
+            heapq.heappush(events, (end, c, j))
+            started = True
+        if started:
+            continue
+        nxt = [e[0] for e in events[:1]] + [t for t in ready_at.values() if t > now + 1e-12]
+        nxt += [f for f in free if f > now + 1e-12]
+        if has_send and now < X and any(res_of[c] == 0 for c, _ in ready_at):
+            nxt.append(X)
+        now = min(nxt)
+        while events and events[0][0] <= now + 1e-12:
+            t, c, j = heapq.heappop(events)
+            complete(c, j, t)
+    return ends, link_end, link_start
+
+
 def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str,
-                has_send: bool) -> tuple[tuple[float, float, float], float, float | None]:
+                has_send: bool, prefetch_link: bool = False
+                ) -> tuple[tuple[float, float, float], float, float | None, float, tuple[float, float | None]]:
     """One stage's GradSync -> UpdateShard -> PrefetchW chains, times relative to the end of the
     stage's last backward (``end``); forward starts relative to the stage's first F.
 
-    Returns (worst[v], all_g, first_g): for the variants v = GradSync only, + UpdateShard,
-    + PrefetchW, the largest ``chain end - (end - first F)`` that the deadline (mode
-    'deadline': next Forward(l) waits for PrefetchW(l)) or the stage barrier (modes 'barrier':
-    layer-wise GradSync then a bulk update/prefetch phase, and 'bulk': everything after the
-    stage's last backward) imposes, as an offset to add to ``end - start``; the end of the last
-    GradSync and the start of the first (relative to ``end``).
+    Returns (worst[v], all_g, first_g, link_end, ddr_ends): for the variants v = GradSync only,
+    + UpdateShard, + PrefetchW, the largest ``chain end - (end - first F)`` that the deadline
+    (mode 'deadline': next Forward(l) waits for PrefetchW(l)) or the stage barrier (modes
+    'barrier': layer-wise GradSync then a bulk update/prefetch phase, and 'bulk': everything
+    after the stage's last backward) imposes, as an offset to add to ``end - start``; the end of
+    the last GradSync and the start of the first (relative to ``end``); the end of all of the
+    stage's link work (the last GradSync, or the last PrefetchW if ``prefetch_link``); the end of
+    the last UpdateShard and of the last DDR-resident PrefetchW (None on the link).
 
-    GradSync(l) is ready when layer l's last backward ends; the link runs them in that order.
-    Transfers have priority: a GradSync that would overrun the stage's last boundary Send
-    (ready at ``end`` on stages p > 0) waits until that Send is done. UpdateShard and PrefetchW
-    run on DDR in the order their GradSyncs finish (DDR is work-conserving, so the last layer's
-    end does not depend on the exact earliest-deadline order)."""
+    GradSync(l) is ready when layer l's last backward ends (bulk: all at ``end``); alone on the
+    link they run in that order. Transfers have priority: a link task that would overrun the
+    stage's last boundary Send (ready at ``end`` on stages p > 0) waits until that Send is done.
+    Deadline mode replays the simulator's queues (``_deadline_chains``: earliest deadline first
+    for UpdateShard/PrefetchW, and for GradSync too when PrefetchW shares the link); the barrier
+    modes run all updates after the last GradSync, then all PrefetchWs back to back."""
     n = len(kinds)
     ready = [0.0] * n
     if mode != "bulk":
@@ -386,9 +462,20 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         for j in range(n):          # layer j's last B ends before layers j-1..0 run theirs
             ready[j] = -acc
             acc += bprime[j]
+    if mode == "deadline":
+        ff = [0.0] * n
+        acc = 0.0
+        for j in range(n):
+            ff[j] = acc
+            acc += kinds[j].forward
+        # the chains as the resources run them (with PrefetchW on the link, GradSync ends include
+        # its interference; E_comm/E_upd/E_pref split the joint schedule)
+        ends, link_end, first = _deadline_chains(kinds, ready, ff, X, has_send, prefetch_link)
+        worst = tuple(max(e[j] - ff[j] for j in range(n)) for e in ends)
+        return worst, max(ends[0]), (first if first < float("inf") else None), link_end, \
+            (max(ends[1]), None if prefetch_link else max(ends[2]))
     link = -float("inf")
     first_g = None
-    gs_end = [0.0] * n
     for j in range(n - 1, -1, -1):
         g = kinds[j].gradsync
         st = ready[j] if ready[j] > link else link
@@ -397,38 +484,29 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         if first_g is None and g > 0:
             first_g = st
         link = st + g
-        gs_end[j] = link
     all_g = link
-    if mode == "deadline":
-        w0 = w1 = w2 = -float("inf")
-        d1 = d2 = -float("inf")
-        ff = [0.0] * n
-        acc = 0.0
-        for j in range(n):
-            ff[j] = acc
-            acc += kinds[j].forward
-        for j in range(n - 1, -1, -1):
-            k = kinds[j]
-            g = gs_end[j]
-            d1 = (g if g > d1 else d1) + k.update
-            d2 = (g if g > d2 else d2) + k.update + k.prefetch
-            w0 = max(w0, g - ff[j])
-            w1 = max(w1, d1 - ff[j])
-            w2 = max(w2, d2 - ff[j])
-        return (w0, w1, w2), all_g, first_g
     u = sum(k.update for k in kinds)
     w = sum(k.prefetch for k in kinds)
-    return (all_g, all_g + u, all_g + u + w), all_g, first_g
+    link_end = all_g + u + w if (prefetch_link and w > 0) else all_g
+    if prefetch_link and w > 0 and first_g is None:
+        first_g = all_g + u         # the first link task is a PrefetchW
+    return (all_g, all_g + u, all_g + u + w), all_g, first_g, link_end, \
+        (all_g + u, None if prefetch_link else all_g + u + w)
 
 
 def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
                    layerwise: bool = True, update_prefetch: bool = True, fsr: bool = True,
-                   recovery_resource: str = "compute") -> StepBreakdown:
+                   recovery_resource: str = "compute",
+                   prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
     """Analytic T_step (Eq. 11-12) of one replica from its per-stage layer kinds; no simulation.
 
     ``activation``/``fsr`` follow ``ratrain.simulator.Mechanisms`` (fsr off = backward-time
     recovery); ``layerwise``/``update_prefetch`` select the lifecycle mode; ``recovery_resource``
-    is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts)."""
+    is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``prefetch_resource``
+    where PrefetchW runs ('link', as ``pipeline_costs`` builds it, or 'ddr')."""
+    if prefetch_resource not in ("ddr", "link"):
+        raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
+    link_w = prefetch_resource == "link"
     P = len(stages)
     X = transfer_ms if P > 1 else 0.0
     policy = "ckpt" if (activation == "fsr" and not fsr) else activation
@@ -476,18 +554,31 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         if got is None:
             s = share[p]
             bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3])]
-            got = memo[key] = _stage_life(kinds, bprime, X, mode, P > 1 and p > 0)
-        worst, all_g, first_g = got
+            # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
+            got = memo[key] = _stage_life(kinds, bprime, X, mode, P > 1 and p > 0,
+                                          link_w and any(k.prefetch > 0 for k in kinds))
+        worst, all_g, first_g, link_end, ddr_ends = got
         span = ends[p] - starts[p]
         for v in range(3):
             if worst[v] + span > bounds[v]:
                 bounds[v] = worst[v] + span
         if first_g is not None:        # the step's link work must clear the next step's
+            # (GradSync's share bounds E_comm; link-resident PrefetchW's the whole step)
             if P > 1:
                 first_port = starts[p] - X if p > 0 else f[0]
                 bounds[0] = max(bounds[0], all_g + ends[p] - first_port)
+                bounds[2] = max(bounds[2], link_end + ends[p] - first_port)
             else:
                 bounds[0] = max(bounds[0], all_g - first_g)
+                bounds[2] = max(bounds[2], link_end - first_g)
+        if policy == "fsr" and recovery_resource == "ddr":
+            # DDR-resident state tasks that spill past T must clear the next step's first recovery
+            # there, R(0, first layer) right after F(0, first layer)
+            first_r = starts[p] + kinds[0].forward
+            if any(k.update > 0 for k in kinds):
+                bounds[1] = max(bounds[1], ddr_ends[0] + ends[p] - first_r)
+            if ddr_ends[1] is not None and any(k.prefetch > 0 for k in kinds):
+                bounds[2] = max(bounds[2], ddr_ends[1] + ends[p] - first_r)
     t_g = bounds[0]
     t_gu = max(t_g, bounds[1])
     t_all = max(t_gu, bounds[2])
@@ -496,6 +587,6 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
                          slot_ms=slot, bottleneck_stage=q)
 
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "CostTerms", "LayerKind", "StepBreakdown", "all_gather_ms", "allreduce_ms",
-           "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds",
+__all__ = ["ADAM_BYTES_PER_PARAM", "PREFETCH_RESOURCE", "CostTerms", "LayerKind", "StepBreakdown", "all_gather_ms",
+           "allreduce_ms", "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds",
            "step_breakdown"]

@@ -6,8 +6,10 @@ schedule, so the simulator models one of them.
 
 Which resource a task occupies is part of the cost description (a planner that
 knows recovery is DDR-bound, or that the optimizer step runs on the DSPs, says
-so here): ``recovery_resource``, ``update_resource`` and ``prefetch_resource``
-are one of ``compute`` / ``ddr``. GradSync always uses the stage's ``link``.
+so here): ``recovery_resource`` is one of ``compute`` / ``ddr``;
+``update_resource`` and ``prefetch_resource`` one of ``compute`` / ``ddr`` / ``link``
+(a ZeRO-1/2 PrefetchW is the all-gather of the updated shards, i.e. link work).
+GradSync always uses the stage's ``link``.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from ratrain.errors import ConfigError
 
 LAYER_TIME_FIELDS = ("forward_ms", "backward_ms", "recompute_ms", "gradsync_ms", "update_ms", "prefetch_ms")
 LAYER_BYTE_FIELDS = ("act_full_bytes", "act_ckpt_bytes", "recovery_bytes")
-STATE_RESOURCES = ("compute", "ddr")
+STATE_RESOURCES = ("compute", "ddr")                 # where recovery (R) may run
+LIFECYCLE_RESOURCES = STATE_RESOURCES + ("link",)    # where UpdateShard / PrefetchW may run
 
 
 def _check_time(where: str, value: float) -> float:
@@ -41,7 +44,8 @@ class LayerCosts:
     activation recovery of this layer from its checkpoint).
     gradsync_ms: per step, data-parallel sync of this layer's gradients over the link.
     update_ms: per step, UpdateShard (optimizer update of the local shard).
-    prefetch_ms: per step, PrefetchW (materialise the next step's working weights).
+    prefetch_ms: per step, PrefetchW (materialise the next step's working weights; under
+    ZeRO-1/2 with D > 1 the all-gather of the updated shards, on the link).
     act_full_bytes / act_ckpt_bytes: activations one micro-batch leaves resident
     under full-save / checkpointing; recovery_bytes: the recovery buffer R fills.
     """
@@ -99,10 +103,10 @@ class PipelineCosts:
         _check_count("PipelineCosts.dp", self.dp, 1)
         if self.bulk_update_ms is not None:
             self.bulk_update_ms = _check_time("PipelineCosts.bulk_update_ms", self.bulk_update_ms)
-        for name in ("recovery_resource", "update_resource", "prefetch_resource"):
-            if getattr(self, name) not in STATE_RESOURCES:
-                raise ConfigError(f"PipelineCosts.{name} must be one of {STATE_RESOURCES}, "
-                                  f"got {getattr(self, name)!r}")
+        for name, allowed in (("recovery_resource", STATE_RESOURCES), ("update_resource", LIFECYCLE_RESOURCES),
+                              ("prefetch_resource", LIFECYCLE_RESOURCES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"PipelineCosts.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         ranges, start = [], 0
         for layers in self.stages:
             ranges.append(range(start, start + len(layers)))
@@ -173,4 +177,5 @@ class PipelineCosts:
         }
 
 
-__all__ = ["LayerCosts", "PipelineCosts", "LAYER_TIME_FIELDS", "LAYER_BYTE_FIELDS", "STATE_RESOURCES"]
+__all__ = ["LayerCosts", "PipelineCosts", "LAYER_TIME_FIELDS", "LAYER_BYTE_FIELDS", "LIFECYCLE_RESOURCES",
+           "STATE_RESOURCES"]

@@ -4,7 +4,9 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
 
 * Every stage p owns three resources: ``compute`` (the cluster's DSPs),
   ``ddr`` (its DDR/DMA engine) and ``link`` (its single inter-cluster port,
-  shared by stage-boundary transfers and data-parallel GradSync). A
+  shared by stage-boundary transfers, data-parallel GradSync and, when
+  ``PipelineCosts.prefetch_resource`` / ``update_resource`` say ``link``,
+  PrefetchW / UpdateShard, e.g. the ZeRO-1/2 all-gather of updated shards). A
   stage-boundary transfer occupies the ports of both ends at once (a ``Send``
   task on the sender and a ``Recv`` task on the receiver, same interval).
 * The main path is the unchanged schedule order (``ratrain.schedule``), one
@@ -25,7 +27,9 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   priority: backward-time fallback).
 * Lifecycle (Eq. 2): GradSync(l) -> UpdateShard(l) -> PrefetchW(l). Layer-wise
   chains start when layer l's accumulation completes (its last backward in the
-  stage order); the deadline is the next step's first Forward(l).
+  stage order); the deadline is the next step's first Forward(l). Deadline-aware
+  UpdateShard/PrefetchW are queued earliest-deadline-first on their resource;
+  GradSync is FIFO unless a state task shares the link with it (then EDF too).
 * Step time: the smallest period T at which the step's timeline repeats with
   no resource running two tasks at once and every next-step Forward(l) starting
   after PrefetchW(l) of this step (without deadline-aware update-prefetch:
@@ -244,6 +248,12 @@ class _Sim:
         self.dirty: set[int] = set()
         self.waiting_fillers: set[int] = set()
         self.memo: dict[int, float] = {}
+        # UpdateShard/PrefetchW with work on a stage's link compete with GradSync there: then
+        # GradSync joins the earliest-deadline-first order too (one key axis per queue); alone on
+        # the link (zero-length state tasks occupy nothing) it stays FIFO
+        self.link_shared = [mech.deadline_aware and any(
+            (costs.update_resource == "link" and lc.update_ms > 0) or
+            (costs.prefetch_resource == "link" and lc.prefetch_ms > 0) for lc in layers) for layers in costs.stages]
         self._build()
 
     # ------------------------------------------------------------ graph construction
@@ -451,7 +461,7 @@ class _Sim:
             return
         job.state = _READY
         if job.cls == _LIFE:
-            if job.kind in ("UpdateShard", "PrefetchW") and self.mech.deadline_aware:
+            if self.mech.deadline_aware and (job.kind != "GradSync" or self.link_shared[job.stage]):
                 job.key = (self.first_f_start[job.layer], job.layer)   # earliest deadline first
             else:
                 job.key = (self.now, job.order_hint)

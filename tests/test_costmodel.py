@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from ratrain.config import ParallelConfig, partition_model
+from ratrain.errors import ConfigError
 from ratrain.costmodel import (ADAM_BYTES_PER_PARAM, LayerKind, all_gather_ms, allreduce_ms, cost_terms,
                                p2p_ms, pipeline_costs, reduce_scatter_ms, step_breakdown)
 from ratrain.models import embedding_parameter_count, get_model, layer_tp_parameter_count
@@ -56,17 +57,18 @@ def test_pipeline_costs_terms_zero2():
     parts = partition_model(m, 4)
     assert [len(s) for s in costs.stages] == [len(r) for r in parts]
     assert costs.microbatches == 8 and costs.dp == 8
-    assert (costs.recovery_resource, costs.update_resource, costs.prefetch_resource) == ("compute", "ddr", "ddr")
+    assert (costs.recovery_resource, costs.update_resource, costs.prefetch_resource) == ("compute", "ddr", "link")
     mid = costs.stages[1][0]
     lp = layer_tp_parameter_count(m, 1)
     assert mid.forward_ms == pytest.approx(100.0) and mid.backward_ms == pytest.approx(200.0)
     assert mid.recompute_ms == pytest.approx(100.0)
-    # GradSync: reduce-scatter + the next step's all-gather (carried on the link task)
-    g = reduce_scatter_ms(2 * lp, 8, PLAT) + all_gather_ms(2 * lp, 8, PLAT)
-    assert mid.gradsync_ms == pytest.approx(g)
+    # GradSync: the gradients' reduce-scatter only; PrefetchW: the updated shards' all-gather on the
+    # link (the DDR write of the gathered weights streams under it)
+    assert mid.gradsync_ms == pytest.approx(reduce_scatter_ms(2 * lp, 8, PLAT))
     assert ADAM_BYTES_PER_PARAM == 28    # FP32 master, m, v read + written; FP16 grad read; FP16 weight written
     assert mid.update_ms == pytest.approx(1e3 * math.ceil(lp / 8) * 28 / 30e9)
-    assert mid.prefetch_ms == pytest.approx(1e3 * 2 * lp / 30e9)
+    assert mid.prefetch_ms == pytest.approx(all_gather_ms(2 * lp, 8, PLAT))
+    assert all_gather_ms(2 * lp, 8, PLAT) > 1e3 * 2 * lp / 30e9
     first, last = costs.stages[0][0], costs.stages[-1][-1]
     assert first.forward_ms == pytest.approx(102.0) and first.backward_ms == pytest.approx(204.0)
     assert last.forward_ms == pytest.approx(150.0) and last.backward_ms == pytest.approx(300.0)
@@ -90,7 +92,8 @@ def test_zero_stages():
     assert k0.gradsync == pytest.approx(allreduce_ms(2 * lp, 4, PLAT))
     assert k0.update == pytest.approx(1e3 * lp * ADAM_BYTES_PER_PARAM / 30e9) and k0.prefetch == 0.0
     k1 = cost_terms(m, ParallelConfig(pp=2, dp=4, zero=1), FakeProfile(), PLAT).mid
-    assert k1.gradsync == pytest.approx(allreduce_ms(2 * lp, 4, PLAT) + all_gather_ms(2 * lp, 4, PLAT))
+    assert k1.gradsync == pytest.approx(allreduce_ms(2 * lp, 4, PLAT))
+    assert k1.prefetch == pytest.approx(all_gather_ms(2 * lp, 4, PLAT))
     # ZeRO-3, layer-wise: per-use gathers overlap compute (max), no PrefetchW; the gather's link time
     # also holds GradSync's link
     g = all_gather_ms(2 * lp, 4, PLAT)
@@ -102,8 +105,8 @@ def test_zero_stages():
     assert k3c.backward + k3c.recompute == pytest.approx(max(300.0, g))
     # ZeRO-3 with bulk prefetch: no per-use gathers, one all-gather per step like Z=2
     k3b = cost_terms(m, ParallelConfig(pp=2, dp=4, zero=3, prefetch="bulk"), FakeProfile(), PLAT).mid
-    assert k3b.forward == pytest.approx(100.0) and k3b.prefetch > 0
-    assert k3b.gradsync == pytest.approx(reduce_scatter_ms(2 * lp, 4, PLAT) + g)
+    assert k3b.forward == pytest.approx(100.0) and k3b.prefetch == pytest.approx(g)
+    assert k3b.gradsync == pytest.approx(reduce_scatter_ms(2 * lp, 4, PLAT))
 
 
 def test_tensor_parallel_adds_link_comm():
@@ -167,7 +170,77 @@ CHECKS = [
     ("qwen2.5-32b", ParallelConfig(pp=8, dp=32, accum=8, activation="fsr"), Mechanisms()),
     ("qwen2.5-32b", ParallelConfig(pp=8, dp=32, accum=8, activation="fsr", prefetch="bulk"),
      Mechanisms(update_prefetch=False)),
+    # PrefetchW = the updated shards' all-gather on the link, for every ablation mode
+    ("qwen2.5-32b", ParallelConfig(pp=8, dp=32, zero=2, accum=8, activation="fsr"), Mechanisms.variant("no-layerwise")),
+    ("baichuan2-13b", ParallelConfig(pp=4, dp=8, zero=1, accum=8, activation="fsr"), Mechanisms()),
+    # short sequences: GradSync + all-gather outrun the backward, the port falls behind (EDF)
+    ("llama2-13b", ParallelConfig(pp=4, dp=8, zero=1, seq=512, accum=8, activation="fsr"), Mechanisms()),
+    ("llama2-13b", ParallelConfig(pp=4, dp=8, zero=2, seq=512, accum=8, activation="fsr"),
+     Mechanisms(update_prefetch=False)),
+    # Z=3 bulk: the stage's gather is PrefetchW's; Adam outruns the backward on DDR (EDF there)
+    ("qwen2.5-32b", ParallelConfig(pp=1, dp=2, tp=2, zero=3, seq=512, accum=16, activation="fsr", prefetch="bulk"),
+     Mechanisms()),
 ]
+
+
+def _ablation_tails(model, cfg, prof, rec="compute"):
+    from ratrain.costmodel import stage_kinds
+    terms = cost_terms(model, cfg, prof, PLAT)
+    kinds = stage_kinds(terms, partition_model(model, cfg.pp))
+    costs = pipeline_costs(model, cfg, prof, PLAT, recovery_resource=rec)
+    out = {}
+    for v in ("full", "no-update-prefetch", "no-layerwise"):
+        mech = Mechanisms.variant(v)
+        bd = step_breakdown(kinds, terms.transfer, cfg.accum, layerwise=mech.layerwise,
+                            update_prefetch=mech.update_prefetch, recovery_resource=rec)
+        sim = simulate(costs, mechanisms=mech)
+        assert bd.exposed_tail_ms == pytest.approx(sim.exposed_tail_ms, rel=1e-9), v
+        assert abs(bd.step_ms / sim.step_time_ms - 1) < 0.03, v
+        out[v] = sim
+    return costs, out
+
+
+@pytest.mark.parametrize("rec", ["compute", "ddr"])
+def test_ablation_tails_with_link_prefetch_closed_forms(rec):
+    """The paper's ablation layout (Qwen P=8, D=32, Z=2; A=8 here). The backward per layer (600 ms)
+    outlasts GradSync + UpdateShard + all-gather (526 ms), so every chain keeps up and the tail is
+    stage 0's: layer 0's chain (deadline-aware), G(0) + all updates + all gathers (bulk update
+    phase), everything (bulk step end)."""
+    m = get_model("qwen2.5-32b")
+    prof = FakeProfile(forward_s=0.3, backward_s=0.6)
+    cfg = ParallelConfig(pp=8, dp=32, zero=2, accum=8, activation="fsr")
+    costs, sims = _ablation_tails(m, cfg, prof, rec)
+    s0 = costs.stages[0]
+    assert costs.prefetch_resource == "link" and s0[1].prefetch_ms == pytest.approx(s0[1].gradsync_ms)
+    chain = [l.gradsync_ms + l.update_ms + l.prefetch_ms for l in s0]
+    assert s0[1].backward_ms > chain[1]
+    assert sims["full"].exposed_tail_ms == pytest.approx(chain[0])
+    assert sims["no-update-prefetch"].exposed_tail_ms == pytest.approx(
+        s0[0].gradsync_ms + sum(l.update_ms + l.prefetch_ms for l in s0))
+    assert sims["no-layerwise"].exposed_tail_ms == pytest.approx(sum(chain))
+    # the main path is the same in all three: step differences are the tails
+    base = sims["full"].last_backward_end_ms
+    assert all(s.last_backward_end_ms == pytest.approx(base) for s in sims.values())
+
+
+def test_step_breakdown_link_prefetch_closed_forms():
+    """Per layer g = 0.3, w = 0.4 against a 0.5 backward: on the link the port falls behind and the
+    estimate follows the simulator's earliest-deadline-first order exactly (zero transfer)."""
+    from ratrain.costs import PipelineCosts
+    kinds = _uniform(3, 4, 1.0, 2.0, G=1.2, W=1.6)
+    want = {("link", True, True): 0.9, ("ddr", True, True): 0.7, ("link", True, False): 1.9,
+            ("ddr", True, False): 1.9, ("link", False, False): 2.8, ("ddr", False, False): 2.8}
+    for (res, lw, up), tail in want.items():
+        bd = step_breakdown(kinds, 0.0, 6, activation="full", layerwise=lw, update_prefetch=up,
+                            prefetch_resource=res)
+        sim = simulate(PipelineCosts.uniform(3, 6, t_forward=1.0, t_backward=2.0, t_gradsync=1.2, t_prefetch=1.6,
+                                             layers_per_stage=4, prefetch_resource=res),
+                       mechanisms=Mechanisms(activation="full", layerwise=lw, update_prefetch=up))
+        assert bd.exposed_tail_ms == pytest.approx(tail), (res, lw, up)
+        assert bd.step_ms == pytest.approx(sim.step_time_ms), (res, lw, up)
+        assert bd.step_ms == pytest.approx(bd.t_1f1b_ms + bd.e_comm_ms + bd.e_upd_ms + bd.e_pref_ms + bd.e_rec_ms)
+    with pytest.raises(ConfigError, match="prefetch_resource"):
+        step_breakdown(kinds, 0.0, 6, prefetch_resource="compute")
 
 
 @pytest.mark.parametrize("name,cfg,mech", CHECKS)
@@ -203,9 +276,9 @@ def test_embedding_sync_counts_embedding_parameters():
     m = get_model("llama2-7b")
     t = cost_terms(m, ParallelConfig(pp=2, dp=8, zero=2), FakeProfile(), PLAT)
     emb = embedding_parameter_count(m)
-    extra = reduce_scatter_ms(2 * (layer_tp_parameter_count(m) + emb), 8, PLAT) \
-        + all_gather_ms(2 * (layer_tp_parameter_count(m) + emb), 8, PLAT)
-    assert t.first.gradsync == pytest.approx(extra)
+    nbytes = 2 * (layer_tp_parameter_count(m) + emb)
+    assert t.first.gradsync == pytest.approx(reduce_scatter_ms(nbytes, 8, PLAT))
+    assert t.first.prefetch == pytest.approx(all_gather_ms(nbytes, 8, PLAT))
 
 
 @pytest.mark.parametrize("name,cfg", [

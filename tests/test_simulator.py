@@ -421,6 +421,81 @@ def test_update_on_compute_fills_bubbles_not_the_main_path():
     check_all(res, costs)
 
 
+# ------------------------------------------------------------ PrefetchW on the link (ZeRO-1/2 all-gather)
+
+def _link_life(res, stage):
+    """(kind initial, layer) of the stage's link lifecycle tasks in the order the port ran them."""
+    ts = sorted((t for t in res.tasks if t.stage == stage and t.resource == "link"
+                 and t.kind in ("GradSync", "PrefetchW") and t.end_ms > t.start_ms), key=lambda t: t.start_ms)
+    return [(t.kind[0], t.layer) for t in ts]
+
+
+@pytest.mark.parametrize("P,A,L", [(3, 6, 4), (2, 5, 2), (4, 8, 8)])
+def test_link_prefetch_closed_forms_per_mechanism(P, A, L):
+    # per layer G + U + W = 1.9/L fits the per-layer backward 2/L: each layer's chain (with its
+    # PrefetchW on the link) ends before the next layer's GradSync is ready
+    G, Uu, W = 1.0, 0.3, 0.6
+    costs = PipelineCosts.uniform(P, A, t_forward=1.0, t_backward=2.0, t_update=Uu, t_gradsync=G,
+                                  t_prefetch=W, layers_per_stage=L, prefetch_resource="link")
+    main = (A + P - 1) * 3.0
+    want = {"full": (G + Uu + W) / L, "no-update-prefetch": G / L + Uu + W, "no-layerwise": G + Uu + W}
+    for name, tail in want.items():
+        res = simulate(costs, mechanisms=Mechanisms.variant(name))
+        assert res.exposed_tail_ms == approx(tail), name
+        assert res.step_time_ms == approx(main + tail), name
+        assert {t.resource for t in res.tasks if t.kind == "PrefetchW"} == {"link"}
+        check_all(res, costs)
+        if name == "full" and L > 1:     # G, W alternate per layer, top layer first
+            assert _link_life(res, 0) == [(k, l) for l in reversed(range(L)) for k in "GP"]
+
+
+def test_link_prefetch_shares_the_port_earliest_deadline_first():
+    # per layer g = 0.3, w = 0.4 on the link against a 0.5 backward: the port falls behind.
+    # Deadline-aware: GradSync and PrefetchW are served earliest deadline (lowest layer) first,
+    # without preemption; PrefetchW(2) is left for the next step's forward.
+    kw = dict(t_forward=1.0, t_backward=2.0, t_gradsync=1.2, t_prefetch=1.6, layers_per_stage=4)
+    costs = PipelineCosts.uniform(3, 6, prefetch_resource="link", **kw)
+    res = simulate(costs)
+    assert _link_life(res, 0) == [("G", 3), ("P", 3), ("G", 2), ("G", 1), ("P", 1), ("G", 0), ("P", 0), ("P", 2)]
+    # at the last backward's end the port is 0.2 into PrefetchW(1); then GradSync(0), PrefetchW(0)
+    assert res.exposed_tail_ms == approx(0.2 + 0.3 + 0.4)
+    w2 = next(t for t in res.tasks if t.kind == "PrefetchW" and t.layer == 2)
+    assert res.step_time_ms < w2.end_ms <= res.step_time_ms + res.next_forward_ms[2] + EPS
+    g0 = next(n for t, n in zip(res.tasks, res.notes) if t.kind == "GradSync" and t.layer == 0)
+    assert g0.hidden_by == "compute-idle while waiting on link" and g0.exposed_ms == approx(0.3)
+    check_all(res, costs)
+    # on DDR the same PrefetchW does not compete with GradSync: G(0) then W(0)
+    ddr = simulate(PipelineCosts.uniform(3, 6, prefetch_resource="ddr", **kw))
+    assert ddr.exposed_tail_ms == approx(0.3 + 0.4)
+    # bulk phases: G/L + W, and G + W
+    for name, tail in (("no-update-prefetch", 0.3 + 1.6), ("no-layerwise", 1.2 + 1.6)):
+        bulk = simulate(costs, mechanisms=Mechanisms.variant(name))
+        assert bulk.exposed_tail_ms == approx(tail), name
+        check_all(bulk, costs)
+
+
+@pytest.mark.parametrize("variant", ["full", "no-update-prefetch", "no-layerwise"])
+def test_transfers_keep_priority_over_link_prefetch(variant):
+    base = PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, t_transfer=0.3, layers_per_stage=3)
+    heavy = PipelineCosts.uniform(4, 6, t_forward=1.0, t_backward=2.0, t_transfer=0.3, layers_per_stage=3,
+                                  t_gradsync=3.0, t_prefetch=30.0, prefetch_resource="link")
+    mech = Mechanisms.variant(variant)
+    a, b = simulate(base, mechanisms=mech), simulate(heavy, mechanisms=mech)
+    main = lambda r: [(t.kind, t.stage, t.microbatch, t.layer, t.start_ms) for t in r.tasks  # noqa: E731
+                      if t.kind in ("F", "B", "Send", "Recv")]
+    assert main(a) == main(b)
+    check_all(b, heavy)
+
+
+def test_zero_length_link_prefetch_changes_nothing():
+    # no all-gather (Z = 0, D = 1): zero-length PrefetchWs occupy nothing, GradSync stays FIFO
+    kw = dict(t_forward=1.0, t_backward=2.0, t_gradsync=8.0, t_update=0.5, layers_per_stage=4, t_transfer=0.2)
+    a = simulate(PipelineCosts.uniform(3, 5, prefetch_resource="ddr", **kw))
+    b = simulate(PipelineCosts.uniform(3, 5, prefetch_resource="link", **kw))
+    strip = lambda r: [(t.kind, t.stage, t.microbatch, t.layer, t.start_ms, t.end_ms) for t in r.tasks]  # noqa: E731
+    assert strip(a) == strip(b) and a.step_time_ms == b.step_time_ms
+
+
 # ------------------------------------------------------------ general invariants
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -428,13 +503,13 @@ def test_update_on_compute_fills_bubbles_not_the_main_path():
        times=st.lists(st.sampled_from([0.0, 0.3, 1.0, 2.5]), min_size=6, max_size=6),
        X=st.sampled_from([0.0, 0.2, 1.3]), schedule=st.sampled_from(["1f1b", "gpipe"]),
        variant=st.sampled_from(["full", "no-fsr", "no-update-prefetch", "no-layerwise", "all-off"]),
-       rec=st.sampled_from(["compute", "ddr"]), upd=st.sampled_from(["compute", "ddr"]),
-       lookahead=st.integers(1, 3))
-def test_invariants_hold_for_random_configs(P, A, L, times, X, schedule, variant, rec, upd, lookahead):
+       rec=st.sampled_from(["compute", "ddr"]), upd=st.sampled_from(["compute", "ddr", "link"]),
+       pre=st.sampled_from(["compute", "ddr", "link"]), lookahead=st.integers(1, 3))
+def test_invariants_hold_for_random_configs(P, A, L, times, X, schedule, variant, rec, upd, pre, lookahead):
     fwd, bwd = 1.0 + times[0], 1.0 + times[1]     # main-path tasks have positive length
     costs = PipelineCosts.uniform(P, A, t_forward=fwd, t_backward=bwd, t_recompute=times[2], t_gradsync=times[3],
                                   t_update=times[4], t_prefetch=times[5], t_transfer=X, layers_per_stage=L,
-                                  recovery_resource=rec, update_resource=upd)
+                                  recovery_resource=rec, update_resource=upd, prefetch_resource=pre)
     base = Mechanisms.variant(variant)
     mech = Mechanisms(layerwise=base.layerwise, update_prefetch=base.update_prefetch, fsr=base.fsr,
                       activation=base.activation, fsr_lookahead=lookahead)
@@ -501,6 +576,10 @@ def test_mechanisms_api_and_errors():
         PipelineCosts.uniform(2, 0, t_forward=1, t_backward=1)
     with pytest.raises(ConfigError, match="recovery_resource"):
         PipelineCosts.uniform(2, 2, t_forward=1, t_backward=1, recovery_resource="link")
+    with pytest.raises(ConfigError, match="prefetch_resource.*'pcie'"):
+        PipelineCosts.uniform(2, 2, t_forward=1, t_backward=1, prefetch_resource="pcie")
+    c = PipelineCosts.uniform(2, 2, t_forward=1, t_backward=1, update_resource="link", prefetch_resource="link")
+    assert (c.to_json()["update_resource"], c.to_json()["prefetch_resource"]) == ("link", "link")
     with pytest.raises(ConfigError, match=r"stages\[1\]"):
         PipelineCosts(stages=[[LayerCosts(1, 1)], []], transfer_ms=0, microbatches=1)
 
