@@ -1,7 +1,8 @@
-"""`ratrain simulate`: one simulated training step from synthetic uniform costs.
+"""`ratrain simulate`: one simulated training step, from a model or from synthetic uniform costs.
 
-Example::
+Examples::
 
+    ratrain simulate --model qwen2.5-32b --pp 8 --dp 32 --zero 2 --accum 128 --plot step.png --json
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
         --t-update 0.5 --t-recompute 1 --t-gradsync 1 --layers-per-stage 2 --json
 """
@@ -26,7 +27,20 @@ def register(subparsers) -> None:
         description="Simulate one training step. Per-stage times are in ms per micro-batch "
                     "(forward/backward/recompute) or per step (update/gradsync/prefetch) and are split "
                     "evenly over --layers-per-stage layers.")
-    p.add_argument("--uniform", action="store_true", help="identical stages from the --t-* times")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--uniform", action="store_true", help="identical stages from the --t-* times")
+    src.add_argument("--model", help="a built-in model (see `ratrain model --help`); costs from its profile")
+    src.add_argument("--hf-config", metavar="FILE", help="a HuggingFace config.json; costs from its profile")
+    g = p.add_argument_group("model-driven configuration (with --model / --hf-config)")
+    g.add_argument("--pp", type=int, default=1)
+    g.add_argument("--dp", type=int, default=1)
+    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("--zero", type=int, default=2)
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--accum", type=int, default=8, help="micro-batches per step A")
+    g.add_argument("--seq", type=int, default=2048)
+    g.add_argument("--prefetch", choices=("layerwise", "bulk"), default="layerwise")
+    g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated")
     p.add_argument("--stages", type=int, help="pipeline stages P")
     p.add_argument("--microbatches", type=int, help="micro-batches per step A")
     for dest, flag, _ in _TIMES:
@@ -41,8 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-update-prefetch", action="store_true", help="bulk update/prefetch after all GradSyncs")
     p.add_argument("--fsr-lookahead", type=int, default=1, help="micro-batches that may hold recovery buffers")
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute")
-    p.add_argument("--update-resource", choices=("compute", "ddr"), default="ddr")
-    p.add_argument("--prefetch-resource", choices=("compute", "ddr"), default="ddr")
+    p.add_argument("--update-resource", choices=("compute", "ddr", "link"), default="ddr")
+    p.add_argument("--prefetch-resource", choices=("compute", "ddr", "link"), default="ddr",
+                   help="uniform mode only; model-driven runs take resources from the cost model")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
     p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
@@ -60,8 +75,8 @@ def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
 
 def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
     if not args.uniform:
-        raise ConfigError("model-driven simulation comes from `ratrain simulate --model` (not yet "
-                          "available); use --uniform with --stages/--microbatches/--t-forward/--t-backward")
+        raise ConfigError("give --model NAME or --hf-config FILE for a model-driven step, or --uniform with "
+                          "--stages/--microbatches/--t-forward/--t-backward")
     for name, flag in (("stages", "--stages"), ("microbatches", "--microbatches"),
                        ("t_forward", "--t-forward"), ("t_backward", "--t-backward")):
         if getattr(args, name) is None:
@@ -76,11 +91,40 @@ def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
                                  prefetch_resource=args.prefetch_resource, **times)
 
 
-def run(args: argparse.Namespace) -> tuple[dict, str]:
-    costs = costs_from_args(args)
+def _model_step(args: argparse.Namespace):
+    """Costs from the model's latency profile via the cost model; also the planner's prediction."""
+    from ratrain.config import ParallelConfig
+    from ratrain.costmodel import pipeline_costs
+    from ratrain.models import from_hf_config, get_model
+    from ratrain.planner import Planner
+    from ratrain.costmodel import stage_kinds, step_breakdown
+    model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
+    activation = mech.activation
+    cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
+                         accum=args.accum, seq=args.seq, activation=activation, prefetch=args.prefetch)
+    planner = Planner(model, profile_source=args.profile, recovery_resource=args.recovery_resource)
+    prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
+    costs = pipeline_costs(model, cfg, prof, recovery_resource=args.recovery_resource)
+    terms = planner.terms(cfg)
+    bd = step_breakdown(stage_kinds(terms, planner._partition(cfg.pp)), terms.transfer, cfg.accum,
+                        activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,
+                        fsr=mech.fsr, recovery_resource=args.recovery_resource)
+    return model, cfg, costs, mech, bd
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str]:
+    extra = {}
+    if args.model or args.hf_config:
+        model, cfg, costs, mech, bd = _model_step(args)
+        extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
+                 "predicted_step_ms": bd.step_ms, "breakdown": bd.to_json()}
+    else:
+        costs = costs_from_args(args)
+        mech = mechanisms_from_args(args)
     result = simulate(costs, schedule=args.schedule, mechanisms=mech)
     payload = result.to_json(timeline=True)
+    payload.update(extra)
     payload["config"] = {"stages": costs.num_stages, "microbatches": costs.microbatches,
                          "layers_per_stage": len(costs.stages[0]), "schedule": args.schedule,
                          "transfer_ms": costs.transfer_ms, "layer_costs": costs.to_json()["stages"][0][0],
@@ -94,7 +138,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         from ratrain.plots import plot_timeline
         plot_timeline(result, args.plot)
         payload["plot"] = args.plot
-    return payload, render_text(result, costs, payload)
+    text = render_text(result, costs, payload)
+    if extra:
+        text = (f"{extra['model']} {extra['label']}\nplanner prediction {extra['predicted_step_ms']:12.3f} ms "
+                f"({(extra['predicted_step_ms'] / result.step_time_ms - 1) * 100:+.2f}% vs simulated)\n") + text
+    return payload, text
 
 
 def render_text(result, costs: PipelineCosts, payload: dict) -> str:
