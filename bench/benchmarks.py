@@ -158,3 +158,97 @@ class TrackThroughput:
 
     track_functional_gmacs.unit = "GMAC/s"
     track_functional_gmacs.version = "1"
+
+
+class TimePlanner:
+    """Algorithm 2 search speed (profiles are shipped, so loading them is not timed)."""
+
+    timeout = 300
+
+    def setup(self):
+        from ratrain.planner import Planner
+        self.planner = Planner(get_model("llama2-70b"))
+        self.planner.profile(1, 2048, 1)
+        self.planner.profile(1, 2048, 2)
+
+    def time_plan_llama2_70b_96_clusters(self):
+        self.planner.plan(96, 32, 2048, "ratrain", top=5, micro_batches=(1,), tp_degrees=(1, 2))
+
+    def track_planner_configs_per_s(self):
+        res = self.planner.plan(1024, 1024, 2048, "ratrain", top=1, micro_batches=(1,), tp_degrees=(1, 2))
+        return res.enumerated / max(res.elapsed_s - res.profile_s, 1e-9)
+
+    track_planner_configs_per_s.unit = "configs/s"
+    track_planner_configs_per_s.version = "1"
+
+
+class TimeModelStep:
+    """One simulated step of Qwen2.5-32B at P=8, A=128 from its emulated profile (target < 5 s)."""
+
+    timeout = 300
+
+    def setup(self):
+        from ratrain.costmodel import pipeline_costs
+        from ratrain.planner import Planner
+        model = get_model("qwen2.5-32b")
+        cfg = ParallelConfig(pp=8, dp=32, zero=2, micro_batch=1, accum=128, seq=2048, activation="fsr")
+        self.costs = pipeline_costs(model, cfg, Planner(model).profile(1, 2048, 1))
+
+    def time_simulate_qwen_p8_a128(self):
+        simulate(self.costs)
+
+
+class TrackReproduction:
+    """Validation figures of the reproduction (emulated profiles): Table 2 slowdowns, planner vs
+    simulator error (Table 4), scaling efficiency at 1024 clusters (Table 6), the ablation."""
+
+    timeout = 900
+
+    def setup_cache(self):
+        import tempfile
+        from ratrain.reproduce import reproduce
+        out = tempfile.mkdtemp(prefix="asv-repro-")
+        exps = {e.key: e for e in reproduce(["table2", "table4", "table6", "ablation"], out, progress=False)}
+        slow = {f"{r['model']}/{r['method']}": r["slowdown"] for r in exps["table2"].rows
+                if r["method"] not in ("ratrain", "full-save")}
+        return {"slowdown": slow,
+                "planner_error": max(r["error"] for r in exps["table4"].rows),
+                "efficiency_1024": next(r["efficiency"] for r in exps["table6"].rows if r["clusters"] == 1024),
+                "no_fsr": next(r["normalized_step"] for r in exps["ablation"].rows if r["variant"] == "no-fsr")}
+
+    setup_cache.timeout = 900
+
+    def track_table4_max_planner_error(self, cache):
+        return 100.0 * cache["planner_error"]
+
+    track_table4_max_planner_error.unit = "%"
+    track_table4_max_planner_error.version = "1"
+
+    def track_table6_efficiency_1024(self, cache):
+        return 100.0 * cache["efficiency_1024"]
+
+    track_table6_efficiency_1024.unit = "%"
+    track_table6_efficiency_1024.version = "1"
+
+    def track_ablation_no_fsr_step(self, cache):
+        return cache["no_fsr"]
+
+    track_ablation_no_fsr_step.unit = "x"
+    track_ablation_no_fsr_step.version = "1"
+
+
+class TrackTable2:
+    """Slowdown of each GPU-style strategy vs RATrain on the same backend (Table 2)."""
+
+    params = [["llama2-13b/tp-heavy", "llama2-13b/zero3-heavy", "llama2-13b/backward-ckpt", "llama2-13b/tuned",
+               "qwen2.5-32b/tp-heavy", "qwen2.5-32b/zero3-heavy", "qwen2.5-32b/backward-ckpt",
+               "qwen2.5-32b/tuned"]]
+    param_names = ["model/method"]
+    timeout = 900
+    setup_cache = TrackReproduction.setup_cache
+
+    def track_slowdown(self, cache, key):
+        return cache["slowdown"][key]
+
+    track_slowdown.unit = "x"
+    track_slowdown.version = "1"

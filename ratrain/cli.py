@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from . import profile
+    profile.PROGRESS = True      # progress goes to stderr, so --json output stays clean
     try:
         result = args.handler(args)
     except (MtemuError, FileNotFoundError) as exc:

@@ -290,11 +290,15 @@ def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int) -> str:
 
 _MEMO: dict[tuple, LayerProfile] = {}
 
+# Set by the command line (unless --json): building a profile emulates many GEMMs and takes minutes.
+PROGRESS = False
+
 
 def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
                   platform: Platform = MT_DEFAULT, tiles: GemmTiles = DEFAULT_TILES,
                   progress: bool = False) -> LayerProfile:
     """The profile for (model, b, seq, tp): memory, then shipped/cached file if current, else built."""
+    progress = progress or PROGRESS
     memo_key = (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, platform.digest(),
                 _tiles_key(tiles))
     if memo_key in _MEMO:
@@ -310,6 +314,9 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
         if prof is not None:
             _MEMO[memo_key] = prof
             return prof
+    if progress:
+        print(f"[profile] building the emulated latency profile of {spec.name} (b={micro_batch}, seq={seq}, "
+              f"tp={tp}); this emulates its GEMMs once and caches them in {cache_dir()}", file=sys.stderr, flush=True)
     prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, tiles=tiles,
                          progress=progress)
     payload = prof.to_json()

@@ -98,3 +98,30 @@ def test_extrapolated_gemm_matches_full_emulation(cache, monkeypatch):
 def test_bad_source_is_refused():
     with pytest.raises(ConfigError, match="profile source"):
         profile.build_profile(TINY, 1, 64, source="guess")
+
+
+def test_shipped_latencies_match_the_current_emulator():
+    """Shipped GEMM latencies are keyed by mtemu.version; re-emulating some must give the same
+    cycles, or the timing changed without bumping TIMING_VERSION (then regenerate with
+    scripts/ship_profiles.py)."""
+    path = profile.SHIPPED_DIR / "gemm_cache.json"
+    if not path.exists():
+        pytest.skip("no shipped latency cache")
+    entries = json.loads(path.read_text())["entries"]
+    version = profile.emulator_version()
+    current = {k: v for k, v in entries.items() if k.startswith(version) and v["method"] == "emulated"}
+    assert current, f"shipped latencies are stale: none carries emulator version {version}; run scripts/ship_profiles.py"
+    shapes = sorted(current, key=lambda k: current[k]["cycles"])
+    picks = [shapes[0], shapes[len(shapes) // 2]]
+    for key in picks:
+        m, k, n = (int(x) for x in key.rsplit("|", 1)[1].split("x"))
+        assert gemm_timing(m, k, n).cycles == current[key]["cycles"], key
+
+
+def test_every_shipped_profile_is_current():
+    shipped = sorted(profile.SHIPPED_DIR.glob("*-tp*.json"))
+    if not shipped:
+        pytest.skip("no shipped profiles")
+    version = profile.emulator_version()
+    stale = [p.name for p in shipped if json.loads(p.read_text())["emulator_version"] != version]
+    assert not stale, f"stale shipped profiles {stale}: run scripts/ship_profiles.py"
