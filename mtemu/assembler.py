@@ -242,7 +242,15 @@ def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.nd
         need(3)
         for i, slot in enumerate((isa.F_R0, isa.F_R1, isa.F_R2)):
             row[slot] = _reg("v", a[i], f"{where}, operand {i + 1}", nv)
-    elif name == "svbcast":
+    elif name in ("vexp", "vlog"):
+        need(2)
+        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
+        row[isa.F_R1] = _reg("v", a[1], f"{where}, operand 2", nv)
+    elif name == "vmax":
+        need(3)
+        for i, slot in enumerate((isa.F_R0, isa.F_R1, isa.F_R2)):
+            row[slot] = _reg("v", a[i], f"{where}, operand {i + 1}", nv)
+    elif name in ("svbcast", "svbcastw"):
         need(2)
         row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
         row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
@@ -355,7 +363,11 @@ def _reg_effects(row: np.ndarray) -> tuple[list[tuple[str, int]], list[tuple[str
     r0, r1, r2, r3 = (int(x) for x in row[isa.F_R0:isa.F_R3 + 1])
     if op == isa.OP_VFMA:
         return [("v", r1), ("v", r2), ("v", r0)], [("v", r0)], "vmac"
-    if op == isa.OP_SVBCAST:
+    if op in (isa.OP_VEXP, isa.OP_VLOG):
+        return [("v", r1)], [("v", r0)], "vmac"
+    if op == isa.OP_VMAX:
+        return [("v", r1), ("v", r2)], [("v", r0)], "vmac"
+    if op in (isa.OP_SVBCAST, isa.OP_SVBCASTW):
         return [("s", r1)], [("v", r0)], "broadcast"
     if op == isa.OP_SADDI:
         return [("s", r1)], [("s", r0)], "scalar_alu"
@@ -459,7 +471,11 @@ def _fmt_args(spec: isa.OpSpec, row: np.ndarray, prog: Program, label_of: dict[i
     n = spec.name
     if n == "vfma":
         return f"v{r0}, v{r1}, v{r2}"
-    if n == "svbcast":
+    if n in ("vexp", "vlog"):
+        return f"v{r0}, v{r1}"
+    if n == "vmax":
+        return f"v{r0}, v{r1}, v{r2}"
+    if n in ("svbcast", "svbcastw"):
         return f"v{r0}, s{r1}"
     if n == "saddi":
         return f"s{r0}, s{r1}, {i0}"

@@ -15,7 +15,7 @@ import sys
 from mtemu.errors import MtemuError
 
 # Modules that register subcommands, in help order.
-COMMAND_MODULES: list[str] = ["mtemu.cli_commands"]
+COMMAND_MODULES: list[str] = ["mtemu.cli_commands", "mtemu.cli_attention"]
 
 
 def build_parser() -> argparse.ArgumentParser:

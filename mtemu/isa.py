@@ -62,6 +62,9 @@ class OpSpec:
 # Field usage per opcode (documented in syntax strings):
 #   VFMA   vd(r0) += va(r1) * vb(r2)                      FP32, products of FP16-exact values
 #   SVBCAST vd(r0) = broadcast(fp16 bits in sreg r1)      converts exactly to FP32
+#   SVBCASTW vd(r0) = broadcast(fp32 bits in sreg r1)     low 32 bits read as an FP32 value
+#   VEXP   vd(r0) = exp(va(r1))   VLOG vd(r0) = log(va(r1))   FP32, per lane (softmax forward)
+#   VMAX   vd(r0) = max(va(r1), vb(r2))                  FP32, per lane (NaN if either is NaN)
 #   SADDI  sd(r0) = sa(r1) + imm0
 #   SADD   sd(r0) = sa(r1) + sb(r2)
 #   SMOVI  sd(r0) = imm0
@@ -99,6 +102,13 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(19, "ret", (SBR,), "", "s", "", None, control=True),
     OpSpec(20, "halt", (SBR,), "", "", "", None, control=True),
     OpSpec(21, "nop", tuple(range(N_UNITS)), "", "", "reason", None),
+    # FP32 scalar constants (softmax scale 1/sqrt(d)) for the attention kernels; same pipe as svbcast
+    OpSpec(22, "svbcastw", (SMAC1, SMAC2), "v", "s", "vd, sa", "broadcast"),
+    # softmax forward: one VMAC issue each, FMA latency (a stand-in for the vendor's vector math
+    # routines; docs/CHOICES.md "mtemu attention kernels")
+    OpSpec(23, "vexp", (VMAC,), "v", "v", "vd, va", "vmac"),
+    OpSpec(24, "vlog", (VMAC,), "v", "v", "vd, va", "vmac"),
+    OpSpec(25, "vmax", (VMAC,), "v", "vv", "vd, va, vb", "vmac"),
 )
 
 # Register kind of fields r0..r3 per opcode: s scalar, v vector, c DMA channel, d descriptor
@@ -111,6 +121,8 @@ FIELD_KINDS = {
     "dmawait": ("c", "", "", ""), "barrier": ("", "", "", ""), "br": ("", "", "", ""),
     "bnz": ("", "s", "", ""), "bdec": ("", "s", "", ""), "call": ("s", "", "", ""),
     "ret": ("", "s", "", ""), "halt": ("", "", "", ""), "nop": ("", "", "", ""),
+    "svbcastw": ("v", "s", "", ""), "vexp": ("v", "v", "", ""), "vlog": ("v", "v", "", ""),
+    "vmax": ("v", "v", "v", ""),
 }
 
 OP_BY_NAME = {op.name: op for op in OPS}
@@ -121,6 +133,7 @@ N_OPCODES = max(op.code for op in OPS) + 1
 OP_VFMA, OP_SVBCAST, OP_SADDI, OP_SADD, OP_SMOVI, OP_SLDH, OP_SSTH = 1, 2, 3, 4, 5, 6, 7
 OP_VLDH, OP_VLDW, OP_VSTW, OP_VSTH, OP_DMA, OP_DMAWAIT, OP_BARRIER = 8, 9, 10, 11, 12, 13, 14
 OP_BR, OP_BNZ, OP_BDEC, OP_CALL, OP_RET, OP_HALT, OP_NOP = 15, 16, 17, 18, 19, 20, 21
+OP_SVBCASTW, OP_VEXP, OP_VLOG, OP_VMAX = 22, 23, 24, 25
 
 ZERO_REG = 0      # scalar register 0 always reads 0 and may not be written
 LINK_REG = -1     # CALL writes the last scalar register (index resolved per platform)

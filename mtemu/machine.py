@@ -160,6 +160,26 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         vd = code[p, u, 1]
                         for k in range(lanes):
                             vregs[d, vd, k] = x
+                elif op == isa.OP_VEXP or op == isa.OP_VLOG or op == isa.OP_VMAX:
+                    if functional:
+                        vd = code[p, u, 1]
+                        va = code[p, u, 2]
+                        vb = code[p, u, 3]
+                        for k in range(lanes):
+                            xa = vregs[d, va, k]
+                            if op == isa.OP_VEXP:
+                                vregs[d, vd, k] = np.exp(xa)
+                            elif op == isa.OP_VLOG:
+                                vregs[d, vd, k] = np.log(xa)
+                            else:
+                                xb = vregs[d, vb, k]
+                                vregs[d, vd, k] = xa if (xa > xb or xa != xa) else xb
+                elif op == isa.OP_SVBCASTW:
+                    if functional:
+                        xw = np.uint32(sregs[d, code[p, u, 2]] & 0xFFFFFFFF).view(np.float32)
+                        vd = code[p, u, 1]
+                        for k in range(lanes):
+                            vregs[d, vd, k] = xw
                 elif op == isa.OP_SADDI:
                     sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + code[p, u, 5]
                 elif op == isa.OP_SADD:
