@@ -252,3 +252,41 @@ class TrackTable2:
 
     track_slowdown.unit = "x"
     track_slowdown.version = "1"
+
+
+class TrackAttention:
+    """Resident over DDR-staged attention backward speedup (paper Fig. 10), per sequence length."""
+
+    params = [[512, 1024, 2048, 4096]]
+    param_names = ["seq"]
+    timeout = 900
+
+    def setup_cache(self):
+        from mtemu.kernels.attention import validate_attention
+        warm_numba()
+        return {r["seq"]: r["speedup"] for r in validate_attention()}
+
+    setup_cache.timeout = 900
+
+    def track_attention_speedup(self, cache, seq):
+        return cache[seq]
+
+    track_attention_speedup.unit = "x"
+    track_attention_speedup.version = "1"
+
+
+class TimeTuner:
+    """A small tile sweep (12 candidates) on 2048x4096x4096, uncached, on local processes.
+    The 100-candidate target (< 5 min) is bench/test_micro.py::test_tuner_sweep_100_candidates."""
+
+    timeout = 600
+    number = 1
+    repeat = 1
+
+    def setup(self):
+        warm_numba()
+
+    def time_tune_gemm_12_candidates(self):
+        from mtemu.tune import tune_gemm
+        tune_gemm(2048, 4096, 4096, grid={"mg": (1024, 2048), "k2": (128, 256), "n2": (576, 768, 960),
+                                          "mr_nv": ((6, 4),)}, out_dir=None, progress=False, cache=False)

@@ -1,4 +1,4 @@
-"""`mtemu attention-bwd`, `mtemu attention-fwd` and `mtemu validate-attention`: thin layers over
+"""`mtemu attention-bwd`, `mtemu attention-fwd` and `mtemu validate attention` (via cli_commands): thin layers over
 mtemu.kernels.attention."""
 from __future__ import annotations
 
@@ -141,10 +141,6 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=lambda a: _attention_fwd(_default_kv(a)))
 
-    p = sub.add_parser("validate-attention", help="resident vs DDR-staged attention backward (paper Fig. 10)")
-    add_platform_args(p)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_validate_attention)
 
 
 def _default_kv(args):

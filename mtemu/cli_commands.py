@@ -91,6 +91,9 @@ def _validate(args):
         text = (format_table5(rows) + f"\n{ok}/{len(rows)} rows within {1.5} pp of the paper "
                 f"(fit rows: 4096x4096, 8192x8192; the others are held out)\n\n" + format_variants(variants))
         return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
+    if args.what == "attention":
+        from .cli_attention import _validate_attention
+        return _validate_attention(args)
     raise MtemuError(f"unknown validation {args.what!r}")
 
 
@@ -155,7 +158,8 @@ def register(sub) -> None:
     p.set_defaults(handler=_tune)
 
     p = sub.add_parser("validate", help="compare emulated kernels with the paper")
-    p.add_argument("what", choices=("table5",))
+    p.add_argument("what", choices=("table5", "attention"),
+                   help="table5: FP16 GEMM utilization; attention: resident vs DDR-staged backward (Fig. 10)")
     add_tile_args(p)
     add_platform_args(p)
     p.add_argument("--json", action="store_true")

@@ -15,15 +15,24 @@ from pathlib import Path
 # Bump when the machine's timing semantics change (DMA model, branch cost, scheduling...).
 TIMING_VERSION = 1
 
-_SOURCES = ("platform.py", "kernels/gemm.py", "kernels/schedule.py")
+# Sources whose change can alter a kernel's emulated cycles, per kernel family.
+_SOURCES = {
+    "gemm": ("platform.py", "kernels/gemm.py", "kernels/schedule.py"),
+    "attention": ("platform.py", "kernels/attention.py", "kernels/schedule.py", "kernels/capacity.py"),
+}
 
 
 @functools.lru_cache(maxsize=None)
-def emulator_version() -> str:
+def emulator_version(kernel: str = "gemm") -> str:
+    """Version of the emulated timing of one kernel family ('gemm' or 'attention'), or 'all'."""
     from . import __version__
     root = Path(__file__).parent
     h = hashlib.sha256(f"{__version__}|timing{TIMING_VERSION}".encode())
-    for rel in _SOURCES:
+    if kernel == "all":
+        for name in sorted(_SOURCES):
+            h.update(emulator_version(name).encode())
+        return h.hexdigest()[:16]
+    for rel in _SOURCES[kernel]:
         h.update(rel.encode())
         h.update((root / rel).read_bytes())
     return h.hexdigest()[:16]

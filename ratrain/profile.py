@@ -4,9 +4,9 @@ A layer's operators come from :func:`ratrain.models.layer_operators`. Their late
 
 - GEMM ``C[m,n] = A[m,k] W[k,n]``: forward is the emulated GEMM (m, k, n); backward is the
   data gradient dX = dY W^T, GEMM (m, n, k), plus the weight gradient dW = X^T dY, GEMM (k, m, n).
-- attention: until the Algorithm-1 kernel lands, each query head runs as emulated GEMMs (forward
-  S = Q K^T and O = P V; backward dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) plus the
-  softmax (backward) as DDR-bound elementwise work. Dense: masked tiles are not skipped.
+- attention: the emulated attention kernels of mtemu (forward producing O and the saved P, and
+  the memory-resident Algorithm-1 backward), causal, with grouped-query heads. ALiBi biases and
+  sliding windows are not modelled (they change which tiles are skipped, not the kernel).
 - elementwise, embedding, loss: DDR-bound, bytes moved / DDR bandwidth (backward moves twice the
   bytes: the incoming gradient and the saved input are read, the outgoing gradient written).
 - TP all-reduces are not compute; the cost model adds them on the link.
@@ -39,10 +39,10 @@ SHIPPED_DIR = Path(__file__).parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
 
-def emulator_version() -> str:
-    """Version of the code that produces latencies: changes whenever the emulator changes."""
+def emulator_version(kernel: str = "all") -> str:
+    """Version of the emulated timing behind the latencies (see mtemu.version)."""
     from mtemu.version import emulator_version as _v
-    return _v()
+    return _v(kernel)
 
 
 def cache_dir() -> Path:
@@ -59,8 +59,9 @@ class GemmCache:
                  path: Path | None = None, progress: bool = False):
         self.platform = platform
         self.tiles = tiles
-        self.version = emulator_version()
+        self.version = emulator_version("gemm")
         self.prefix = f"{self.version}|{platform.digest()}|{_tiles_key(tiles)}"
+        self.attn_prefix = f"{emulator_version('attention')}|{platform.digest()}|attention"
         self.path = path or cache_dir() / "gemm_cache.json"
         self.progress = progress
         self.entries: dict[str, dict] = {}
@@ -108,6 +109,24 @@ class GemmCache:
         self.entries[key] = entry
         return entry
 
+    def attention(self, direction: str, heads: int, kv_heads: int, seq: int, head_dim: int) -> dict:
+        """Emulated causal attention forward ('fwd') or Algorithm-1 backward ('bwd') latency."""
+        key = f"{self.attn_prefix}|{direction}|{heads}x{kv_heads}x{seq}x{head_dim}|causal"
+        hit = self.entries.get(key)
+        if hit is not None:
+            return hit
+        from mtemu.kernels.attention import attention_backward_timing, attention_forward_timing
+        if self.progress:
+            print(f"[profile] emulating attention {direction} heads={heads} kv_heads={kv_heads} seq={seq} "
+                  f"d={head_dim} ...", file=sys.stderr, flush=True)
+        fn = attention_forward_timing if direction == "fwd" else attention_backward_timing
+        r = fn(heads, kv_heads, seq, head_dim, causal=True, platform=self.platform)
+        entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles, "utilization": r.utilization,
+                 "method": "emulated"}
+        self.emulated += 1
+        self.entries[key] = entry
+        return entry
+
     def _extrapolate(self, m: int, k: int, n: int) -> dict:
         """Linear in the number of identical loop iterations (panels of n2, m-blocks of mg)."""
         t = self.tiles
@@ -142,7 +161,8 @@ class GemmCache:
         if self.emulated == 0:
             return
         own = self._read(self.path)
-        own.update({k: v for k, v in self.entries.items() if k.startswith(self.version)})
+        own.update({k: v for k, v in self.entries.items()
+                    if k.startswith(self.version) or k.startswith(self.attn_prefix)})
         atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
 
 
@@ -248,18 +268,16 @@ class _Timer:
             return OpProfile(op.name, op.kind, timed[0][3] + bias, timed[1][3] + timed[2][3] + bias,
                              gemms=[list(t) for t in timed])
         if op.kind == "attention":
-            s, d = op.seq, op.head_dim
-            heads = op.batch * op.heads
-            qk = (s, d, s)      # S = Q K^T
-            pv = (s, s, d)      # O = P V, dV = P^T dO, dQ = dS K, dK = dS^T Q
-            t_qk, m_qk = self.gemm(*qk)
-            t_pv, m_pv = self.gemm(*pv)
-            softmax_fwd = self.bytes(3 * s * s * 2)       # read S, write P, read P for PV
-            softmax_bwd = self.bytes(4 * s * s * 2)       # read P, dP, write dS, read dS twice
-            fwd = heads * (t_qk + t_pv + softmax_fwd)
-            bwd = heads * (t_qk + 3 * t_pv + softmax_bwd)
-            return OpProfile(op.name, op.kind, fwd, bwd,
-                             gemms=[[*qk, t_qk, m_qk], [*pv, t_pv, m_pv]])
+            heads, kv_heads = op.batch * op.heads, op.batch * op.kv_heads
+            if self.source == "roofline":
+                macs = op.macs if not op.causal else op.macs / 2
+                t = macs / (self.platform.peak_mac_per_s * self.ROOFLINE_UTILIZATION)
+                return OpProfile(op.name, op.kind, t, 2.5 * t)
+            fwd = self.cache.attention("fwd", heads, kv_heads, op.seq, op.head_dim)
+            bwd = self.cache.attention("bwd", heads, kv_heads, op.seq, op.head_dim)
+            return OpProfile(op.name, op.kind, fwd["seconds"], bwd["seconds"],
+                             gemms=[["attention-fwd", heads, kv_heads, op.seq, op.head_dim, fwd["seconds"]],
+                                    ["attention-bwd", heads, kv_heads, op.seq, op.head_dim, bwd["seconds"]]])
         if op.kind == "allreduce":
             return OpProfile(op.name, op.kind, 0.0, 0.0, op.bytes_moved)
         return OpProfile(op.name, op.kind, self.bytes(op.bytes_moved), self.bytes(2 * op.bytes_moved), op.bytes_moved)
@@ -280,7 +298,7 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     if cache is not None:
         cache.save()
     return LayerProfile(spec.name, micro_batch, seq, tp, source, ops, first, last, platform.digest(),
-                        emulator_version() if source == "emulated" else "roofline")
+                        emulator_version("all") if source == "emulated" else "roofline")
 
 
 def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int) -> str:
@@ -308,7 +326,7 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
         _MEMO[memo_key] = prof
         return prof
     name = _profile_name(spec, micro_batch, seq, tp)
-    version = emulator_version()
+    version = emulator_version("all")
     for path in (SHIPPED_DIR / name, cache_dir() / "profiles" / name):
         prof = _load_if_current(path, version, platform, tiles, progress)
         if prof is not None:

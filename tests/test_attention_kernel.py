@@ -336,7 +336,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
 def test_cli_validate_attention_json(capsys, monkeypatch):
     import mtemu.cli_attention as cli_attention
     monkeypatch.setattr(cli_attention, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
-    assert cli_main(["validate-attention", "--json"]) == 0
+    assert cli_main(["validate", "attention", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (row,) = out["rows"]
     assert row["seq"] == 512 and row["speedup"] == pytest.approx(row["staged_ms"] / row["resident_ms"])

@@ -1394,6 +1394,26 @@ def _build_forward_cached(heads, kv_heads, seq, d, causal, tiles, platform, sche
     return build_attention_forward(plan, platform)
 
 
+def attention_forward_timing(heads: int, kv_heads: int, seq: int, head_dim: int, *, causal: bool = True,
+                             tiles: AttentionTiles | None = None, platform: Platform | None = None,
+                             schedule: str = "auto") -> AttentionForwardResult:
+    """Emulate the attention forward in timing-only mode (no data) and return its statistics."""
+    platform = platform or DEFAULT
+    _check_flag("causal", causal)
+    tiles = tiles or default_tiles(head_dim, platform)
+    ap = _build_forward_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, platform,
+                               schedule)
+    plan = ap.plan
+    stats = Cluster(platform, ddr_bytes=plan.ddr_bytes, functional=False).run(
+        ap.programs, dsp_program=list(range(platform.dsps)))
+    util = ap.useful_macs / (platform.peak_macs_per_cycle * stats.cycles)
+    return AttentionForwardResult(heads, kv_heads, seq, head_dim, bool(causal), "timing", plan.tiles, ap.schedule,
+                                  stats.cycles, ap.useful_macs, ap.tile_pairs, util,
+                                  stats.cycles / platform.clock_hz * 1e3, stats.stall_cycles(),
+                                  stats.server_bytes["ddr"],
+                                  {"sm": plan.sm_used, "am": plan.am_used, "gsm": 0, "ddr": plan.ddr_bytes})
+
+
 def run_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = True,
                   tiles: AttentionTiles | None = None, platform: Platform | None = None,
                   mode: str = "functional", schedule: str = "auto") -> AttentionForwardResult:
