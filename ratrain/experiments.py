@@ -32,6 +32,10 @@ class Settings:
     table6_batch_per_cluster: int = 8
     # Table 3: cluster counts tried (the paper does not say): 2^k and 3 x 2^k.
     table3_grid: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    # RATrain's own search space (paper Fig. 2: PP + DP + lightweight ZeRO, no intra-layer
+    # collectives). TP and ZeRO-3 are the baselines of Table 2, not RATrain plans.
+    ratrain_zero_stages: tuple[int, ...] = (0, 1, 2)
+    ratrain_tp_degrees: tuple[int, ...] = (1,)
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
 
@@ -175,7 +179,8 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
         progress(f"Table 4: planning {model_name} on {clusters} clusters, then simulating the choice")
         planner = Planner(model, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
         res = planner.plan(clusters, s.table4_global_batch, s.seq, "ratrain", top=1,
-                           micro_batches=(s.micro_batch,), tp_degrees=(1, 2))
+                           micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
+                           zero_stages=s.ratrain_zero_stages)
         cfg = res.best.config
         chk = _sim(model, cfg, "ratrain", s)
         error = abs(chk.error)
@@ -203,7 +208,8 @@ def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     planner = Planner(model, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
     progress(f"Table 6: planning LLaMA-2-7B on {base_n} clusters")
     res = planner.plan(base_n, base_n * s.table6_batch_per_cluster, s.seq, "ratrain", top=1,
-                       micro_batches=(s.micro_batch,), tp_degrees=(1,))
+                       micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
+                       zero_stages=s.ratrain_zero_stages)
     base = res.best.config
     rows = []
     for n in s.table6_clusters:
