@@ -61,3 +61,17 @@ def test_ablation_disabling_layerwise_never_shrinks_the_tail(run):
     by = {r["variant"]: r for r in exps["ablation"].rows}
     assert by["no-layerwise"]["exposed_tail_s"] >= by["full"]["exposed_tail_s"]
     assert by["no-fsr"]["step_s"] >= by["full"]["step_s"]
+
+
+def test_model_driven_simulate_cli(capsys, tmp_path):
+    from ratrain.cli import main
+    trace = tmp_path / "step.json"
+    assert main(["simulate", "--model", "llama2-13b", "--pp", "2", "--dp", "128", "--accum", "8",
+                 "--profile", "roofline", "--trace", str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "llama2-13b" and out["label"].startswith("P=2,D=128")
+    assert abs(out["predicted_step_ms"] / out["step_time_ms"] - 1) <= 0.03
+    assert {t["kind"] for t in out["timeline"]} >= {"F", "B", "GradSync", "PrefetchW"}
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert main(["simulate", "--model", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err

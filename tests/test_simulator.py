@@ -625,7 +625,7 @@ def test_cli_flags_and_errors(capsys):
     assert cli_main(BASE_ARGS) == 0
     assert "exposed tail" in capsys.readouterr().out
     assert cli_main(["simulate", "--stages", "4"]) == 2
-    assert "ratrain simulate --model" in capsys.readouterr().err
+    assert "--model NAME" in capsys.readouterr().err
     assert cli_main(["simulate", "--uniform", "--stages", "4", "--microbatches", "2", "--t-forward", "1"]) == 2
     assert "--t-backward is required" in capsys.readouterr().err
     assert cli_main(BASE_ARGS + ["--t-gradsync", "-1"]) == 2
