@@ -109,10 +109,24 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _tune(args):
-    from .tune import GEMM_GRID, format_tune, tune_gemm
+    from .tune import format_tune, tune_attention, tune_gemm
     plat = platform_from_args(args)
-    if args.kernel != "gemm":
-        raise MtemuError("attention tuning needs the attention kernel; use `mtemu tune gemm` for now")
+    if args.kernel == "attention":
+        for name in ("seq", "heads", "head_dim"):
+            if getattr(args, name) is None:
+                raise MtemuError(f"mtemu tune attention needs --{name.replace('_', '-')}")
+        grid = {}
+        for name in ("br", "bc"):
+            v = getattr(args, "grid_" + name)
+            if v:
+                grid[name] = _ints(v)
+        r = tune_attention(args.seq, args.heads, args.kv_heads or args.heads, args.head_dim, platform=plat, grid=grid,
+                           workers=args.workers, scheduler=args.scheduler, out_dir=args.out, progress=not args.json,
+                           cache=not args.no_cache)
+        return r.to_json(), format_tune(r, args.top)
+    for name in ("m", "k", "n"):
+        if getattr(args, name) is None:
+            raise MtemuError(f"mtemu tune gemm needs --{name}")
     grid = {}
     for name in ("mg", "k2", "n2"):
         v = getattr(args, "grid_" + name)
@@ -142,9 +156,15 @@ def register(sub) -> None:
 
     p = sub.add_parser("tune", help="search tile sizes: prune by capacity, emulate, rank by utilization")
     p.add_argument("kernel", choices=("gemm", "attention"))
-    p.add_argument("--m", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
-    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--m", type=int, help="GEMM rows (tune gemm)")
+    p.add_argument("--k", type=int, help="GEMM inner dimension (tune gemm)")
+    p.add_argument("--n", type=int, help="GEMM columns (tune gemm)")
+    p.add_argument("--seq", type=int, help="sequence length (tune attention)")
+    p.add_argument("--heads", type=int, help="query heads (tune attention)")
+    p.add_argument("--kv-heads", type=int, help="KV heads (tune attention; default --heads)")
+    p.add_argument("--head-dim", type=int, help="head dimension (tune attention)")
+    p.add_argument("--br", dest="grid_br", metavar="LIST", help="comma-separated Br values (attention)")
+    p.add_argument("--bc", dest="grid_bc", metavar="LIST", help="comma-separated Bc values (attention)")
     p.add_argument("--mg", dest="grid_mg", metavar="LIST", help="comma-separated mg values to try")
     p.add_argument("--k2", dest="grid_k2", metavar="LIST")
     p.add_argument("--n2", dest="grid_n2", metavar="LIST")

@@ -170,8 +170,9 @@ def _read(path: Path) -> dict | None:
     return {k: data[k] for k in ("utilization", "cycles", "latency_ms", "stalls") if k in data}
 
 
-def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar) -> Iterable[dict]:
+def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar, fn=None) -> Iterable[dict]:
     """Results in the order of ``args``; progress as they complete."""
+    fn = fn or _emulate
     if not args:
         return []
     if scheduler:
@@ -180,7 +181,7 @@ def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar) -> I
         except ImportError:
             raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
         client = Client(scheduler) if isinstance(scheduler, str) else scheduler
-        futures = client.map(_emulate, args, pure=False)
+        futures = client.map(fn, args, pure=False)
         for _f in as_completed(futures):
             bar.step("dask")
         return client.gather(futures)
@@ -188,31 +189,33 @@ def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar) -> I
     if workers == 1 or len(args) == 1:
         out = []
         for a in args:
-            out.append(_emulate(a))
-            bar.step(f"{a[3]['mg']}/{a[3]['k2']}/{a[3]['n2']}")
+            out.append(fn(a))
+            bar.step()
         return out
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_emulate, a) for a in args]
+        futures = [pool.submit(fn, a) for a in args]
         from concurrent.futures import as_completed as done_order
         for _f in done_order(futures):
             bar.step()
         return [f.result() for f in futures]
 
 
-def _heatmap(result: TuneResult, path: Path, grid: dict | None) -> None:
-    """Best utilization over (n2, mg), the two tiles that set DDR traffic; X = infeasible."""
+def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str, str] = ("mg", "n2"),
+             base_grid: dict | None = None) -> None:
+    """Best utilization over two tile dimensions (GEMM: mg x n2, which set DDR traffic); X = infeasible."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    g = {**GEMM_GRID, **(grid or {})}
-    mgs, n2s = list(g["mg"]), list(g["n2"])
+    g = {**(base_grid or GEMM_GRID), **(grid or {})}
+    ya, xa = axes
+    mgs, n2s = list(g[ya]), list(g[xa])
     z = np.full((len(mgs), len(n2s)), np.nan)
     for c in result.candidates:
         t = c.tiles
-        if t["mg"] in mgs and t["n2"] in n2s:
-            i, j = mgs.index(t["mg"]), n2s.index(t["n2"])
+        if t[ya] in mgs and t[xa] in n2s:
+            i, j = mgs.index(t[ya]), n2s.index(t[xa])
             z[i, j] = np.nanmax([z[i, j], 100 * c.utilization])
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(n2s) + 2), max(3.5, 0.8 * len(mgs) + 1.8)))
     im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
@@ -221,16 +224,18 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None) -> None:
             ax.text(j, i, "X" if np.isnan(z[i, j]) else f"{z[i, j]:.1f}", ha="center", va="center",
                     color="red" if np.isnan(z[i, j]) else "white", fontsize=9)
     d = result.default.tiles
-    if d["mg"] in mgs and d["n2"] in n2s:
-        ax.add_patch(plt.Rectangle((n2s.index(d["n2"]) - 0.5, mgs.index(d["mg"]) - 0.5), 1, 1, fill=False,
+    if d[ya] in mgs and d[xa] in n2s:
+        ax.add_patch(plt.Rectangle((n2s.index(d[xa]) - 0.5, mgs.index(d[ya]) - 0.5), 1, 1, fill=False,
                                    edgecolor="orange", linewidth=2.5, label="default"))
         ax.legend(loc="upper right", fontsize=8)
     ax.set_xticks(range(len(n2s)), n2s)
     ax.set_yticks(range(len(mgs)), mgs)
-    ax.set_xlabel("n2 (B panel width)")
-    ax.set_ylabel("mg (rows per m-block)")
-    m, k, n = result.shape
-    ax.set_title(f"GEMM {m}x{k}x{n}: best utilization (%) per (mg, n2)\nX = infeasible (pruned by capacity)")
+    labels = {"n2": "n2 (B panel width)", "mg": "mg (rows per m-block)", "br": "Br (query rows per tile)",
+              "bc": "Bc (keys per tile)"}
+    ax.set_xlabel(labels.get(xa, xa))
+    ax.set_ylabel(labels.get(ya, ya))
+    shape = "x".join(map(str, result.shape))
+    ax.set_title(f"{result.kernel} {shape}: best utilization (%) per ({ya}, {xa})\nX = infeasible (pruned by capacity)")
     fig.colorbar(im, ax=ax, label="MAC utilization (%)")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -241,7 +246,8 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None) -> None:
 
 def format_tune(result: TuneResult, top: int = 5) -> str:
     d = result.default
-    lines = [f"GEMM {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, {len(result.pruned)} pruned by capacity",
+    lines = [f"{result.kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
+             f"{len(result.pruned)} pruned by capacity",
              f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
     for i, c in enumerate(result.candidates[:top]):
         lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%" + ("  (cached)" if c.cached else ""))
@@ -253,4 +259,82 @@ def format_tune(result: TuneResult, top: int = 5) -> str:
 
 
 def _desc(t: dict) -> str:
-    return " ".join(f"{f.name}={t[f.name]}" for f in fields(GemmTiles) if f.name in ("mg", "k2", "n2", "mr", "nv"))
+    keys = ("mg", "k2", "n2", "mr", "nv") if "mg" in t else ("br", "bc", "br_prime", "bc_prime")
+    return " ".join(f"{k}={t[k]}" for k in keys)
+
+
+# ------------------------------------------------------------------------------------------
+# attention backward (Algorithm 1)
+# ------------------------------------------------------------------------------------------
+ATTENTION_GRID = {"br": (64, 96, 128, 192), "bc": (64, 128, 192, 256, 384), "br_prime": (16, 32, 64),
+                  "bc_prime": (16, 32, 64)}
+
+
+def _emulate_attention(args: tuple) -> dict:
+    from .kernels.attention import attention_backward_timing
+    from .kernels.capacity import AttentionTiles
+    heads, kv_heads, seq, d, tiles_dict, platform = args
+    r = attention_backward_timing(heads, kv_heads, seq, d, tiles=AttentionTiles(**tiles_dict), platform=platform)
+    return {"utilization": r.utilization, "cycles": r.cycles, "latency_ms": r.latency_ms, "stalls": r.stalls}
+
+
+def attention_candidates(heads: int, kv_heads: int, seq: int, d: int, grid: dict | None = None,
+                         platform: Platform = DEFAULT) -> tuple[list, list[Candidate]]:
+    from .kernels.attention import plan_attention
+    from .kernels.capacity import AttentionTiles
+    grid = {**ATTENTION_GRID, **(grid or {})}
+    feasible, pruned = [], []
+    for br, bc, brp, bcp in itertools.product(grid["br"], grid["bc"], grid["br_prime"], grid["bc_prime"]):
+        if brp > br or bcp > bc:
+            continue
+        t = AttentionTiles(br=br, bc=bc, d=d, br_prime=brp, bc_prime=bcp)
+        try:
+            plan_attention(heads, kv_heads, seq, d, tiles=t, platform=platform)
+        except MtemuError as exc:
+            pruned.append(Candidate(asdict(t), False, str(exc)))
+            continue
+        feasible.append(t)
+    return feasible, pruned
+
+
+def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platform: Platform = DEFAULT,
+                   grid: dict | None = None, workers: int | None = None, scheduler: str | None = None,
+                   out_dir: str | Path | None = "results/tune", progress: bool = True,
+                   cache: bool = True) -> TuneResult:
+    """Tile sweep of the resident Algorithm-1 backward (causal), ranked by emulated utilization."""
+    from .kernels.attention import default_tiles, plan_attention
+    feasible, pruned = attention_candidates(heads, kv_heads, seq, head_dim, grid, platform)
+    default = default_tiles(head_dim, platform)
+    plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
+    if default not in feasible:
+        feasible.append(default)
+    shape = (heads, kv_heads, seq, head_dim)
+    cdir = tune_cache_dir()
+    results, todo = {}, []
+    for t in feasible:
+        raw = json.dumps(["attention", list(shape), asdict(t), platform.digest(), emulator_version("attention")],
+                         sort_keys=True)
+        path = cdir / f"{hashlib.sha256(raw.encode()).hexdigest()[:24]}.json"
+        hit = _read(path) if cache else None
+        if hit is not None:
+            results[t] = Candidate(asdict(t), True, **hit, cached=True)
+        else:
+            todo.append((t, path))
+    bar = _Bar(len(feasible), progress)
+    for _ in results:
+        bar.step("cached")
+    args = [(heads, kv_heads, seq, head_dim, asdict(t), platform) for t, _ in todo]
+    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, _emulate_attention)):
+        results[t] = Candidate(asdict(t), True, **res)
+        if cache:
+            atomic_write_json(path, res)
+    ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
+    result = TuneResult("attention", shape, results[default], ranked, pruned)
+    if out_dir is not None:
+        out = Path(out_dir)
+        stem = f"attention_h{heads}_kv{kv_heads}_s{seq}_d{head_dim}"
+        result.heatmap = str(out / f"{stem}_heatmap.png")
+        result.table = str(out / f"{stem}.json")
+        _heatmap(result, Path(result.heatmap), grid, axes=("br", "bc"), base_grid=ATTENTION_GRID)
+        atomic_write_json(result.table, result.to_json())
+    return result

@@ -68,3 +68,15 @@ def test_defaults_that_do_not_fit_are_reported():
     tiny = DEFAULT.with_overrides(sm_bytes=4096)
     with pytest.raises(CapacityError, match="SM"):
         tune_gemm(2048, 4096, 4096, platform=tiny, out_dir=None, progress=False)
+
+
+def test_attention_sweep_prunes_ranks_and_caches(cachedir):
+    from mtemu.tune import tune_attention
+    grid = {"br": (64, 192, 256), "bc": (64, 128), "br_prime": (32,), "bc_prime": (32,)}
+    r = tune_attention(256, 2, 1, 64, grid=grid, workers=1, out_dir=cachedir / "out", progress=False)
+    assert any("exceeds one vector" in c.reason for c in r.pruned)        # br=256 > 192 lanes
+    utils = [c.utilization for c in r.candidates]
+    assert utils == sorted(utils, reverse=True) and r.best.utilization >= r.default.utilization
+    assert (cachedir / "out" / "attention_h2_kv1_s256_d64_heatmap.png").stat().st_size > 1000
+    again = tune_attention(256, 2, 1, 64, grid=grid, workers=1, out_dir=None, progress=False)
+    assert all(c.cached for c in again.candidates)
