@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -74,11 +74,6 @@ def gemm_candidates(m: int, k: int, n: int, grid: dict | None = None, platform: 
     return feasible, pruned
 
 
-def _key(kernel: str, shape: tuple, tiles: GemmTiles, platform: Platform) -> str:
-    raw = json.dumps([kernel, list(shape), asdict(tiles), platform.digest(), emulator_version()], sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
-
-
 def _emulate(args: tuple) -> dict:
     m, k, n, tiles_dict, platform = args
     r = gemm_timing(m, k, n, tiles=GemmTiles(**tiles_dict), platform=platform)
@@ -123,18 +118,17 @@ class TuneResult:
                 "gain_pp": 100 * (self.best.utilization - self.default.utilization)}
 
 
-def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
-              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
-              progress: bool = True, cache: bool = True) -> TuneResult:
-    feasible, pruned = gemm_candidates(m, k, n, grid, platform)
-    default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
+def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Candidate], platform: Platform,
+           emulate, workers: int | None, scheduler: str | None, progress: bool, cache: bool) -> TuneResult:
+    """Emulate every feasible tile set not already cached (in parallel), rank by utilization."""
     if default not in feasible:
         feasible.append(default)
+    version = emulator_version("gemm" if kernel == "gemm" else "attention")
     cdir = tune_cache_dir()
-    results: dict[GemmTiles, Candidate] = {}
-    todo = []
+    results, todo = {}, []
     for t in feasible:
-        path = cdir / f"{_key('gemm', (m, k, n), t, platform)}.json"
+        raw = json.dumps([kernel, list(shape), asdict(t), platform.digest(), version], sort_keys=True)
+        path = cdir / f"{hashlib.sha256(raw.encode()).hexdigest()[:24]}.json"
         hit = _read(path) if cache else None
         if hit is not None:
             results[t] = Candidate(asdict(t), True, **hit, cached=True)
@@ -143,21 +137,35 @@ def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dic
     bar = _Bar(len(feasible), progress)
     for _ in results:
         bar.step("cached")
-    args = [(m, k, n, asdict(t), platform) for t, _ in todo]
-    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar)):
+    args = [(*shape, asdict(t), platform) for t, _ in todo]
+    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, emulate)):
         results[t] = Candidate(asdict(t), True, **res)
         if cache:
             atomic_write_json(path, res)
     ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
-    result = TuneResult("gemm", (m, k, n), results[default], ranked, pruned)
+    return TuneResult(kernel, shape, results[default], ranked, pruned)
+
+
+def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, grid: dict | None,
+                   axes: tuple[str, str], base_grid: dict) -> TuneResult:
     if out_dir is not None:
         out = Path(out_dir)
-        stem = f"gemm_{m}x{k}x{n}"
         result.heatmap = str(out / f"{stem}_heatmap.png")
         result.table = str(out / f"{stem}.json")
-        _heatmap(result, Path(result.heatmap), grid)
+        _heatmap(result, Path(result.heatmap), grid, axes, base_grid)
         atomic_write_json(result.table, result.to_json())
     return result
+
+
+def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
+              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
+              progress: bool = True, cache: bool = True) -> TuneResult:
+    """Tile sweep of the FP16 GEMM, ranked by emulated utilization."""
+    feasible, pruned = gemm_candidates(m, k, n, grid, platform)
+    default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
+    result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
+                    progress, cache)
+    return _write_outputs(result, out_dir, f"gemm_{m}x{k}x{n}", grid, ("mg", "n2"), GEMM_GRID)
 
 
 def _read(path: Path) -> dict | None:
@@ -306,35 +314,7 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
     feasible, pruned = attention_candidates(heads, kv_heads, seq, head_dim, grid, platform)
     default = default_tiles(head_dim, platform)
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
-    if default not in feasible:
-        feasible.append(default)
-    shape = (heads, kv_heads, seq, head_dim)
-    cdir = tune_cache_dir()
-    results, todo = {}, []
-    for t in feasible:
-        raw = json.dumps(["attention", list(shape), asdict(t), platform.digest(), emulator_version("attention")],
-                         sort_keys=True)
-        path = cdir / f"{hashlib.sha256(raw.encode()).hexdigest()[:24]}.json"
-        hit = _read(path) if cache else None
-        if hit is not None:
-            results[t] = Candidate(asdict(t), True, **hit, cached=True)
-        else:
-            todo.append((t, path))
-    bar = _Bar(len(feasible), progress)
-    for _ in results:
-        bar.step("cached")
-    args = [(heads, kv_heads, seq, head_dim, asdict(t), platform) for t, _ in todo]
-    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, _emulate_attention)):
-        results[t] = Candidate(asdict(t), True, **res)
-        if cache:
-            atomic_write_json(path, res)
-    ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
-    result = TuneResult("attention", shape, results[default], ranked, pruned)
-    if out_dir is not None:
-        out = Path(out_dir)
-        stem = f"attention_h{heads}_kv{kv_heads}_s{seq}_d{head_dim}"
-        result.heatmap = str(out / f"{stem}_heatmap.png")
-        result.table = str(out / f"{stem}.json")
-        _heatmap(result, Path(result.heatmap), grid, axes=("br", "bc"), base_grid=ATTENTION_GRID)
-        atomic_write_json(result.table, result.to_json())
-    return result
+    result = _sweep("attention", (heads, kv_heads, seq, head_dim), feasible, default, pruned, platform,
+                    _emulate_attention, workers, scheduler, progress, cache)
+    return _write_outputs(result, out_dir, f"attention_h{heads}_kv{kv_heads}_s{seq}_d{head_dim}", grid,
+                          ("br", "bc"), ATTENTION_GRID)
