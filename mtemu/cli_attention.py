@@ -105,6 +105,12 @@ def _validate_attention(args):
     return {"rows": rows, "platform_hash": plat.digest()}, "\n".join(lines)
 
 
+def _add_shape_args(p, tiles_help: str) -> None:
+    g = p.add_argument_group("tiles", tiles_help)
+    for name in ("br", "bc", "br_prime", "bc_prime"):
+        g.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None)
+
+
 def register(sub) -> None:
     p = sub.add_parser("attention-bwd", help="emulate the Algorithm-1 attention backward")
     p.add_argument("--seq", type=int, required=True)
@@ -118,9 +124,7 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")
     p.add_argument("--no-causal", action="store_true", help="full (non-causal) attention")
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
-    g = p.add_argument_group("tiles", "Algorithm-1 tiles (default: Br = Bc = vector lanes, Br' = Bc' = 32)")
-    for name in ("br", "bc", "br_prime", "bc_prime"):
-        g.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None)
+    _add_shape_args(p, "Algorithm-1 tiles (default: Br = Bc = vector lanes, Br' = Bc' = 32)")
     add_platform_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=lambda a: _attention_bwd(_default_kv(a)))
@@ -134,9 +138,7 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")
     p.add_argument("--no-causal", action="store_true", help="full (non-causal) attention")
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
-    g = p.add_argument_group("tiles", "tiles (default: Br = Bc = vector lanes, Bc' = 32)")
-    for name in ("br", "bc", "br_prime", "bc_prime"):
-        g.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None)
+    _add_shape_args(p, "tiles (default: Br = Bc = vector lanes, Bc' = 32)")
     add_platform_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=lambda a: _attention_fwd(_default_kv(a)))
