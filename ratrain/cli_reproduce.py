@@ -6,8 +6,10 @@ from .reproduce import EXPERIMENT_NAMES, format_checks, reproduce
 
 def _reproduce(args):
     from .experiments import Settings
+    from .platform import TrainingPlatform
     which = [args.experiment] if args.experiment else None
-    settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource)
+    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform)
     exps = reproduce(which, args.out, progress=not args.json, settings=settings)
     if args.experiment:
         e = exps[0]
@@ -31,6 +33,9 @@ def register(sub) -> None:
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",
                    help="where FSR recovery runs (default: compute, the honest model; 'ddr' shows the platform "
                         "the paper's FSR gain needs)")
+    p.add_argument("--platform", metavar="FILE",
+                   help="training platform file (.toml or .json: memory budget, DDR and link bandwidth, link "
+                        "latency); default: the MT-3000 cluster")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)

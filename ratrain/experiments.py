@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import paper
 from .config import ParallelConfig
+from .errors import ConfigError
 from .memory import max_peak, stage_memory
 from .models import get_model
 from .platform import GIB, TrainingPlatform
@@ -38,6 +39,9 @@ class Settings:
     ratrain_tp_degrees: tuple[int, ...] = (1,)
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
+    # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
+    # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
+    platform: TrainingPlatform = TrainingPlatform()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -48,7 +52,7 @@ DEFAULT_SETTINGS = Settings()
 
 def _sim(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None):
     from .planner import simulate_config
-    return simulate_config(model, cfg, method=method, profile_source=s.profile_source,
+    return simulate_config(model, cfg, method=method, platform=s.platform, profile_source=s.profile_source,
                            recovery_resource=s.recovery_resource, mechanisms=mechanisms)
 
 
@@ -59,9 +63,11 @@ def _peak_gb(model, cfg: ParallelConfig) -> float:
 # ------------------------------------------------------------------------------------------
 # Table 2: same hardware, five GPU-style strategies
 # ------------------------------------------------------------------------------------------
-def run_table2(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    budget = TrainingPlatform().memory_budget_bytes / GIB
-    rows, checks = [], []
+def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> list[dict]:
+    """The paper's Table 2 layouts simulated on our backend, with slowdowns against RATrain's."""
+    progress = progress or (lambda msg: None)
+    budget = s.platform.memory_budget_bytes / GIB
+    rows = []
     ref_cfg = {}
     for model_name, method, P, D, T, Z, act, peak, step, slow in paper.TABLE2:
         model = get_model(model_name)
@@ -85,6 +91,12 @@ def run_table2(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
         base = next(x for x in rows if x["model"] == r["model"] and x["method"] == "ratrain")
         if r["step_s"] is not None and base["step_s"]:
             r["slowdown"] = r["step_s"] / base["step_s"]
+    return rows
+
+
+def run_table2(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
+    rows, checks = table2_rows(s, progress), []
+    for r in rows:
         label = f"{r['model']} {r['method']}"
         if r["method"] == "full-save":
             checks.append(Check(f"{label}: OOM", "OOM" if r["oom"] else f"{r['peak_gb']:.1f} GB", "OOM",
@@ -122,12 +134,12 @@ def _recovery_note(s: Settings) -> str:
 # ------------------------------------------------------------------------------------------
 def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
     from .planner import Planner
-    budget = TrainingPlatform().memory_budget_bytes
+    budget = s.platform.memory_budget_bytes
     rows, checks = [], []
     for model_name, min_clusters, P, D, A, peak, step, gb in paper.TABLE3:
         model = get_model(model_name)
         progress(f"Table 3: smallest feasible footprint of {model_name} (global batch {gb})")
-        planner = Planner(model, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
         found = None
         for n in s.table3_grid:
             res = planner.plan(n, gb, s.seq, "ratrain", top=1, micro_batches=(s.micro_batch,), tp_degrees=(1,),
@@ -177,7 +189,7 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for model_name, clusters, pred, meas, err in paper.TABLE4:
         model = get_model(model_name)
         progress(f"Table 4: planning {model_name} on {clusters} clusters, then simulating the choice")
-        planner = Planner(model, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
         res = planner.plan(clusters, s.table4_global_batch, s.seq, "ratrain", top=1,
                            micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
                            zero_stages=s.ratrain_zero_stages)
@@ -201,18 +213,34 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
 # ------------------------------------------------------------------------------------------
 # Table 6: scale-out
 # ------------------------------------------------------------------------------------------
-def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
+def scaleout_base(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> ParallelConfig:
+    """The planner's LLaMA-2-7B layout at Table 6's first cluster count."""
     from .planner import Planner
-    model = get_model("llama2-7b")
+    progress = progress or (lambda msg: None)
     base_n = s.table6_clusters[0]
-    planner = Planner(model, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+    planner = Planner(get_model("llama2-7b"), s.platform, profile_source=s.profile_source,
+                      recovery_resource=s.recovery_resource)
     progress(f"Table 6: planning LLaMA-2-7B on {base_n} clusters")
     res = planner.plan(base_n, base_n * s.table6_batch_per_cluster, s.seq, "ratrain", top=1,
                        micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
                        zero_stages=s.ratrain_zero_stages)
-    base = res.best.config
+    if res.best is None:
+        raise ConfigError(f"Table 6: no feasible LLaMA-2-7B layout on {base_n} clusters on this platform")
+    return res.best.config
+
+
+def scaleout_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
+                  base: ParallelConfig | None = None, clusters: tuple[int, ...] | None = None) -> list[dict]:
+    """Table 6: ``base`` (default: the planner's layout at the first cluster count) with D scaled
+    with the clusters; ``clusters`` defaults to ``s.table6_clusters``."""
+    progress = progress or (lambda msg: None)
+    model = get_model("llama2-7b")
+    base_n = s.table6_clusters[0]
+    base = base or scaleout_base(s, progress)
     rows = []
-    for n in s.table6_clusters:
+    for n in clusters or s.table6_clusters:
+        if n % base_n:
+            raise ConfigError(f"Table 6: cluster count {n} is not a multiple of the base {base_n}")
         k = n // base_n
         cfg = ParallelConfig(pp=base.pp, dp=base.dp * k, tp=base.tp, zero=base.zero, micro_batch=base.micro_batch,
                              accum=base.accum, seq=base.seq, activation=base.activation, prefetch=base.prefetch)
@@ -224,12 +252,18 @@ def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
         r["efficiency"] = r["speedup"] / (r["clusters"] / base_n)
-        p = next(x for x in paper.TABLE6 if x[0] == r["clusters"])
+        p = next((x for x in paper.TABLE6 if x[0] == r["clusters"]), (None,) * 6)
         r.update(paper_step_s=p[2], paper_tokens_per_s=p[3], paper_speedup=p[4], paper_efficiency=p[5])
+    return rows
+
+
+def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
+    base_n = s.table6_clusters[0]
+    rows = scaleout_rows(s, progress)
     checks = [Check(f"efficiency at {r['clusters']} clusters", r["efficiency"], r["paper_efficiency"],
                     f"±{paper.TOL_TABLE6_EFFICIENCY * 100:.1f} points",
                     abs(r["efficiency"] - r["paper_efficiency"]) <= paper.TOL_TABLE6_EFFICIENCY)
-              for r in rows if r["clusters"] != base_n]
+              for r in rows if r["clusters"] != base_n and r["paper_efficiency"] is not None]
     fig = out / "table6_scaleout.png"
     _scaleout_figure(rows, fig)
     text = _table(rows, ["clusters", "global_batch", "config", "step_s", "paper_step_s", "tokens_per_s",
@@ -240,12 +274,19 @@ def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
 # ------------------------------------------------------------------------------------------
 # Ablation
 # ------------------------------------------------------------------------------------------
-def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    from .plots import plot_stage_memory, plot_timeline
+def ablation_config(s: Settings = DEFAULT_SETTINGS, partition: str = "balanced") -> ParallelConfig:
+    """The paper's ablation layout: 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128, FSR."""
+    return ParallelConfig(pp=8, dp=32, tp=1, zero=2, micro_batch=1, accum=128, seq=s.seq, activation="fsr",
+                          partition=partition)
+
+
+def ablation_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
+                  partition: str = "balanced") -> tuple[list[dict], dict]:
+    """The four ablation variants simulated: rows (normalized step, tail amplification) and SimChecks."""
     from .simulator import Mechanisms
-    from .trace import write_chrome_trace
+    progress = progress or (lambda msg: None)
     model = get_model(s.ablation_model)
-    cfg = ParallelConfig(pp=8, dp=32, tp=1, zero=2, micro_batch=1, accum=128, seq=s.seq, activation="fsr")
+    cfg = ablation_config(s, partition)
     rows, results = [], {}
     for variant, norm, amp in paper.ABLATION:
         progress(f"Ablation: simulating {variant}")
@@ -259,6 +300,15 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
     for r in rows:
         r["normalized_step"] = r["step_s"] / full["step_s"]
         r["tail_amplification"] = r["exposed_tail_s"] / full["exposed_tail_s"] if full["exposed_tail_s"] > 0 else None
+    return rows, results
+
+
+def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
+    from .plots import plot_stage_memory, plot_timeline
+    from .trace import write_chrome_trace
+    model = get_model(s.ablation_model)
+    cfg = ablation_config(s)
+    rows, results = ablation_rows(s, progress)
     by = {r["variant"]: r for r in rows}
     checks = [
         Check("w/o FSR: normalized step", by["no-fsr"]["normalized_step"], 1.33, f"±{paper.TOL_ABLATION_FSR}",
@@ -290,7 +340,7 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
     figs.append(str(tail))
     mem = out / "stage_memory.png"
     stages = stage_memory(model, cfg)
-    plot_stage_memory([st.peak_bytes for st in stages], TrainingPlatform().memory_budget_bytes, mem,
+    plot_stage_memory([st.peak_bytes for st in stages], s.platform.memory_budget_bytes, mem,
                       title=f"{model.name} {cfg.describe()}: per-stage peak memory vs the 20 GB budget")
     figs.append(str(mem))
     write_chrome_trace(out / "ablation_full_trace.json", sim)

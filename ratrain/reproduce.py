@@ -226,11 +226,14 @@ def run_correctness_experiment(out: Path, progress: Progress, settings=None) -> 
 def registry() -> dict[str, Callable[..., Experiment]]:
     """Every experiment of the main job, in run order."""
     from . import experiments as ex
-    return {"table5": run_table5, "tune": run_tune, "attention": run_attention, "table2": ex.run_table2, "table3": ex.run_table3, "table4": ex.run_table4,
-            "table6": ex.run_table6, "ablation": ex.run_ablation, "correctness": run_correctness_experiment}
+    from .sensitivity import run_sensitivity
+    return {"table5": run_table5, "tune": run_tune, "attention": run_attention, "table2": ex.run_table2,
+            "table3": ex.run_table3, "table4": ex.run_table4, "table6": ex.run_table6, "ablation": ex.run_ablation,
+            "sensitivity": run_sensitivity, "correctness": run_correctness_experiment}
 
 
-EXPERIMENT_NAMES = ("table5", "tune", "attention", "table2", "table3", "table4", "table6", "ablation", "correctness")
+EXPERIMENT_NAMES = ("table5", "tune", "attention", "table2", "table3", "table4", "table6", "ablation", "sensitivity",
+                    "correctness")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,

@@ -144,29 +144,57 @@ def _layout(sizes: list[tuple[str, int]]) -> tuple[dict, int]:
 SCHEDULES = ("auto", "gsm", "broadcast", "own")
 
 
-def plan_attention(heads: int, kv_heads: int, seq: int, d: int, *, causal: bool = True,
-                   tiles: AttentionTiles | None = None, variant: str = "resident",
-                   platform: Platform = DEFAULT, schedule: str = "auto") -> AttentionPlan:
-    """Check shape and tiles (Eq. 1, then this kernel's own buffers); raise CapacityError.
-    ``schedule`` picks how K/V reach the DSPs (see ``_phases``); "auto" chooses."""
+def _check_shape_and_tiles(heads: int, kv_heads: int, seq: int, d: int, tiles: AttentionTiles | None,
+                           platform: Platform, *, schedule: str, variant: str | None = None,
+                           schedule_first: bool = False) -> AttentionTiles:
+    """Checks shared by the backward and forward plans; returns the tiles (default if None).
+
+    Order of the errors: positive dims, kv_heads | heads, variant (backward only), schedule, then
+    the tiles (Eq. 1, d == head_dim, br within one vector). The forward plan has always checked
+    ``schedule`` before anything else; ``schedule_first`` keeps that order."""
+    def check_schedule() -> None:
+        if schedule not in SCHEDULES:
+            raise MtemuError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+
+    if schedule_first:
+        check_schedule()
     for name, v in (("heads", heads), ("kv_heads", kv_heads), ("seq", seq), ("head_dim", d)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise MtemuError(f"attention {name} must be a positive integer, got {v!r}")
     if heads % kv_heads:
         raise MtemuError(f"attention kv_heads={kv_heads} must divide heads={heads}")
-    if variant not in VARIANTS:
+    if variant is not None and variant not in VARIANTS:
         raise MtemuError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    if schedule not in SCHEDULES:
-        raise MtemuError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    p = platform
-    lanes = p.vector_lanes
-    t = tiles or default_tiles(d, p)
-    check_attention_tiles(t, p)
+    if not schedule_first:
+        check_schedule()
+    lanes = platform.vector_lanes
+    t = tiles or default_tiles(d, platform)
+    check_attention_tiles(t, platform)
     if t.d != d:
         raise MtemuError(f"attention tile 'd' ({t.d}) must equal head_dim ({d})")
     if t.br > lanes:
         raise CapacityError(f"attention tile br={t.br} exceeds one vector ({lanes} lanes): this kernel "
                             f"puts the query rows of a tile across the lanes")
+    return t
+
+
+def _ddr_layout(sizes: list[tuple[str, int]], platform: Platform) -> tuple[dict, int]:
+    """Lay out the DDR tensors of a plan; CapacityError if they exceed the platform's DDR."""
+    ddr, ddr_bytes = _layout(sizes)
+    if ddr_bytes > platform.ddr_bytes:
+        raise CapacityError(f"DDR: attention tensors need {ddr_bytes} bytes, {ddr_bytes - platform.ddr_bytes} "
+                            f"more than the platform's {platform.ddr_bytes}")
+    return ddr, ddr_bytes
+
+
+def plan_attention(heads: int, kv_heads: int, seq: int, d: int, *, causal: bool = True,
+                   tiles: AttentionTiles | None = None, variant: str = "resident",
+                   platform: Platform = DEFAULT, schedule: str = "auto") -> AttentionPlan:
+    """Check shape and tiles (Eq. 1, then this kernel's own buffers); raise CapacityError.
+    ``schedule`` picks how K/V reach the DSPs (see ``_phases``); "auto" chooses."""
+    t = _check_shape_and_tiles(heads, kv_heads, seq, d, tiles, platform, schedule=schedule, variant=variant)
+    p = platform
+    lanes = p.vector_lanes
     br, bc, bcp = int(t.br), int(t.bc), int(t.bc_prime)
     nvd = -(-d // lanes)
     dpitch = nvd * lanes
@@ -203,10 +231,7 @@ def plan_attention(heads: int, kv_heads: int, seq: int, d: int, *, causal: bool 
     if variant == "ddr-staged":
         sizes += [("dkacc", kv_heads * seq * d * 4), ("dvacc", kv_heads * seq * d * 4),
                   ("scratch", p.dsps * _up(bcp * lanes * 4 + bcp * lanes * 2))]
-    ddr, ddr_bytes = _layout(sizes)
-    if ddr_bytes > p.ddr_bytes:
-        raise CapacityError(f"DDR: attention tensors need {ddr_bytes} bytes, {ddr_bytes - p.ddr_bytes} more "
-                            f"than the platform's {p.ddr_bytes}")
+    ddr, ddr_bytes = _ddr_layout(sizes, p)
     if schedule == "gsm" and gsm_used + 2 * seq * d * 2 > p.gsm_bytes:
         raise CapacityError(
             f"GSM: schedule 'gsm' keeps one KV head's K and V (2 x {seq} x {d} FP16) next to its accumulators: "
@@ -1113,22 +1138,10 @@ def plan_attention_forward(heads: int, kv_heads: int, seq: int, d: int, *, causa
                            tiles: AttentionTiles | None = None, platform: Platform = DEFAULT,
                            schedule: str = "auto") -> AttentionPlan:
     """Shape, tiles and buffers of the forward kernel (Eq. 1 checked as for the backward)."""
-    if schedule not in SCHEDULES:
-        raise MtemuError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    for name, v in (("heads", heads), ("kv_heads", kv_heads), ("seq", seq), ("head_dim", d)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise MtemuError(f"attention {name} must be a positive integer, got {v!r}")
-    if heads % kv_heads:
-        raise MtemuError(f"attention kv_heads={kv_heads} must divide heads={heads}")
+    t = _check_shape_and_tiles(heads, kv_heads, seq, d, tiles, platform, schedule=schedule,
+                               schedule_first=True)
     p = platform
     lanes = p.vector_lanes
-    t = tiles or default_tiles(d, p)
-    check_attention_tiles(t, p)
-    if t.d != d:
-        raise MtemuError(f"attention tile 'd' ({t.d}) must equal head_dim ({d})")
-    if t.br > lanes:
-        raise CapacityError(f"attention tile br={t.br} exceeds one vector ({lanes} lanes): this kernel "
-                            f"puts the query rows of a tile across the lanes")
     br, bc, bcp = int(t.br), int(t.bc), int(t.bc_prime)
     am, am_used = _layout([
         ("q", max(br * d * 2, br * d * 2)), ("qt", d * lanes * 2), ("k0", bc * d * 2), ("k1", bc * d * 2),
@@ -1143,13 +1156,10 @@ def plan_attention_forward(heads: int, kv_heads: int, seq: int, d: int, *, causa
         raise CapacityError(f"SM: two staged K and V sub-tiles ({bcp} x {d}) FP16 need {sm_used} bytes, "
                             f"{sm_used - p.sm_bytes} more than the {p.sm_bytes}-byte SM")
     mask_rows = br + 2 * bc
-    ddr, ddr_bytes = _layout([
+    ddr, ddr_bytes = _ddr_layout([
         ("q", heads * seq * d * 2), ("k", kv_heads * seq * d * 2), ("v", kv_heads * seq * d * 2),
         ("o", heads * seq * d * 2), ("pt", heads * seq * seq * 2), ("lse", heads * seq * 4),
-        ("mask", mask_rows * lanes * 2)])
-    if ddr_bytes > p.ddr_bytes:
-        raise CapacityError(f"DDR: attention tensors need {ddr_bytes} bytes, {ddr_bytes - p.ddr_bytes} more "
-                            f"than the platform's {p.ddr_bytes}")
+        ("mask", mask_rows * lanes * 2)], p)
     return AttentionPlan(heads, kv_heads, seq, d, bool(causal), "forward", t, -(-d // lanes), 0, am, sm, ddr,
                          0, am_used, sm_used, ddr_bytes, schedule)
 
