@@ -237,6 +237,39 @@ class TrackReproduction:
     track_ablation_no_fsr_step.version = "1"
 
 
+class TrackSensitivity:
+    """What the platform would need for the rows the honest model misses (ratrain.sensitivity):
+    the per-message link latency that reproduces Table 6 at 1024 clusters, and the smallest link
+    bandwidth (uniform partition) at which the ablation's tail ratios meet the paper's."""
+
+    timeout = 900
+
+    def setup_cache(self):
+        import tempfile
+        from ratrain.reproduce import reproduce
+        out = tempfile.mkdtemp(prefix="asv-sens-")
+        (exp,) = reproduce(["sensitivity"], out, progress=False)
+        by = {r["finding"]: r for r in exp.rows}
+        t6 = by.get("table6-link-latency")
+        link = by["ablation-tails"]["smallest_link_meeting_paper"].get("uniform")
+        return {"latency_ms": t6["fitted_link_latency_ms"] if t6 else float("nan"),
+                "link_gb_per_s": link if link is not None else float("nan")}
+
+    setup_cache.timeout = 900
+
+    def track_table6_fitted_link_latency_ms(self, cache):
+        return cache["latency_ms"]
+
+    track_table6_fitted_link_latency_ms.unit = "ms"
+    track_table6_fitted_link_latency_ms.version = "1"
+
+    def track_ablation_link_needed_gb_per_s(self, cache):
+        return cache["link_gb_per_s"]
+
+    track_ablation_link_needed_gb_per_s.unit = "GB/s"
+    track_ablation_link_needed_gb_per_s.version = "1"
+
+
 class TrackTable2:
     """Slowdown of each GPU-style strategy vs RATrain on the same backend (Table 2)."""
 

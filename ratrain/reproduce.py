@@ -170,7 +170,7 @@ def _plot_attention(rows, path: Path, lo: float, hi: float) -> None:
 # ------------------------------------------------------------------------------------------
 # tile tuner on the Table 5 shapes (issue: the tuner finds tiles at least as good as the defaults)
 # ------------------------------------------------------------------------------------------
-TUNE_GRID = {"mg": (1024, 2048), "k2": (128, 256), "n2": (576, 768, 960), "mr_nv": ((6, 4),)}
+TUNE_GRID = {"mg": (1024, 2048), "k2": (64, 128), "n2": (576, 768, 960), "mr_nv": ((6, 4),)}
 
 
 def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
