@@ -392,7 +392,9 @@ def _scaleout_figure(rows, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     n = [r["clusters"] for r in rows]
     ax.plot(n, [r["tokens_per_s"] / 1e3 for r in rows], "o-", label="ours (simulated)")
-    ax.plot(n, [r["paper_tokens_per_s"] / 1e3 for r in rows], "s--", color="grey", label="paper")
+    pts = [(r["clusters"], r["paper_tokens_per_s"] / 1e3) for r in rows if r["paper_tokens_per_s"] is not None]
+    if pts:
+        ax.plot(*zip(*pts), "s--", color="grey", label="paper")
     ax.plot(n, [rows[0]["tokens_per_s"] / 1e3 * c / n[0] for c in n], ":", color="k", label="linear")
     for r in rows:
         ax.annotate(f"{100 * r['efficiency']:.1f}%", (r["clusters"], r["tokens_per_s"] / 1e3), fontsize=8,

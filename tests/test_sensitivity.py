@@ -60,3 +60,20 @@ def test_absolute_gap_arithmetic():
     assert g["paper_over_ours"] == 2.0 and g["paper_share_unexplained"] == 0.5
     assert sum(g["layer_split"].values()) == pytest.approx(1.0)
     assert g["layer_split"]["gemm"] > 0.5
+
+
+def test_scale_out_accepts_cluster_counts_outside_the_paper(tmp_path):
+    from ratrain.experiments import run_table6
+    from ratrain.reproduce import Progress
+    s = replace(FAST, table6_clusters=(256, 512, 1280))
+    exp = run_table6(tmp_path, Progress(False), s)
+    assert [r["clusters"] for r in exp.rows] == [256, 512, 1280]
+    assert [c.name for c in exp.checks] == ["efficiency at 512 clusters"]     # no paper row for 1280
+    assert (tmp_path / "table6_scaleout.png").stat().st_size > 5000
+
+
+def test_scale_out_refuses_a_count_that_is_not_a_multiple_of_the_base(base):
+    from ratrain.errors import ConfigError
+    from ratrain.experiments import scaleout_rows
+    with pytest.raises(ConfigError, match="300"):
+        scaleout_rows(replace(FAST, table6_clusters=(256, 300)), base=base)
