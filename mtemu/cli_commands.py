@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, fields
 
 from .errors import MtemuError
@@ -91,10 +92,35 @@ def _validate(args):
         text = (format_table5(rows) + f"\n{ok}/{len(rows)} rows within {1.5} pp of the paper "
                 f"(fit rows: 4096x4096, 8192x8192; the others are held out)\n\n" + format_variants(variants))
         return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
+    if args.what == "table5-study":
+        return _table5_study(args, plat)
     if args.what == "attention":
         from .cli_attention import _validate_attention
         return _validate_attention(args)
     raise MtemuError(f"unknown validation {args.what!r}")
+
+
+def _table5_study(args, plat):
+    from .calibrate import bandwidth_study, emulate_fit, format_study, plot_study
+    rows = bandwidth_study([1e9 * x for x in _floats(args.bandwidths, "--bandwidths")], plat)
+    note = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    emulated = [emulate_fit(getattr(r, strategy), plat, progress=note)
+                for strategy in args.emulate or () for r in rows]
+    if args.plot:
+        plot_study(rows, args.plot, emulated)
+    text = format_study(rows, emulated) + (f"\nplot: {args.plot}" if args.plot else "")
+    return {"rows": [r.to_json() for r in rows], "emulated": [e.to_json() for e in emulated],
+            "platform_hash": plat.digest()}, text
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MtemuError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise MtemuError(f"{flag}: expected positive numbers, got {text!r}")
+    return vals
 
 
 # --- tune -----------------------------------------------------------------------------------
@@ -178,8 +204,16 @@ def register(sub) -> None:
     p.set_defaults(handler=_tune)
 
     p = sub.add_parser("validate", help="compare emulated kernels with the paper")
-    p.add_argument("what", choices=("table5", "attention"),
-                   help="table5: FP16 GEMM utilization; attention: resident vs DDR-staged backward (Fig. 10)")
+    p.add_argument("what", choices=("table5", "table5-study", "attention"),
+                   help="table5: FP16 GEMM utilization; table5-study: which DDR rate and calibration could "
+                        "meet Table 5 (closed-form, optionally emulated); attention: resident vs DDR-staged "
+                        "backward (Fig. 10)")
+    study = p.add_argument_group("table5-study")
+    study.add_argument("--bandwidths", default="30,35,40,45,51", metavar="GBS",
+                       help="comma-separated DDR server rates in GB/s (default: 30,35,40,45,51)")
+    study.add_argument("--emulate", action="append", choices=("fixed", "protocol", "oracle"),
+                       help="also emulate this strategy's fit at every rate (repeatable; ~35 s per rate)")
+    study.add_argument("--plot", metavar="FILE", help="write the study figure (PNG)")
     add_tile_args(p)
     add_platform_args(p)
     p.add_argument("--json", action="store_true")

@@ -309,6 +309,26 @@ def mk_gemm(rows: int, nv: int, ks: int, first: bool, astride: int, akstride: in
     return _assemble(ops, platform)
 
 
+def _bcast_dot(ops: list[Op], acc: list[int], va0: int, vb: int, d: int, rotation: int, lanes: int) -> None:
+    """Append acc[r] += A[r, e] * B[e] for e < d (the shared inner loop of the score kernels).
+
+    A: len(acc) rows of d FP16 in SM at R_A, read one scalar at a time and broadcast; B: d FP16
+    vector rows in AM at R_B. Scalar/vector registers rotate over ``rotation`` sets so a step's
+    loads do not wait on the previous step's FMAs."""
+    rows = len(acc)
+    for e in range(d):
+        rs = e % rotation
+        for r in range(rows):
+            s = R_T0 + rs * rows + r
+            ops.append(Op("sldh", (s, (R_A, r * d * 2 + e * 2)), (("s", R_A),), (("s", s),)))
+        for r in range(rows):
+            s, v = R_T0 + rs * rows + r, va0 + rs * rows + r
+            ops.append(Op("svbcast", (v, s), (("s", s),), (("v", v),)))
+        ops.append(_vload("vldh", vb + rs, R_B, e * lanes * 2))
+        for r in range(rows):
+            ops.append(_fma(acc[r], va0 + rs * rows + r, vb + rs))
+
+
 @functools.lru_cache(maxsize=256)
 def mk_scores(rows: int, d: int, part: str, platform: Platform, rotation: int = 2) -> np.ndarray:
     """GP^T rows and the softmax backward for ``rows`` keys (lanes = query rows).
@@ -328,17 +348,7 @@ def mk_scores(rows: int, d: int, part: str, platform: Platform, rotation: int = 
     if part in ("fused", "gp"):
         for r in range(rows):
             ops.append(_zero(acc[r]))
-        for e in range(d):
-            rs = e % rotation
-            for r in range(rows):
-                s = R_T0 + rs * rows + r
-                ops.append(Op("sldh", (s, (R_A, r * d * 2 + e * 2)), (("s", R_A),), (("s", s),)))
-            for r in range(rows):
-                s, v = R_T0 + rs * rows + r, va0 + rs * rows + r
-                ops.append(Op("svbcast", (v, s), (("s", s),), (("v", v),)))
-            ops.append(_vload("vldh", vb + rs, R_B, e * lanes * 2))
-            for r in range(rows):
-                ops.append(_fma(acc[r], va0 + rs * rows + r, vb + rs))
+        _bcast_dot(ops, acc, va0, vb, d, rotation, lanes)
         if part == "gp":
             for r in range(rows):
                 ops.append(_vstore("vstw", R_W, r * lanes * 4, acc[r]))
@@ -1085,17 +1095,7 @@ def mk_forward_scores(rows: int, d: int, masked: bool, probs: bool, scale_bits: 
     check_registers(R_T0 + rotation * rows + 3, vw + 1, platform, f"attention forward kernel {rows} rows")
     st = R_T0 + rotation * rows
     ops: list[Op] = [_zero(a) for a in acc]
-    for e in range(d):
-        rs = e % rotation
-        for r in range(rows):
-            s = R_T0 + rs * rows + r
-            ops.append(Op("sldh", (s, (R_A, r * d * 2 + e * 2)), (("s", R_A),), (("s", s),)))
-        for r in range(rows):
-            s, v = R_T0 + rs * rows + r, va0 + rs * rows + r
-            ops.append(Op("svbcast", (v, s), (("s", s),), (("v", v),)))
-        ops.append(_vload("vldh", vb + rs, R_B, e * lanes * 2))
-        for r in range(rows):
-            ops.append(_fma(acc[r], va0 + rs * rows + r, vb + rs))
+    _bcast_dot(ops, acc, va0, vb, d, rotation, lanes)
     ops.append(Op("smovi", (st, scale_bits), (), (("s", st),)))
     ops.append(Op("svbcastw", (vsc, st), (("s", st),), (("v", vsc),)))
     ops.append(Op("smovi", (st + 1, ONE_F16), (), (("s", st + 1),)))
