@@ -42,6 +42,17 @@ def warm_numba() -> None:
         _warmed = True
 
 
+def cached_track(name: str, key: str, unit: str, version: str = "1"):
+    """An asv ``track_*`` method that reports ``cache[key]`` from the class's ``setup_cache``."""
+    def track(self, cache):
+        return cache[key]
+
+    track.__name__ = track.__qualname__ = name
+    track.unit = unit
+    track.version = version
+    return track
+
+
 def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((m, k)).astype(np.float16),
@@ -149,17 +160,9 @@ class TrackTable5Study:
         reach = [r.ddr_bandwidth for r in rows if r.oracle.worst_error_pp <= 1.5]
         return {"oracle_30": rows[0].oracle.worst_error_pp, "reach": reach[0] / 1e9 if reach else float("nan")}
 
-    def track_table5_best_calibration_worst_pp_at_30gbs(self, cache):
-        return cache["oracle_30"]
-
-    track_table5_best_calibration_worst_pp_at_30gbs.unit = "pp"
-    track_table5_best_calibration_worst_pp_at_30gbs.version = "1"
-
-    def track_table5_ddr_rate_needed_gb_per_s(self, cache):
-        return cache["reach"]
-
-    track_table5_ddr_rate_needed_gb_per_s.unit = "GB/s"
-    track_table5_ddr_rate_needed_gb_per_s.version = "1"
+    track_table5_best_calibration_worst_pp_at_30gbs = cached_track(
+        "track_table5_best_calibration_worst_pp_at_30gbs", "oracle_30", "pp")
+    track_table5_ddr_rate_needed_gb_per_s = cached_track("track_table5_ddr_rate_needed_gb_per_s", "reach", "GB/s")
 
 
 class TrackThroughput:
@@ -282,17 +285,8 @@ class TrackSensitivity:
 
     setup_cache.timeout = 900
 
-    def track_table6_fitted_link_latency_ms(self, cache):
-        return cache["latency_ms"]
-
-    track_table6_fitted_link_latency_ms.unit = "ms"
-    track_table6_fitted_link_latency_ms.version = "1"
-
-    def track_ablation_link_needed_gb_per_s(self, cache):
-        return cache["link_gb_per_s"]
-
-    track_ablation_link_needed_gb_per_s.unit = "GB/s"
-    track_ablation_link_needed_gb_per_s.version = "1"
+    track_table6_fitted_link_latency_ms = cached_track("track_table6_fitted_link_latency_ms", "latency_ms", "ms")
+    track_ablation_link_needed_gb_per_s = cached_track("track_ablation_link_needed_gb_per_s", "link_gb_per_s", "GB/s")
 
 
 class TrackTable2:
