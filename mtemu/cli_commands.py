@@ -159,7 +159,7 @@ def _tune(args):
         if v:
             grid[name] = _ints(v)
     r = tune_gemm(args.m, args.k, args.n, platform=plat, grid=grid, workers=args.workers, scheduler=args.scheduler,
-                  out_dir=args.out, progress=not args.json, cache=not args.no_cache)
+                  out_dir=args.out, progress=not args.json, cache=not args.no_cache, emulate_top=args.emulate_top)
     return r.to_json(), format_tune(r, args.top)
 
 
@@ -198,6 +198,8 @@ def register(sub) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask distributed cluster")
     p.add_argument("--out", default="results/tune", help="folder for the heatmap and table")
     p.add_argument("--top", type=int, default=5)
+    p.add_argument("--emulate-top", type=int, metavar="N",
+                   help="GEMM: emulate only the N candidates with the best closed-form bound (plus the defaults)")
     p.add_argument("--no-cache", action="store_true", help="re-emulate even if cached")
     add_platform_args(p)
     p.add_argument("--json", action="store_true")

@@ -16,13 +16,14 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from .errors import AssemblyError, CapacityError, MtemuError
 from .fileio import atomic_write_bytes, atomic_write_json
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
+from .kernels.gemm_bound import gemm_bound
 from .platform import DEFAULT, Platform
 from .version import emulator_version
 
@@ -49,6 +50,7 @@ class Candidate:
     latency_ms: float | None = None
     stalls: dict | None = None
     cached: bool = False
+    bound_utilization: float | None = None    # closed-form upper bound (set when screening)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -105,6 +107,7 @@ class TuneResult:
     pruned: list[Candidate]
     heatmap: str | None = None
     table: str | None = None
+    screened: list[Candidate] = field(default_factory=list)   # feasible, not emulated (bound too low)
 
     @property
     def best(self) -> Candidate:
@@ -114,6 +117,7 @@ class TuneResult:
         return {"kernel": self.kernel, "shape": list(self.shape), "default": self.default.to_json(),
                 "best": self.best.to_json(), "candidates": [c.to_json() for c in self.candidates],
                 "pruned": len(self.pruned), "pruned_reasons": [c.to_json() for c in self.pruned],
+                "screened": [c.to_json() for c in self.screened],
                 "heatmap": self.heatmap, "table": self.table,
                 "gain_pp": 100 * (self.best.utilization - self.default.utilization)}
 
@@ -159,13 +163,35 @@ def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, gr
 
 def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
               workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
-              progress: bool = True, cache: bool = True) -> TuneResult:
-    """Tile sweep of the FP16 GEMM, ranked by emulated utilization."""
+              progress: bool = True, cache: bool = True, emulate_top: int | None = None) -> TuneResult:
+    """Tile sweep of the FP16 GEMM, ranked by emulated utilization.
+
+    ``emulate_top``: emulate only the candidates with the highest closed-form bound
+    (:mod:`mtemu.kernels.gemm_bound`) plus the defaults; the rest are reported as screened.
+    The bound is an upper bound, so a screened candidate can only be missed if the bound's
+    optimism (largest near the compute/DDR balance) reorders it past the cut.
+    """
     feasible, pruned = gemm_candidates(m, k, n, grid, platform)
     default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
+    feasible, screened = _screen(m, k, n, feasible, default, platform, emulate_top)
     result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
                     progress, cache)
+    result.screened = screened
     return _write_outputs(result, out_dir, f"gemm_{m}x{k}x{n}", grid, ("mg", "n2"), GEMM_GRID)
+
+
+def _screen(m: int, k: int, n: int, feasible: list[GemmTiles], default: GemmTiles, platform: Platform,
+            top: int | None) -> tuple[list[GemmTiles], list[Candidate]]:
+    """(tiles to emulate, screened-out candidates) ranked by the closed-form bound."""
+    if top is None:
+        return feasible, []
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise MtemuError(f"emulate_top must be a positive integer, got {top!r}")
+    bound = {t: gemm_bound(m, k, n, t, platform).utilization for t in feasible}
+    order = sorted(feasible, key=lambda t: (-bound[t], json.dumps(asdict(t), sort_keys=True)))
+    screened = [Candidate(asdict(t), True, "screened out by the closed-form bound", bound_utilization=bound[t])
+                for t in order[top:] if t != default]
+    return order[:top], screened
 
 
 def _read(path: Path) -> dict | None:
@@ -225,12 +251,23 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
         if t[ya] in mgs and t[xa] in n2s:
             i, j = mgs.index(t[ya]), n2s.index(t[xa])
             z[i, j] = np.nanmax([z[i, j], 100 * c.utilization])
+    # cells only screened candidates reached: their bound, in brackets (not emulated, not infeasible)
+    zb = np.full_like(z, np.nan)
+    for c in result.screened:
+        t = c.tiles
+        if t[ya] in mgs and t[xa] in n2s:
+            i, j = mgs.index(t[ya]), n2s.index(t[xa])
+            zb[i, j] = np.nanmax([zb[i, j], 100 * c.bound_utilization])
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(n2s) + 2), max(3.5, 0.8 * len(mgs) + 1.8)))
     im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
     for i in range(len(mgs)):
         for j in range(len(n2s)):
-            ax.text(j, i, "X" if np.isnan(z[i, j]) else f"{z[i, j]:.1f}", ha="center", va="center",
-                    color="red" if np.isnan(z[i, j]) else "white", fontsize=9)
+            if not np.isnan(z[i, j]):
+                ax.text(j, i, f"{z[i, j]:.1f}", ha="center", va="center", color="white", fontsize=9)
+            elif not np.isnan(zb[i, j]):
+                ax.text(j, i, f"({zb[i, j]:.1f})", ha="center", va="center", color="gray", fontsize=8)
+            else:
+                ax.text(j, i, "X", ha="center", va="center", color="red", fontsize=9)
     d = result.default.tiles
     if d[ya] in mgs and d[xa] in n2s:
         ax.add_patch(plt.Rectangle((n2s.index(d[xa]) - 0.5, mgs.index(d[ya]) - 0.5), 1, 1, fill=False,
@@ -243,7 +280,9 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     ax.set_xlabel(labels.get(xa, xa))
     ax.set_ylabel(labels.get(ya, ya))
     shape = "x".join(map(str, result.shape))
-    ax.set_title(f"{result.kernel} {shape}: best utilization (%) per ({ya}, {xa})\nX = infeasible (pruned by capacity)")
+    screened = ", (v) = bound, screened out" if result.screened else ""
+    ax.set_title(f"{result.kernel} {shape}: best utilization (%) per ({ya}, {xa})\n"
+                 f"X = infeasible (pruned by capacity){screened}")
     fig.colorbar(im, ax=ax, label="MAC utilization (%)")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -255,7 +294,8 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
 def format_tune(result: TuneResult, top: int = 5) -> str:
     d = result.default
     lines = [f"{result.kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
-             f"{len(result.pruned)} pruned by capacity",
+             f"{len(result.pruned)} pruned by capacity"
+             + (f", {len(result.screened)} screened out by the closed-form bound" if result.screened else ""),
              f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
     for i, c in enumerate(result.candidates[:top]):
         lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%" + ("  (cached)" if c.cached else ""))

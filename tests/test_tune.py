@@ -1,9 +1,11 @@
 import json
+import os
 
 import pytest
 
-from mtemu.errors import CapacityError
+from mtemu.errors import CapacityError, MtemuError
 from mtemu.kernels.gemm import gemm_timing, GemmTiles
+from mtemu.kernels.gemm_bound import gemm_bound
 from mtemu.platform import DEFAULT
 from mtemu.tune import gemm_candidates, tune_gemm
 
@@ -80,3 +82,24 @@ def test_attention_sweep_prunes_ranks_and_caches(cachedir):
     assert (cachedir / "out" / "attention_h2_kv1_s256_d64_heatmap.png").stat().st_size > 1000
     again = tune_attention(256, 2, 1, 64, grid=grid, workers=1, out_dir=None, progress=False)
     assert all(c.cached for c in again.candidates)
+
+
+def test_screening_by_the_bound_emulates_only_the_top_and_keeps_the_best(cachedir):
+    full = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    top = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "screen", progress=False, emulate_top=2)
+    emulated = {json.dumps(c.tiles, sort_keys=True) for c in top.candidates}
+    assert len(emulated) <= 3                                   # the top 2 and the defaults
+    assert len(top.candidates) + len(top.screened) == len(full.candidates)
+    assert top.best.tiles == full.best.tiles
+    # every screened candidate's bound is at most the cut's, and every bound is above the emulation
+    cut = min(gemm_bound(*SHAPE, GemmTiles(**c.tiles)).utilization for c in top.candidates
+              if c.tiles != top.default.tiles)
+    assert all(c.bound_utilization <= cut + 1e-12 and c.utilization is None for c in top.screened)
+    by_tiles = {json.dumps(c.tiles, sort_keys=True): c.utilization for c in full.candidates}
+    assert all(c.bound_utilization >= by_tiles[json.dumps(c.tiles, sort_keys=True)] for c in top.screened)
+    assert "screened" in top.to_json() and os.path.getsize(top.heatmap) > 5000
+
+
+def test_screening_rejects_a_bad_count():
+    with pytest.raises(MtemuError, match="emulate_top"):
+        tune_gemm(*SHAPE, grid=GRID, out_dir=None, progress=False, emulate_top=0)
