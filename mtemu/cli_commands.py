@@ -70,12 +70,19 @@ def _gemm(args):
         a = rng.standard_normal((args.m, args.k)).astype(np.float16)
         b = rng.standard_normal((args.k, args.n)).astype(np.float16)
         r = run_gemm(a, b, platform=plat, tiles=tiles, mode="functional")
+    # what bounds it: the closed-form DDR and VMAC times beside the emulated cycles
+    from .kernels.gemm_bound import gemm_bound
+    bound = gemm_bound(args.m, args.k, args.n, tiles, plat)
     payload = r.to_json()
+    payload["bound"] = {"bound_by": bound.bound, "ddr_cycles": bound.ddr_cycles,
+                        "compute_cycles": bound.compute_cycles, "utilization": bound.utilization}
     total = sum(r.stalls.values())
     text = (f"GEMM {r.m}x{r.k}x{r.n} ({r.mode}), tiles {r.tiles.describe()}\n"
             f"  cycles       {r.cycles}\n  utilization  {100 * r.utilization:.2f}%\n"
             f"  throughput   {r.tmac_per_s:.3f} T MAC/s\n  latency      {r.latency_ms:.3f} ms\n"
             f"  DDR traffic  {r.ddr_bytes / 1e6:.1f} MB\n"
+            f"  bound        {bound.bound}-bound: DDR {bound.ddr_cycles:.0f} / VMAC {bound.compute_cycles} cycles, "
+            f"at most {100 * bound.utilization:.2f}%\n"
             f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()) + f" (total {total})")
     return payload, text
 

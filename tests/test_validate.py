@@ -47,6 +47,9 @@ def test_cli_json_shape():
     for key in ("cycles", "utilization", "tmac_per_s", "latency_ms", "stalls"):
         assert key in payload
     assert 0 < payload["utilization"] < 1
+    # the closed-form bound printed beside it can only be above the emulated utilization
+    assert payload["bound"]["bound_by"] in ("ddr", "compute")
+    assert payload["utilization"] <= payload["bound"]["utilization"] < 1
     bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "0", "--k", "1", "--n", "1"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "dimension m" in bad.stderr
