@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 
 from .errors import CapacityError, MtemuError
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
-from .kernels.gemm_bound import gemm_bound
+from .kernels.gemm_bound import a_resident_bound, gemm_bound
 from .platform import DEFAULT, Platform
 from .validate import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
 
@@ -38,12 +38,30 @@ OVERHEAD_MAX = 64.0       # cycles per row: far beyond any fit (utilization < 20
 
 
 @dataclass(frozen=True)
+class AResidentTiles:
+    """Tiles of Fig. 4's literal loop order (A_g resident in GSM, C through DDR between k-blocks),
+    which exists here only as a closed form (:func:`mtemu.kernels.gemm_bound.a_resident_bound`)."""
+
+    mg: int
+    kg: int
+    n2: int
+    partial_bytes: int = 2
+
+    def describe(self) -> str:
+        return f"A-resident mg={self.mg} kg={self.kg} n2={self.n2} C partials {8 * self.partial_bytes}-bit"
+
+
+A_RESIDENT_GRID = {"mg": (256, 384, 512, 768, 1024, 1536, 2048), "kg": (512, 768, 1024, 1536, 2048, 2752, 3072, 4096),
+                   "n2": (384, 768, 1152), "partial_bytes": (2, 4)}
+
+
+@dataclass(frozen=True)
 class Table5Fit:
     """One calibration: DDR rate, tiles and fitted row overhead, with its five predictions."""
 
     strategy: str                     # "fixed", "protocol" or "oracle"
     ddr_bandwidth: float
-    tiles: GemmTiles
+    tiles: GemmTiles | AResidentTiles
     row_overhead_cycles: float
     fitted_on: tuple[tuple[int, int], ...]
     utilization_pp: tuple[float, ...]  # closed-form bound per Table 5 row
@@ -74,11 +92,16 @@ class Table5Fit:
     def rows_within(self) -> int:
         return sum(abs(e) <= TABLE5_TOLERANCE_PP for e in self.errors_pp)
 
+    @property
+    def dataflow(self) -> str:
+        return "a-resident" if isinstance(self.tiles, AResidentTiles) else "c-stationary"
+
     def platform(self, base: Platform = DEFAULT) -> Platform:
         return replace(base, ddr_bandwidth=self.ddr_bandwidth, dma_row_overhead_cycles=self.row_overhead_cycles)
 
     def to_json(self) -> dict:
-        return {"strategy": self.strategy, "source": self.source, "ddr_bandwidth": self.ddr_bandwidth,
+        return {"strategy": self.strategy, "source": self.source, "dataflow": self.dataflow,
+                "ddr_bandwidth": self.ddr_bandwidth,
                 "tiles": asdict(self.tiles), "row_overhead_cycles": self.row_overhead_cycles,
                 "fitted_on": [list(s) for s in self.fitted_on],
                 "rows": [{"k": k, "n": n, "utilization_pp": u, "paper_pp": p, "delta_pp": u - p}
@@ -93,17 +116,24 @@ def _bound_pp(platform: Platform, tiles: GemmTiles) -> tuple[float, ...]:
 
 def fit_row_overhead(platform: Platform, tiles: GemmTiles, rows: Iterable[tuple[int, int]],
                      lo: float = 0.0, hi: float = OVERHEAD_MAX, iterations: int = 60) -> float:
-    """Row overhead (cycles) minimizing the largest |bound - paper| over ``rows``.
-
-    Every row's utilization falls with the overhead, so the largest signed error falls and the
-    largest negative error rises; the minimax sits where the two cross, found by bisection.
-    """
-    rows = list(rows)
+    """Row overhead (cycles) minimizing the largest |bound - paper| over ``rows``."""
     index = [SHAPES.index(r) for r in rows]
 
-    def spread(ov: float) -> tuple[float, float]:
+    def errors(ov: float) -> list[float]:
         p = replace(platform, dma_row_overhead_cycles=ov)
-        e = [100 * gemm_bound(TABLE5_M, *SHAPES[i], tiles, p).utilization - PAPER_PP[i] for i in index]
+        return [100 * gemm_bound(TABLE5_M, *SHAPES[i], tiles, p).utilization - PAPER_PP[i] for i in index]
+
+    return _minimax_overhead(errors, lo, hi, iterations)
+
+
+def _minimax_overhead(errors: Callable[[float], list[float]], lo: float, hi: float, iterations: int = 60) -> float:
+    """The overhead minimizing max |errors(ov)| when every error falls as the overhead grows.
+
+    Then the largest signed error falls and the largest negative error rises; the minimax sits
+    where the two cross, found by bisection.
+    """
+    def spread(ov: float) -> tuple[float, float]:
+        e = errors(ov)
         return max(e), -min(e)
 
     above, below = spread(lo)
@@ -166,6 +196,8 @@ def calibrate(platform: Platform, strategy: str, tiles: Sequence[GemmTiles] | No
 def emulate_fit(fit: Table5Fit, base: Platform = DEFAULT,
                 progress: Callable[[str], None] | None = None) -> Table5Fit:
     """The same calibration measured on the emulator (timing mode) instead of the bound."""
+    if fit.dataflow != "c-stationary":
+        raise MtemuError(f"only the C-stationary GEMM is emulated; {fit.tiles.describe()} exists as a closed form only")
     p = fit.platform(base)
     utils = []
     for i, (k, n) in enumerate(SHAPES):
@@ -175,16 +207,51 @@ def emulate_fit(fit: Table5Fit, base: Platform = DEFAULT,
     return replace(fit, utilization_pp=tuple(utils), source="emulated")
 
 
+def a_resident_fit(platform: Platform, strategy: str = "oracle",
+                   grid: dict[str, Sequence[int]] = A_RESIDENT_GRID) -> Table5Fit:
+    """Best calibration of Fig. 4's literal loop order (closed form only) at ``platform``'s DDR rate:
+    tiles and row overhead chosen on all rows (``oracle``) or on the two fit rows (``protocol``)."""
+    if strategy not in ("protocol", "oracle"):
+        raise MtemuError(f"unknown calibration strategy {strategy!r}; use protocol or oracle")
+    rows = SHAPES if strategy == "oracle" else tuple(s for s in SHAPES if s in FIT_ROWS)
+    best = None
+    for mg, kg, n2, pb in itertools.product(grid["mg"], grid["kg"], grid["n2"], grid["partial_bytes"]):
+        t = AResidentTiles(mg, kg, n2, pb)
+
+        def pp(p: Platform, shapes) -> list[float]:
+            return [100 * a_resident_bound(TABLE5_M, k, n, t.mg, t.kg, t.n2, p, t.partial_bytes) for k, n in shapes]
+
+        try:
+            pp(platform, SHAPES[:1])
+        except CapacityError:
+            continue
+
+        def errors(ov: float) -> list[float]:
+            p = replace(platform, dma_row_overhead_cycles=ov)
+            return [u - PAPER_PP[SHAPES.index(s)] for u, s in zip(pp(p, rows), rows)]
+
+        ov = _minimax_overhead(errors, 0.0, OVERHEAD_MAX)
+        f = Table5Fit(strategy, platform.ddr_bandwidth, t, ov, rows,
+                      tuple(pp(replace(platform, dma_row_overhead_cycles=ov), SHAPES)))
+        if best is None or f.fit_error_pp < best.fit_error_pp - 1e-9:
+            best = f
+    if best is None:
+        raise MtemuError("no A-resident tile set in the grid fits the platform's GSM")
+    return best
+
+
 @dataclass(frozen=True)
 class StudyRow:
     ddr_bandwidth: float
     fixed: Table5Fit
     protocol: Table5Fit
     oracle: Table5Fit
+    a_resident: Table5Fit              # Fig. 4's literal loop order, all-row fit, closed form only
 
     def to_json(self) -> dict:
         return {"ddr_bandwidth": self.ddr_bandwidth, "fixed": self.fixed.to_json(),
-                "protocol": self.protocol.to_json(), "oracle": self.oracle.to_json()}
+                "protocol": self.protocol.to_json(), "oracle": self.oracle.to_json(),
+                "a_resident": self.a_resident.to_json()}
 
 
 def bandwidth_study(bandwidths: Sequence[float] = DEFAULT_BANDWIDTHS, base: Platform = DEFAULT,
@@ -197,7 +264,7 @@ def bandwidth_study(bandwidths: Sequence[float] = DEFAULT_BANDWIDTHS, base: Plat
         p = replace(base, ddr_bandwidth=float(bw))
         tiles = tile_grid(grid, platform=p)
         out.append(StudyRow(float(bw), calibrate(p, "fixed"), calibrate(p, "protocol", tiles),
-                            calibrate(p, "oracle", tiles)))
+                            calibrate(p, "oracle", tiles), a_resident_fit(p, "oracle")))
     return out
 
 
@@ -205,12 +272,13 @@ def format_study(rows: Sequence[StudyRow], emulated: Sequence[Table5Fit] = ()) -
     lines = ["Table 5 calibration study (closed-form bound; worst |delta| in pp, tolerance "
              f"{TABLE5_TOLERANCE_PP} pp; fit rows {sorted(FIT_ROWS)})",
              "DDR GB/s  fixed tiles: ov  held-out | fit-row protocol: tiles             ov  held-out | "
-             "all-row oracle: tiles            ov   worst"]
+             "all-row oracle: tiles            ov   worst | Fig. 4 loop order, all-row oracle   ov   worst"]
     for r in rows:
-        f, p, o = r.fixed, r.protocol, r.oracle
+        f, p, o, a = r.fixed, r.protocol, r.oracle, r.a_resident
         lines.append(f"{r.ddr_bandwidth / 1e9:8.1f}  {f.row_overhead_cycles:15.2f} {f.held_out_error_pp:8.2f} | "
                      f"{p.tiles.describe():34s} {p.row_overhead_cycles:5.2f} {p.held_out_error_pp:8.2f} | "
-                     f"{o.tiles.describe():30s} {o.row_overhead_cycles:5.2f} {o.worst_error_pp:7.2f}")
+                     f"{o.tiles.describe():30s} {o.row_overhead_cycles:5.2f} {o.worst_error_pp:7.2f} | "
+                     f"{a.tiles.describe()[len('A-resident '):]:34s} {a.row_overhead_cycles:5.2f} {a.worst_error_pp:7.2f}")
     for e in emulated:
         lines.append(f"emulated {e.strategy} at {e.ddr_bandwidth / 1e9:g} GB/s ({e.tiles.describe()}, "
                      f"ov {e.row_overhead_cycles:.2f}): " + " ".join(f"{d:+.2f}" for d in e.errors_pp)
@@ -229,16 +297,18 @@ def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit
 
     from .fileio import atomic_write_bytes
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5.2))
     gbs = [r.ddr_bandwidth / 1e9 for r in rows]
-    ax.plot(gbs, [r.fixed.worst_error_pp for r in rows], "o-", label="default tiles, overhead fit on 2 rows")
-    ax.plot(gbs, [r.protocol.worst_error_pp for r in rows], "s-", label="tiles + overhead fit on 2 rows")
-    ax.plot(gbs, [r.oracle.worst_error_pp for r in rows], "^-", label="tiles + overhead fit on all 5 rows (bound)")
+    ax.plot(gbs, [r.fixed.worst_error_pp for r in rows], "o-", label="emulated GEMM: default tiles, overhead fit on 2 rows")
+    ax.plot(gbs, [r.protocol.worst_error_pp for r in rows], "s-", label="emulated GEMM: tiles + overhead fit on 2 rows")
+    ax.plot(gbs, [r.oracle.worst_error_pp for r in rows], "^-", label="emulated GEMM: tiles + overhead fit on all 5 rows")
+    ax.plot(gbs, [r.a_resident.worst_error_pp for r in rows], "v:",
+            label="Fig. 4 loop order (A_g in GSM; not emulated), fit on all 5 rows")
     ax.axhline(TABLE5_TOLERANCE_PP, color="k", ls="--", lw=1, label=f"target {TABLE5_TOLERANCE_PP} pp")
     ax.set_xlabel("DDR server rate (GB/s per cluster)")
     ax.set_ylabel("worst |ours - paper| over Table 5 (pp)")
     ax.set_title("Table 5 calibration study (closed-form bound)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     labels = [f"{k}x{n}" for k, n in SHAPES]
     width = 0.8 / max(1, len(emulated))
     for i, e in enumerate(emulated):

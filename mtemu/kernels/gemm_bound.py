@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
 from .gemm import DEFAULT_TILES, GemmTiles, plan_gemm
 
@@ -78,3 +79,40 @@ def gemm_bound(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES,
     ddr_cycles = ddr_bytes / bytes_per_cycle + ddr_rows * platform.dma_row_overhead_cycles
     return GemmBound(m, k, n, m * k * n, ddr_bytes, ddr_rows, ddr_cycles, compute,
                      platform.peak_macs_per_cycle)
+
+
+def a_resident_bound(m: int, k: int, n: int, mg: int, kg: int, n2: int, platform: Platform = DEFAULT,
+                     partial_bytes: int = 2) -> float:
+    """Utilization bound of Fig. 4's literal loop order, which mtemu does not emulate.
+
+    ``A_g[mg, kg]`` moves DDR -> GSM once (double-buffered) and serves every N panel; ``B`` rows
+    of the k-block are broadcast per panel; ``C`` lives in AM only within a k-block, so it goes
+    through DDR between k-blocks (``partial_bytes`` per element each way: 2 rounds partial sums
+    to FP16, 4 keeps FP32) and is written as FP16 after the last. DDR time only (with the row
+    overhead) against the ideal VMAC time: an upper bound on what such a kernel could reach.
+    """
+    for name, v in (("m", m), ("k", k), ("n", n), ("mg", mg), ("kg", kg), ("n2", n2)):
+        if not isinstance(v, int) or v <= 0:
+            raise MtemuError(f"a_resident_bound: {name} must be a positive integer, got {v!r}")
+    if partial_bytes not in (2, 4):
+        raise MtemuError(f"a_resident_bound: partial_bytes must be 2 or 4, got {partial_bytes!r}")
+    gsm = 2 * min(mg, m) * min(kg, k) * 2
+    if gsm > platform.gsm_bytes:
+        raise CapacityError(f"GSM: two A_g tiles of mg={mg} x kg={kg} FP16 need {gsm} bytes, "
+                            f"{gsm - platform.gsm_bytes} more than the {platform.gsm_bytes}-byte GSM")
+    kblocks = _pieces(k, kg)
+    nk = sum(cnt for _, cnt in kblocks)
+    nbytes = nrows = 0
+    for mrows, mcount in _pieces(m, mg):
+        for kw, kcount in kblocks:
+            nbytes += mcount * kcount * mrows * kw * 2                 # A_g once
+            nrows += mcount * kcount * mrows
+            for nw, ncount in _pieces(n, n2):
+                nbytes += mcount * kcount * ncount * kw * nw * 2       # B per panel
+                nrows += mcount * kcount * ncount * kw
+        for nw, ncount in _pieces(n, n2):
+            nbytes += mcount * ncount * mrows * nw * ((nk - 1) * 2 * partial_bytes + 2)
+            nrows += mcount * ncount * mrows * (2 * (nk - 1) + 1)
+    ddr = nbytes / (platform.ddr_bandwidth / platform.clock_hz) + nrows * platform.dma_row_overhead_cycles
+    ideal = m * k * n / platform.peak_macs_per_cycle
+    return ideal / max(ddr, ideal)
