@@ -128,10 +128,17 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
     lo, hi = paper.FIG10_SPEEDUP
     progress("Attention: emulating the resident and DDR-staged backward for seq 512..4096 (timing mode)")
     rows = validate_attention()
+    for r in rows:
+        # Our staged kernel is DDR-bound, so its time is its bytes over the rate it achieves; the
+        # paper's speedups then fix how many bytes its baseline could have moved.
+        rate = r["staged_ddr_bytes"] / r["staged_ms"]
+        r["paper_implied_staged_bytes_ratio"] = [s * r["resident_ms"] * rate / r["resident_ddr_bytes"] for s in (lo, hi)]
     checks = [Check(f"seq {r['seq']}: resident / DDR-staged speedup", r["speedup"], f"{lo}-{hi}",
                     f"within {lo}-{hi}", lo <= r["speedup"] <= hi,
-                    f"DDR {r['staged_ddr_bytes'] / max(r['resident_ddr_bytes'], 1):.1f}x the resident bytes")
+                    f"DDR {r['staged_ddr_bytes'] / max(r['resident_ddr_bytes'], 1):.1f}x the resident bytes; the "
+                    "paper's range means {:.1f}-{:.1f}x".format(*r["paper_implied_staged_bytes_ratio"]))
               for r in rows]
+    implied = [x for r in rows for x in r["paper_implied_staged_bytes_ratio"]]
     fig = out / "attention_speedup.png"
     _plot_attention(rows, fig, lo, hi)
     text = "\n".join(f"seq {r['seq']:5d}: resident {r['resident_ms']:8.3f} ms ({100 * r['resident_utilization']:.1f}% util), "
@@ -141,7 +148,11 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
                       notes=["The staged baseline round-trips GP, GS, P and the partial gradients through DDR; with "
                              "24 DSPs sharing 30 GB/s it moves 5-9x the resident kernel's bytes, so our speedups "
                              "exceed the paper's 1.24-1.54x. The paper does not give its baseline's traffic; "
-                             "see docs/CHOICES.md, 'mtemu attention kernels'."])
+                             "see docs/CHOICES.md, 'mtemu attention kernels'.",
+                             f"At the DDR rate our staged kernel achieves, the paper's 1.24-1.54x corresponds to a "
+                             f"baseline moving {min(implied):.1f}-{max(implied):.1f}x the resident kernel's bytes: "
+                             "less extra traffic than one round trip of a single seq x seq FP16 intermediate "
+                             "(0.2-0.9 of one), where the staged schedule makes several."])
 
 
 def _plot_attention(rows, path: Path, lo: float, hi: float) -> None:
