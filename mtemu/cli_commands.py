@@ -61,15 +61,15 @@ def _platform(args):
 # --- gemm -----------------------------------------------------------------------------------
 def _gemm(args):
     plat = platform_from_args(args)
+    if args.loop_order == "a-resident":
+        return _gemm_a_resident(args, plat)
+    if args.kg is not None:
+        raise MtemuError("--kg applies to --loop-order a-resident only")
     tiles = tiles_from_args(args)
     if args.mode == "timing":
         r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
     else:
-        import numpy as np
-        rng = np.random.default_rng(args.seed)
-        a = rng.standard_normal((args.m, args.k)).astype(np.float16)
-        b = rng.standard_normal((args.k, args.n)).astype(np.float16)
-        r = run_gemm(a, b, platform=plat, tiles=tiles, mode="functional")
+        r = run_gemm(*_random_operands(args), platform=plat, tiles=tiles, mode="functional")
     # what bounds it: the closed-form DDR and VMAC times beside the emulated cycles
     from .kernels.gemm_bound import gemm_bound
     bound = gemm_bound(args.m, args.k, args.n, tiles, plat)
@@ -84,6 +84,37 @@ def _gemm(args):
             f"  bound        {bound.bound}-bound: DDR {bound.ddr_cycles:.0f} / VMAC {bound.compute_cycles} cycles, "
             f"at most {100 * bound.utilization:.2f}%\n"
             f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()) + f" (total {total})")
+    return payload, text
+
+
+def _random_operands(args):
+    import numpy as np
+    rng = np.random.default_rng(args.seed)
+    return (rng.standard_normal((args.m, args.k)).astype(np.float16),
+            rng.standard_normal((args.k, args.n)).astype(np.float16))
+
+
+def _gemm_a_resident(args, plat):
+    from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing, run_a_resident
+    from .kernels.gemm_bound import a_resident_bound
+    if args.no_pipeline:
+        raise MtemuError("--no-pipeline applies to the default loop order only")
+    kw = {f.name: getattr(args, f.name) for f in fields(AResidentGemmTiles)
+          if f.name != "pipelined" and getattr(args, f.name, None) is not None}
+    tiles = AResidentGemmTiles(**kw)
+    if args.mode == "timing":
+        r = a_resident_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
+    else:
+        r = run_a_resident(*_random_operands(args), platform=plat, tiles=tiles)
+    t = r.tiles
+    bound = a_resident_bound(args.m, args.k, args.n, t.mg, t.kg, t.n2, plat)
+    payload = r.to_json()
+    payload["bound"] = {"utilization": bound}
+    text = (f"GEMM {r.m}x{r.k}x{r.n} ({r.mode}), tiles {t.describe()}\n"
+            f"  cycles       {r.cycles}\n  utilization  {100 * r.utilization:.2f}% (closed-form bound "
+            f"{100 * bound:.2f}%)\n  throughput   {r.tmac_per_s:.3f} T MAC/s\n  latency      {r.latency_ms:.3f} ms\n"
+            f"  DDR traffic  {r.ddr_bytes / 1e6:.1f} MB\n"
+            f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()))
     return payload, text
 
 
@@ -112,7 +143,10 @@ def _table5_study(args, plat):
     rows = bandwidth_study([1e9 * x for x in _floats(args.bandwidths, "--bandwidths")], plat)
     note = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     emulated = [emulate_fit(getattr(r, strategy), plat, progress=note)
-                for strategy in args.emulate or () for r in rows]
+                for strategy in args.emulate or () if strategy != "a-resident" for r in rows]
+    if "a-resident" in (args.emulate or ()):
+        from .calibrate import emulate_a_resident
+        emulated.append(emulate_a_resident(base=plat, progress=note))
     if args.plot:
         plot_study(rows, args.plot, emulated)
     text = format_study(rows, emulated) + (f"\nplot: {args.plot}" if args.plot else "")
@@ -181,6 +215,10 @@ def register(sub) -> None:
     p.add_argument("--k", type=int, required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")
+    p.add_argument("--loop-order", choices=("c-stationary", "a-resident"), default="c-stationary",
+                   help="c-stationary (default): C in AM for all of K; a-resident: Fig. 4's A_g resident in GSM, "
+                        "C through DDR between k-blocks as FP16 partial sums")
+    p.add_argument("--kg", type=int, help="a-resident: columns of A per resident A_g block")
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
     add_tile_args(p)
     add_platform_args(p)
@@ -220,8 +258,9 @@ def register(sub) -> None:
     study = p.add_argument_group("table5-study")
     study.add_argument("--bandwidths", default="30,35,40,45,51", metavar="GBS",
                        help="comma-separated DDR server rates in GB/s (default: 30,35,40,45,51)")
-    study.add_argument("--emulate", action="append", choices=("fixed", "protocol", "oracle"),
-                       help="also emulate this strategy's fit at every rate (repeatable; ~35 s per rate)")
+    study.add_argument("--emulate", action="append", choices=("fixed", "protocol", "oracle", "a-resident"),
+                       help="also emulate this strategy's fit at every rate (repeatable; ~35 s per rate); "
+                            "a-resident: the emulated Fig. 4 loop order at the raw 51 GB/s, no fitted constant")
     study.add_argument("--plot", metavar="FILE", help="write the study figure (PNG)")
     add_tile_args(p)
     add_platform_args(p)

@@ -156,3 +156,19 @@ def test_fig4_loop_order_needs_a_faster_ddr_too(study):
     with pytest.raises(MtemuError, match="closed form only"):
         from mtemu.calibrate import emulate_fit
         emulate_fit(at51.a_resident)
+
+
+def test_a_resident_fit_is_reported_as_unfitted():
+    from mtemu.calibrate import A_RESIDENT_TABLE5_TILES, PAPER_PP, Table5Fit, format_study
+    from mtemu.kernels.gemm_a_resident import plan_a_resident
+    fit = Table5Fit("raw-ddr", 51e9, A_RESIDENT_TABLE5_TILES, 0.0, (), tuple(p - 1.0 for p in PAPER_PP), "emulated")
+    assert fit.dataflow == "a-resident" and fit.fit_error_pp == 0.0
+    assert fit.held_out_error_pp == pytest.approx(1.0) and fit.rows_within == 5
+    assert "no platform constant fitted" in format_study([], [fit])
+    # the documented tile rule: k2 is the largest multiple of 64 dividing kg whose B tiles fit AM
+    t = A_RESIDENT_TABLE5_TILES
+    for k, n in SHAPES:
+        plan_a_resident(TABLE5_M, k, n, t)
+    with pytest.raises(CapacityError):
+        plan_a_resident(TABLE5_M, 4096, 4096, replace(t, k2=768))
+    assert t.kg % t.k2 == 0 and t.k2 % 64 == 0

@@ -1,0 +1,356 @@
+"""FP16 GEMM in Fig. 4's literal loop order: ``A_g`` resident in GSM, C through DDR between k-blocks.
+
+The default GEMM (:mod:`mtemu.kernels.gemm`) keeps C in AM for the whole K and re-reads A for
+every N panel. This variant is the other loop order Fig. 4 allows: for each m-block and each
+k-block of ``kg`` columns, ``A_g[mg, kg]`` moves DDR -> GSM once (two slots, the next block
+loading while this one is used) and serves every N panel; per (panel, k2 sub-block) step
+``A_2`` moves GSM -> SM and ``B_2`` is broadcast DDR -> AM as in the default kernel. C lives
+in AM only within a k-block: it leaves as FP16 at the block's end (the micro-kernel's rounding
+store) and comes back, widened to FP32, at the next block's start. A is read once; C pays
+``2 (nk - 1) + 1`` FP16 passes for ``nk`` k-blocks.
+
+Numerics: FP32 accumulation within a k-block, FP16 rounding between k-blocks, which is what a
+kernel accumulating in FP16 registers between passes does. :func:`reference_gemm_a_resident`
+follows the same order, so results are bit-exact against it (not against the single-pass
+:func:`mtemu.kernels.gemm.reference_gemm` unless ``kg >= k``).
+
+The micro-kernel, row partition, result type and runner are the default kernel's.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..assembler import Instr, ProgramBuilder, ins
+from ..errors import CapacityError, MtemuError
+from ..platform import DEFAULT, Platform
+from .gemm import (ALIGN, R_AROW, R_AROW2, R_CROW, R_CROW2, R_GROW, R_GROW2, R_LEADER_SKIP,
+                   R_ABASE, R_BBASE, R_CBASE, R_WBASE, GemmProgram, GemmResult, GemmTiles, _partition, _result,
+                   _round_up, _run, microkernel, plan_gemm)
+from .schedule import Op, schedule
+from .. import isa
+
+CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class AResidentGemmTiles:
+    """``mg`` rows per m-block, ``kg`` columns per resident A_g block, ``k2`` x ``n2`` B tile,
+    ``mr`` x ``nv`` micro-kernel, ``rotation`` register sets (as in :class:`GemmTiles`)."""
+
+    mg: int = 512
+    kg: int = 768
+    k2: int = 128
+    n2: int = 384
+    mr: int = 6
+    nv: int = 4
+    rotation: int = 2
+    pipelined: bool = True           # the micro-kernel's software pipeline (always on here)
+
+    def describe(self) -> str:
+        return f"A-resident mg={self.mg} kg={self.kg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
+
+
+@dataclass(frozen=True)
+class AResidentPlan:
+    m: int
+    k: int
+    n: int
+    tiles: AResidentGemmTiles
+    rows_max: int
+    n2p: int
+    a_addr: int
+    b_addr: int
+    c_addr: int
+    ddr_bytes: int
+    sm_slots: tuple[int, int]
+    gsm_slots: tuple[int, int]
+    am_b_slots: tuple[int, int]
+    am_c: int
+    am_wb: int
+    am_cin: int
+    sm_used: int
+    am_used: int
+    gsm_used: int
+
+
+def plan_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResidentGemmTiles(),
+                    platform: Platform = DEFAULT) -> AResidentPlan:
+    """Check shape and tiles against the platform; raise CapacityError naming the memory."""
+    t = tiles
+    if not isinstance(t.kg, (int, np.integer)) or t.kg <= 0:
+        raise CapacityError(f"tile 'kg' must be a positive integer, got {t.kg!r}")
+    # The default kernel's plan checks the shape, the other tiles, registers, SM, AM for B and C
+    # and lays out DDR; its GSM rule (three A_g slots of k2 columns) is not this kernel's.
+    kg = min(t.kg, k) if isinstance(k, (int, np.integer)) and k > 0 else t.kg
+    base = plan_gemm(m, k, n, GemmTiles(mg=t.mg, k2=min(t.k2, kg), n2=t.n2, mr=t.mr, nv=t.nv, rotation=t.rotation),
+                     replace(platform, gsm_bytes=1 << 62))
+    bt = base.tiles
+    gsm_slot = _round_up(bt.mg * kg * 2, ALIGN)
+    gsm_used = 2 * gsm_slot
+    if gsm_used > platform.gsm_bytes:
+        raise CapacityError(f"GSM: two A_g tiles of mg={bt.mg} x kg={kg} FP16 need {gsm_used} bytes, "
+                            f"{gsm_used - platform.gsm_bytes} more than the {platform.gsm_bytes}-byte GSM")
+    # AM: the default kernel's layout plus a second FP16 C buffer for the partial coming back
+    cin = base.am_wb + _round_up(base.rows_max * base.n2p * 2, ALIGN)
+    am_used = cin + _round_up(base.rows_max * base.n2p * 2, ALIGN)
+    if am_used > platform.am_bytes:
+        raise CapacityError(f"AM: two B tiles (k2={bt.k2} x {base.n2p}) + FP32 C and two FP16 C buffers "
+                            f"({base.rows_max} x {base.n2p}) need {am_used} bytes, "
+                            f"{am_used - platform.am_bytes} more than the {platform.am_bytes}-byte AM")
+    eff = AResidentGemmTiles(bt.mg, kg, bt.k2, bt.n2, bt.mr, bt.nv, bt.rotation)
+    return AResidentPlan(m, k, n, eff, base.rows_max, base.n2p, base.a_addr, base.b_addr, base.c_addr, base.ddr_bytes,
+                         base.sm_slots, (0, gsm_slot), base.am_b_slots, base.am_c, base.am_wb, cin,
+                         base.sm_used, am_used, gsm_used)
+
+
+@dataclass(frozen=True)
+class _Step:
+    block: int      # (m-block, k-block) index: which A_g
+    kb: int         # k-block within the m-block
+    row0: int
+    mrows: int
+    n0: int
+    nw: int
+    kg0: int        # first column of the k-block
+    kgw: int        # its width
+    koff: int       # this sub-block's offset within the k-block
+    kw: int
+    first: bool     # first sub-block of (k-block, panel)
+    last: bool      # last sub-block of (k-block, panel)
+    block_first: bool
+
+
+def _steps(plan: AResidentPlan) -> list[_Step]:
+    t = plan.tiles
+    out, block = [], 0
+    for row0 in range(0, plan.m, t.mg):
+        mrows = min(t.mg, plan.m - row0)
+        for kb, kg0 in enumerate(range(0, plan.k, t.kg)):
+            kgw = min(t.kg, plan.k - kg0)
+            subs = list(range(0, kgw, t.k2))
+            for pi, n0 in enumerate(range(0, plan.n, t.n2)):
+                nw = min(t.n2, plan.n - n0)
+                for si, koff in enumerate(subs):
+                    out.append(_Step(block, kb, row0, mrows, n0, nw, kg0, kgw, koff, min(t.k2, kgw - koff),
+                                     si == 0, si == len(subs) - 1, pi == 0 and si == 0))
+            block += 1
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _widen(rows: int, nvec: int, cin: int, am_c: int, pitch: int, platform: Platform) -> tuple:
+    """Bundles that widen the FP16 partial C (``cin``) into the FP32 accumulator buffer, then ``ret``."""
+    lanes = platform.vector_lanes
+    ops, slot = [], 0
+    for r in range(rows):
+        for c in range(nvec):
+            v = slot % 16
+            slot += 1
+            ops.append(Op("vldh", (v, (0, cin + r * pitch * 2 + c * lanes * 2)), (), (("v", v),)))
+            ops.append(Op("vstw", ((0, am_c + r * pitch * 4 + c * lanes * 4), v), (("v", v),)))
+    bundles = schedule(ops, platform)
+    bundles.append([ins("ret")])
+    return tuple(tuple(b) for b in bundles)
+
+
+def _desc_fields(key: tuple, plan: AResidentPlan, rows: int | None) -> np.ndarray:
+    t = plan.tiles
+    kind = key[0]
+    if kind == "a_gsm":
+        f = (isa.SP_DDR, isa.SP_GSM, rows, key[2] * 2, plan.k * 2, t.kg * 2, isa.DMA_COPY)
+    elif kind == "a_sm":
+        f = (isa.SP_GSM, isa.SP_SM, rows, key[2] * 2, t.kg * 2, t.k2 * 2, isa.DMA_COPY)
+    elif kind == "b":
+        f = (isa.SP_DDR, isa.SP_AM, key[1], key[2] * 2, plan.n * 2, plan.n2p * 2, isa.DMA_BROADCAST)
+    elif kind == "c":
+        f = (isa.SP_AM, isa.SP_DDR, rows, key[2] * 2, plan.n2p * 2, plan.n * 2, isa.DMA_COPY)
+    else:                                                          # "cin": the partial coming back
+        f = (isa.SP_DDR, isa.SP_AM, rows, key[2] * 2, plan.n * 2, plan.n2p * 2, isa.DMA_COPY)
+    return np.array(f, dtype=np.int64)
+
+
+def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResidentGemmTiles(),
+                     platform: Platform = DEFAULT) -> GemmProgram:
+    return _build_cached(int(m), int(k), int(n), tiles, platform)
+
+
+@functools.lru_cache(maxsize=16)
+def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> GemmProgram:
+    plan = plan_a_resident(m, k, n, tiles, platform)
+    t = plan.tiles
+    lanes = platform.vector_lanes
+    steps = _steps(plan)
+    partitions = {s.mrows: _partition(s.mrows, platform.dsps) for s in steps}
+    b = ProgramBuilder(platform)
+    astride, bstride = t.k2 * 2, plan.n2p * 2
+    cstride, wstride = plan.n2p * 4, plan.n2p * 2
+    desc_keys: list[tuple] = []
+
+    def desc(key: tuple) -> int:
+        if key not in desc_keys:
+            desc_keys.append(key)
+            f = _desc_fields(key, plan, max(plan.rows_max, 1))
+            b.descriptor(isa.SPACES[f[0]], isa.SPACES[f[1]], int(f[2]), int(f[3]), int(f[4]), int(f[5]),
+                         isa.DMA_MODES[f[6]], name=f"{key[0]}{len(desc_keys) - 1}")
+        return desc_keys.index(key)
+
+    full_rows = steps[0].mrows
+
+    def regs(s: _Step) -> tuple[int, int, int]:
+        return (R_AROW, R_GROW, R_CROW) if s.mrows == full_rows else (R_AROW2, R_GROW2, R_CROW2)
+
+    def a_to_gsm(s: _Step) -> Instr:
+        arow, grow, _ = regs(s)
+        src = plan.a_addr + s.row0 * plan.k * 2 + s.kg0 * 2
+        return ins("dma", CH_A_GSM, desc(("a_gsm", s.mrows, s.kgw)), (arow, src), (grow, plan.gsm_slots[s.block % 2]))
+
+    def a_to_sm(i: int) -> Instr:
+        s = steps[i]
+        return ins("dma", CH_A_SM, desc(("a_sm", s.mrows, s.kw)),
+                   (regs(s)[1], plan.gsm_slots[s.block % 2] + s.koff * 2), (0, plan.sm_slots[i % 2]))
+
+    def b_bcast(i: int) -> Instr:
+        s = steps[i]
+        src = plan.b_addr + (s.kg0 + s.koff) * plan.n * 2 + s.n0 * 2
+        return ins("dma", CH_B, desc(("b", s.kw, s.nw)), (0, src), (0, plan.am_b_slots[i % 2]))
+
+    def c_dma(s: _Step, back: bool) -> Instr:
+        at = plan.c_addr + s.row0 * plan.n * 2 + s.n0 * 2
+        if back:
+            return ins("dma", CH_C, desc(("c", s.mrows, s.nw)), (0, plan.am_wb), (regs(s)[2], at))
+        return ins("dma", CH_CIN, desc(("cin", s.mrows, s.nw)), (regs(s)[2], at), (0, plan.am_cin))
+
+    def leader_only(body: list[Instr], skip: str) -> None:
+        b.bundle(ins("bnz", R_LEADER_SKIP, skip))
+        for instr in body:
+            b.bundle(instr)
+        b.label(skip)
+
+    # When each partial C comes back: after the write of the same panel's previous k-block was
+    # issued (DDR read after write) and after the previous partial was widened (one AM buffer).
+    fetch_after: dict[int, list[int]] = {}
+    last_write: dict[tuple, int] = {}
+    prev_first = None
+    for i, s in enumerate(steps):
+        if s.last:
+            last_write[(s.block, s.n0)] = i
+        if s.first and s.kb > 0:
+            w = last_write[(s.block - 1, s.n0)]
+            at = max(w, prev_first if prev_first is not None else 0)
+            fetch_after.setdefault(at, []).append(i)
+        if s.first:
+            prev_first = i
+
+    mk_labels: dict[tuple, str] = {}
+    widen_labels: dict[int, str] = {}
+    b.bundle(a_to_gsm(steps[0]))
+    b.bundle(ins("dmawait", CH_A_GSM))
+    b.bundle(a_to_sm(0))
+    later = [s for s in steps if s.block_first and s.block == 1]
+    if later:
+        b.bundle(a_to_gsm(later[0]))
+    leader_only([b_bcast(0)], "pro_lead")
+    n_steps = len(steps)
+    for i, s in enumerate(steps):
+        leader_only([ins("dmawait", CH_B)], f"s{i}_w")
+        b.bundle(ins("barrier"))
+        if i + 1 < n_steps:
+            leader_only([b_bcast(i + 1)], f"s{i}_b")
+        if s.block_first and i > 0:
+            nxt = [x for x in steps[i:] if x.block_first and x.block == s.block + 1]
+            if nxt:            # the slot of block - 1 is free: every DSP passed the barrier
+                b.bundle(a_to_gsm(nxt[0]))
+        b.bundle(ins("dmawait", CH_A_SM))
+        if i + 1 < n_steps:
+            if steps[i + 1].block_first:
+                b.bundle(ins("dmawait", CH_A_GSM))
+            b.bundle(a_to_sm(i + 1))
+        nvec = math.ceil(s.nw / lanes)
+        if s.first and s.kb > 0:
+            b.bundle(ins("dmawait", CH_CIN))
+            widen_labels.setdefault(nvec, f"widen_{nvec}")
+            b.bundle(ins("call", widen_labels[nvec]))
+        if s.last:
+            b.bundle(ins("dmawait", CH_C))
+        sm, bslot = plan.sm_slots[i % 2], plan.am_b_slots[i % 2]
+        first = s.first and s.kb == 0
+        for r0 in range(0, plan.rows_max, t.mr):
+            mr = min(t.mr, plan.rows_max - r0)
+            for c0 in range(0, nvec, t.nv):
+                nv = min(t.nv, nvec - c0)
+                key = (mr, nv, s.kw, first, s.last)
+                label = mk_labels.setdefault(key, f"mk_{mr}x{nv}_k{s.kw}_{'f' if first else ''}{'l' if s.last else ''}")
+                b.bundle(ins("smovi", R_ABASE, sm + r0 * astride), ins("smovi", R_BBASE, bslot + c0 * lanes * 2),
+                         ins("smovi", R_CBASE, plan.am_c + r0 * cstride + c0 * lanes * 4))
+                b.bundle(ins("smovi", R_WBASE, plan.am_wb + r0 * wstride + c0 * lanes * 2), ins("call", label))
+        if s.last:
+            b.bundle(c_dma(s, back=True))
+        for j in fetch_after.get(i, ()):
+            b.bundle(c_dma(steps[j], back=False))
+    b.bundle(ins("dmawait", CH_C))
+    b.bundle(ins("halt"))
+    for (mr, nv, ks, first, last), label in mk_labels.items():
+        b.label(label)
+        for bundle in microkernel(mr, nv, ks, first, last, astride, bstride, cstride, wstride,
+                                  t.rotation, True, platform):
+            b.bundle(*bundle)
+    for nvec, label in widen_labels.items():
+        b.label(label)
+        for bundle in _widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform):
+            b.bundle(*bundle)
+    program = b.assemble()
+    dsp_desc: dict[int, np.ndarray] = {}
+    init: dict[int, dict[int, int]] = {}
+    full_part, last_part = partitions[full_rows], partitions[steps[-1].mrows]
+    for d in range(platform.dsps):
+        table = program.descriptors.copy()
+        for j, key in enumerate(desc_keys):
+            rows_d = partitions[key[1]][d][1] if key[0] != "b" else None
+            table[j] = _desc_fields(key, plan, rows_d)
+        dsp_desc[d] = table
+        r0, r0_last = full_part[d][0], last_part[d][0]
+        init[d] = {R_AROW: r0 * plan.k * 2, R_GROW: r0 * t.kg * 2, R_CROW: r0 * plan.n * 2,
+                   R_AROW2: r0_last * plan.k * 2, R_GROW2: r0_last * t.kg * 2, R_CROW2: r0_last * plan.n * 2,
+                   R_LEADER_SKIP: 0 if d == 0 else 1}
+    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+
+
+def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarray:
+    """The kernel's order: FP32 sequential-k accumulation within k-blocks of ``kg``, FP16 between."""
+    acc = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    for k0 in range(0, a.shape[1], kg):
+        for kk in range(k0, min(k0 + kg, a.shape[1])):
+            acc += a32[:, kk:kk + 1] * b32[kk:kk + 1, :]
+        acc = acc.astype(np.float16).astype(np.float32)
+    return acc.astype(np.float16)
+
+
+def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | None = None,
+                      platform: Platform | None = None) -> GemmResult:
+    """Emulate the A-resident GEMM in timing-only mode."""
+    platform = platform or DEFAULT
+    gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
+    stats, _ = _run(gp, platform, False)
+    return _result(gp, stats, "timing", platform)
+
+
+def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
+                   tiles: AResidentGemmTiles | None = None) -> GemmResult:
+    """Multiply FP16 matrices with the A-resident kernel (functional); ``result.c`` is the product."""
+    platform = platform or DEFAULT
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype != np.float16:
+            raise MtemuError(f"{name} must be a 2-D float16 NumPy array")
+    if a.shape[1] != b.shape[0]:
+        raise MtemuError(f"inner dimensions differ: a is {a.shape}, b is {b.shape}")
+    m, k = a.shape
+    n = b.shape[1]
+    gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
+    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b))
+    c = cluster.read_ddr_u16(gp.plan.c_addr, m * n).view(np.float16).reshape(m, n)
+    return _result(gp, stats, "functional", platform, c)
