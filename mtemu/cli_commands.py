@@ -43,6 +43,30 @@ def add_tile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-pipeline", action="store_true", help="variant without load/compute overlap")
 
 
+def add_loop_order_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("loop order")
+    g.add_argument("--loop-order", choices=("c-stationary", "a-resident"), default="c-stationary",
+                   help="c-stationary (default): C in AM for all of K; a-resident: Fig. 4's A_g resident in GSM, "
+                        "C through DDR between k-blocks as FP16 partial sums")
+    g.add_argument("--kg", type=int, help="a-resident: columns of A per resident A_g block")
+    g.add_argument("--b-slots", type=int, help="a-resident: B tiles in AM (2 or 3)")
+
+
+def any_tiles_from_args(args: argparse.Namespace):
+    """GemmTiles, or AResidentGemmTiles with --loop-order a-resident (its own defaults)."""
+    if getattr(args, "loop_order", "c-stationary") != "a-resident":
+        for flag in ("kg", "b_slots"):
+            if getattr(args, flag, None) is not None:
+                raise MtemuError(f"--{flag.replace('_', '-')} applies to --loop-order a-resident only")
+        return tiles_from_args(args)
+    from .kernels.gemm_a_resident import AResidentGemmTiles
+    if getattr(args, "no_pipeline", False):
+        raise MtemuError("--no-pipeline applies to the default loop order only")
+    kw = {f.name: getattr(args, f.name) for f in fields(AResidentGemmTiles)
+          if f.name != "pipelined" and getattr(args, f.name, None) is not None}
+    return AResidentGemmTiles(**kw)
+
+
 def tiles_from_args(args: argparse.Namespace) -> GemmTiles:
     kw = {f.name: getattr(args, f.name) for f in fields(GemmTiles) if f.name != "pipelined" and getattr(args, f.name, None) is not None}
     if getattr(args, "no_pipeline", False):
@@ -61,11 +85,9 @@ def _platform(args):
 # --- gemm -----------------------------------------------------------------------------------
 def _gemm(args):
     plat = platform_from_args(args)
+    tiles = any_tiles_from_args(args)
     if args.loop_order == "a-resident":
-        return _gemm_a_resident(args, plat)
-    if args.kg is not None:
-        raise MtemuError("--kg applies to --loop-order a-resident only")
-    tiles = tiles_from_args(args)
+        return _gemm_a_resident(args, plat, tiles)
     if args.mode == "timing":
         r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
     else:
@@ -94,14 +116,9 @@ def _random_operands(args):
             rng.standard_normal((args.k, args.n)).astype(np.float16))
 
 
-def _gemm_a_resident(args, plat):
-    from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing, run_a_resident
+def _gemm_a_resident(args, plat, tiles):
+    from .kernels.gemm_a_resident import a_resident_timing, run_a_resident
     from .kernels.gemm_bound import a_resident_bound
-    if args.no_pipeline:
-        raise MtemuError("--no-pipeline applies to the default loop order only")
-    kw = {f.name: getattr(args, f.name) for f in fields(AResidentGemmTiles)
-          if f.name != "pipelined" and getattr(args, f.name, None) is not None}
-    tiles = AResidentGemmTiles(**kw)
     if args.mode == "timing":
         r = a_resident_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
     else:
@@ -123,12 +140,13 @@ def _validate(args):
     plat = platform_from_args(args)
     if args.what == "table5":
         from .validate import format_table5, format_variants, table5, table5_variants
-        tiles = tiles_from_args(args)
+        tiles = any_tiles_from_args(args)
         rows = table5(plat, tiles, progress=not args.json)
-        variants = table5_variants(plat, tiles)
+        variants = table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
         ok = sum(r.ok for r in rows)
-        text = (format_table5(rows) + f"\n{ok}/{len(rows)} rows within {1.5} pp of the paper "
-                f"(fit rows: 4096x4096, 8192x8192; the others are held out)\n\n" + format_variants(variants))
+        text = (f"tiles: {tiles.describe()}\n" + format_table5(rows) + f"\n{ok}/{len(rows)} rows within {1.5} pp of "
+                f"the paper (fit rows: 4096x4096, 8192x8192; the others are held out)"
+                + (f"\n\n{format_variants(variants)}" if variants else ""))
         return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
     if args.what == "table5-study":
         return _table5_study(args, plat)
@@ -215,10 +233,7 @@ def register(sub) -> None:
     p.add_argument("--k", type=int, required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")
-    p.add_argument("--loop-order", choices=("c-stationary", "a-resident"), default="c-stationary",
-                   help="c-stationary (default): C in AM for all of K; a-resident: Fig. 4's A_g resident in GSM, "
-                        "C through DDR between k-blocks as FP16 partial sums")
-    p.add_argument("--kg", type=int, help="a-resident: columns of A per resident A_g block")
+    add_loop_order_args(p)
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
     add_tile_args(p)
     add_platform_args(p)
@@ -255,6 +270,7 @@ def register(sub) -> None:
                    help="table5: FP16 GEMM utilization; table5-study: which DDR rate and calibration could "
                         "meet Table 5 (closed-form, optionally emulated); attention: resident vs DDR-staged "
                         "backward (Fig. 10)")
+    add_loop_order_args(p)
     study = p.add_argument_group("table5-study")
     study.add_argument("--bandwidths", default="30,35,40,45,51", metavar="GBS",
                        help="comma-separated DDR server rates in GB/s (default: 30,35,40,45,51)")

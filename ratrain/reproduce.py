@@ -196,7 +196,11 @@ def run_table5_study(out: Path, progress: Progress, settings=None) -> Experiment
     checks = [Check(f"Table 5 worst |delta|, best calibration at {best.ddr_bandwidth / 1e9:g} GB/s fit on all rows "
                     "(emulated)", round(best.worst_error_pp, 2), f"<= {TABLE5_TOLERANCE_PP}",
                     f"<= {TABLE5_TOLERANCE_PP} pp", best.worst_error_pp <= TABLE5_TOLERANCE_PP,
-                    f"{best.tiles.describe()}, row overhead {best.row_overhead_cycles:.2f} cycles")]
+                    f"{best.tiles.describe()}, row overhead {best.row_overhead_cycles:.2f} cycles"),
+              Check(f"Table 5 worst |delta|, Fig. 4 loop order at the raw {fig4.ddr_bandwidth / 1e9:g} GB/s, no fitted "
+                    "platform constant (emulated)", round(fig4.worst_error_pp, 2), f"<= {TABLE5_TOLERANCE_PP}",
+                    f"<= {TABLE5_TOLERANCE_PP} pp", fig4.worst_error_pp <= TABLE5_TOLERANCE_PP,
+                    "platforms/mt3000-raw-ddr.toml; not the project default (the issue fixes 30 GB/s)")]
     notes = ["Upper bound on what any calibration of this kernel reaches: the tiles and the row overhead are "
              "chosen on all five rows, so no row is held out.",
              "Lowest DDR rate at which the closed-form bound reaches the target: "
@@ -205,7 +209,7 @@ def run_table5_study(out: Path, progress: Progress, settings=None) -> Experiment
              f"as a closed form: fit on all rows its worst row is {rows[0].a_resident.worst_error_pp:.2f} pp at "
              f"{rows[0].ddr_bandwidth / 1e9:g} GB/s and {rows[-1].a_resident.worst_error_pp:.2f} pp at "
              f"{rows[-1].ddr_bandwidth / 1e9:g} GB/s.",
-             f"Emulated, that loop order ({fig4.tiles.describe()}; tiles from the closed-form oracle) at the chip's "
+             f"Emulated, that loop order ({fig4.tiles.describe()}; mg and kg chosen on the two fit rows) at the chip's "
              f"raw {fig4.ddr_bandwidth / 1e9:g} GB/s with no platform constant fitted gives "
              + " / ".join(f"{u:.2f}" for u in fig4.utilization_pp)
              + f" %: {fig4.rows_within}/5 rows within {TABLE5_TOLERANCE_PP} pp, worst {fig4.worst_error_pp:.2f} pp."]

@@ -33,25 +33,30 @@ from .gemm import (ALIGN, R_AROW, R_AROW2, R_CROW, R_CROW2, R_GROW, R_GROW2, R_L
 from .schedule import Op, schedule
 from .. import isa
 
-CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN = 0, 1, 2, 3, 4
+CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN, CH_B2 = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
 class AResidentGemmTiles:
     """``mg`` rows per m-block, ``kg`` columns per resident A_g block, ``k2`` x ``n2`` B tile,
-    ``mr`` x ``nv`` micro-kernel, ``rotation`` register sets (as in :class:`GemmTiles`)."""
+    ``mr`` x ``nv`` micro-kernel, ``rotation`` register sets (as in :class:`GemmTiles`).
+
+    Defaults: the Table 5 setting (docs/CHOICES.md): mg, kg chosen on the two fit rows with the
+    closed form; k2 the largest multiple of 64 dividing kg that fits SM and AM with three B tiles."""
 
     mg: int = 512
     kg: int = 768
-    k2: int = 128
+    k2: int = 256
     n2: int = 384
     mr: int = 6
     nv: int = 4
     rotation: int = 2
+    b_slots: int = 3                 # B tiles in AM: 3 lets the broadcast run two steps ahead
     pipelined: bool = True           # the micro-kernel's software pipeline (always on here)
 
     def describe(self) -> str:
-        return f"A-resident mg={self.mg} kg={self.kg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
+        return (f"A-resident mg={self.mg} kg={self.kg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
+                + (f" b_slots={self.b_slots}" if self.b_slots != 2 else ""))
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class AResidentPlan:
     ddr_bytes: int
     sm_slots: tuple[int, int]
     gsm_slots: tuple[int, int]
-    am_b_slots: tuple[int, int]
+    am_b_slots: tuple[int, ...]
     am_c: int
     am_wb: int
     am_cin: int
@@ -83,6 +88,8 @@ def plan_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResiden
     t = tiles
     if not isinstance(t.kg, (int, np.integer)) or t.kg <= 0:
         raise CapacityError(f"tile 'kg' must be a positive integer, got {t.kg!r}")
+    if t.b_slots not in (2, 3):
+        raise CapacityError(f"tile 'b_slots' must be 2 or 3, got {t.b_slots!r}")
     # The default kernel's plan checks the shape, the other tiles, registers, SM, AM for B and C
     # and lays out DDR; its GSM rule (three A_g slots of k2 columns) is not this kernel's.
     kg = min(t.kg, k) if isinstance(k, (int, np.integer)) and k > 0 else t.kg
@@ -97,13 +104,17 @@ def plan_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResiden
     # AM: the default kernel's layout plus a second FP16 C buffer for the partial coming back
     cin = base.am_wb + _round_up(base.rows_max * base.n2p * 2, ALIGN)
     am_used = cin + _round_up(base.rows_max * base.n2p * 2, ALIGN)
+    b_slots = base.am_b_slots
+    if t.b_slots == 3:
+        b_slots = (*b_slots, am_used)
+        am_used += base.am_b_slots[1]
     if am_used > platform.am_bytes:
-        raise CapacityError(f"AM: two B tiles (k2={bt.k2} x {base.n2p}) + FP32 C and two FP16 C buffers "
+        raise CapacityError(f"AM: {t.b_slots} B tiles (k2={bt.k2} x {base.n2p}) + FP32 C and two FP16 C buffers "
                             f"({base.rows_max} x {base.n2p}) need {am_used} bytes, "
                             f"{am_used - platform.am_bytes} more than the {platform.am_bytes}-byte AM")
-    eff = AResidentGemmTiles(bt.mg, kg, bt.k2, bt.n2, bt.mr, bt.nv, bt.rotation)
+    eff = AResidentGemmTiles(bt.mg, kg, bt.k2, bt.n2, bt.mr, bt.nv, bt.rotation, t.b_slots)
     return AResidentPlan(m, k, n, eff, base.rows_max, base.n2p, base.a_addr, base.b_addr, base.c_addr, base.ddr_bytes,
-                         base.sm_slots, (0, gsm_slot), base.am_b_slots, base.am_c, base.am_wb, cin,
+                         base.sm_slots, (0, gsm_slot), b_slots, base.am_c, base.am_wb, cin,
                          base.sm_used, am_used, gsm_used)
 
 
@@ -213,10 +224,15 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
         return ins("dma", CH_A_SM, desc(("a_sm", s.mrows, s.kw)),
                    (regs(s)[1], plan.gsm_slots[s.block % 2] + s.koff * 2), (0, plan.sm_slots[i % 2]))
 
+    ahead = t.b_slots - 1            # broadcasts in flight; one channel each, so a wait is exact
+
+    def b_channel(i: int) -> int:
+        return (CH_B, CH_B2)[i % ahead]
+
     def b_bcast(i: int) -> Instr:
         s = steps[i]
         src = plan.b_addr + (s.kg0 + s.koff) * plan.n * 2 + s.n0 * 2
-        return ins("dma", CH_B, desc(("b", s.kw, s.nw)), (0, src), (0, plan.am_b_slots[i % 2]))
+        return ins("dma", b_channel(i), desc(("b", s.kw, s.nw)), (0, src), (0, plan.am_b_slots[i % t.b_slots]))
 
     def c_dma(s: _Step, back: bool) -> Instr:
         at = plan.c_addr + s.row0 * plan.n * 2 + s.n0 * 2
@@ -253,13 +269,13 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
     later = [s for s in steps if s.block_first and s.block == 1]
     if later:
         b.bundle(a_to_gsm(later[0]))
-    leader_only([b_bcast(0)], "pro_lead")
+    leader_only([b_bcast(j) for j in range(min(ahead, len(steps)))], "pro_lead")
     n_steps = len(steps)
     for i, s in enumerate(steps):
-        leader_only([ins("dmawait", CH_B)], f"s{i}_w")
+        leader_only([ins("dmawait", b_channel(i))], f"s{i}_w")
         b.bundle(ins("barrier"))
-        if i + 1 < n_steps:
-            leader_only([b_bcast(i + 1)], f"s{i}_b")
+        if i + ahead < n_steps:          # its slot was step i - 1's: every DSP passed the barrier
+            leader_only([b_bcast(i + ahead)], f"s{i}_b")
         if s.block_first and i > 0:
             nxt = [x for x in steps[i:] if x.block_first and x.block == s.block + 1]
             if nxt:            # the slot of block - 1 is free: every DSP passed the barrier
@@ -276,7 +292,7 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
             b.bundle(ins("call", widen_labels[nvec]))
         if s.last:
             b.bundle(ins("dmawait", CH_C))
-        sm, bslot = plan.sm_slots[i % 2], plan.am_b_slots[i % 2]
+        sm, bslot = plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots]
         first = s.first and s.kb == 0
         for r0 in range(0, plan.rows_max, t.mr):
             mr = min(t.mr, plan.rows_max - r0)
