@@ -252,6 +252,71 @@ class GemmProgram:
     useful_macs: int
 
 
+class _Descriptors:
+    """DMA descriptors keyed by a symbolic name (kind, rows key, ...), registered on first use with
+    the busiest DSP's rows; :func:`_dsp_tables` later gives each DSP its own row counts."""
+
+    def __init__(self, b: ProgramBuilder, fields, rows_max: int):
+        self.b, self.fields, self.rows_max, self.keys = b, fields, max(rows_max, 1), []
+
+    def __call__(self, key: tuple) -> int:
+        if key not in self.keys:
+            self.keys.append(key)
+            f = self.fields(key, self.rows_max)
+            self.b.descriptor(isa.SPACES[f[0]], isa.SPACES[f[1]], int(f[2]), int(f[3]), int(f[4]), int(f[5]),
+                              isa.DMA_MODES[f[6]], name=f"{key[0]}{len(self.keys) - 1}")
+        return self.keys.index(key)
+
+
+def _leader_only(b: ProgramBuilder, body: list[Instr], skip_label: str) -> None:
+    """Instructions only DSP 0 runs (the others branch over them)."""
+    b.bundle(ins("bnz", R_LEADER_SKIP, skip_label))
+    for instr in body:
+        b.bundle(instr)
+    b.label(skip_label)
+
+
+def _call_tiles(b: ProgramBuilder, mk_labels: dict, t, rows_max: int, n2p: int, nvec: int, kw: int,
+                first: bool, last: bool, sm: int, bslot: int, am_c: int, am_wb: int, lanes: int) -> None:
+    """Call the micro-kernel over the busiest DSP's rows (groups of mr) and the panel's vectors (nv)."""
+    astride, cstride, wstride = t.k2 * 2, n2p * 4, n2p * 2
+    for r0 in range(0, rows_max, t.mr):
+        mr = min(t.mr, rows_max - r0)
+        for c0 in range(0, nvec, t.nv):
+            nv = min(t.nv, nvec - c0)
+            key = (mr, nv, kw, first, last)
+            label = mk_labels.setdefault(key, f"mk_{mr}x{nv}_k{kw}_{'f' if first else ''}{'l' if last else ''}")
+            b.bundle(ins("smovi", R_ABASE, sm + r0 * astride), ins("smovi", R_BBASE, bslot + c0 * lanes * 2),
+                     ins("smovi", R_CBASE, am_c + r0 * cstride + c0 * lanes * 4))
+            b.bundle(ins("smovi", R_WBASE, am_wb + r0 * wstride + c0 * lanes * 2), ins("call", label))
+
+
+def _emit_microkernels(b: ProgramBuilder, mk_labels: dict, t, n2p: int, pipelined: bool, platform: Platform) -> None:
+    for (mr, nv, ks, first, last), label in mk_labels.items():
+        b.label(label)
+        for bundle in microkernel(mr, nv, ks, first, last, t.k2 * 2, n2p * 2, n2p * 4, n2p * 2,
+                                  t.rotation, pipelined, platform):
+            b.bundle(*bundle)
+
+
+def _dsp_tables(program: Program, descs: _Descriptors, partitions: dict, full_rows: int, last_rows: int,
+                k: int, gsm_pitch: int, n: int, dsps: int) -> tuple[dict[int, np.ndarray], dict[int, dict[int, int]]]:
+    """Per-DSP descriptor tables (each DSP moves its own rows) and row-offset registers."""
+    dsp_desc: dict[int, np.ndarray] = {}
+    init: dict[int, dict[int, int]] = {}
+    full_part, last_part = partitions[full_rows], partitions[last_rows]
+    for d in range(dsps):
+        table = program.descriptors.copy()
+        for j, key in enumerate(descs.keys):
+            table[j] = descs.fields(key, partitions[key[1]][d][1] if key[0] != "b" else None)
+        dsp_desc[d] = table
+        r0, r0_last = full_part[d][0], last_part[d][0]
+        init[d] = {R_AROW: r0 * k * 2, R_GROW: r0 * gsm_pitch * 2, R_CROW: r0 * n * 2,
+                   R_AROW2: r0_last * k * 2, R_GROW2: r0_last * gsm_pitch * 2, R_CROW2: r0_last * n * 2,
+                   R_LEADER_SKIP: 0 if d == 0 else 1}
+    return dsp_desc, init
+
+
 def build_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platform: Platform = DEFAULT) -> GemmProgram:
     return _build_cached(int(m), int(k), int(n), tiles, platform)
 
@@ -268,17 +333,7 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
         if s.mrows not in partitions:
             partitions[s.mrows] = _partition(s.mrows, platform.dsps)
     b = ProgramBuilder(platform)
-    astride, bstride = t.k2 * 2, plan.n2p * 2
-    cstride, wstride = plan.n2p * 4, plan.n2p * 2
-
-    # Descriptors are keyed by a symbolic name so each DSP can get its own row counts.
-    desc_keys: list[tuple] = []
-
-    def desc(key: tuple) -> int:
-        if key not in desc_keys:
-            desc_keys.append(key)
-            b.descriptor(*_desc_fields(key, plan, max(plan.rows_max, 1)), name=f"{key[0]}{len(desc_keys) - 1}")
-        return desc_keys.index(key)
+    desc = _Descriptors(b, lambda key, rows: _desc_fields_arr(key, plan, rows), plan.rows_max)
 
     full_rows = steps[0].mrows
 
@@ -311,17 +366,8 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
     pipelined = t.pipelined
     mk_labels: dict[tuple, str] = {}
 
-    def mk_label(mr: int, nv: int, ks: int, first: bool, last: bool) -> str:
-        key = (mr, nv, ks, first, last)
-        if key not in mk_labels:
-            mk_labels[key] = f"mk_{mr}x{nv}_k{ks}_{'f' if first else ''}{'l' if last else ''}"
-        return mk_labels[key]
-
     def leader_only(body: list[Instr], skip_label: str) -> None:
-        b.bundle(ins("bnz", R_LEADER_SKIP, skip_label))
-        for instr in body:
-            b.bundle(instr)
-        b.label(skip_label)
+        _leader_only(b, body, skip_label)
 
     # prologue
     b.bundle(a_to_gsm_i(0))
@@ -349,17 +395,8 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
         if s.last:
             b.bundle(ins("dmawait", CH_C))
         # compute: row groups x column groups of the micro-kernel
-        nvec = math.ceil(s.nw / lanes)
-        sm = plan.sm_slots[i % 2]
-        bslot = plan.am_b_slots[i % 2]
-        for r0 in range(0, plan.rows_max, t.mr):
-            mr = min(t.mr, plan.rows_max - r0)
-            for c0 in range(0, nvec, t.nv):
-                nv = min(t.nv, nvec - c0)
-                label = mk_label(mr, nv, s.kw, s.first, s.last)
-                b.bundle(ins("smovi", R_ABASE, sm + r0 * astride), ins("smovi", R_BBASE, bslot + c0 * lanes * 2),
-                         ins("smovi", R_CBASE, plan.am_c + r0 * cstride + c0 * lanes * 4))
-                b.bundle(ins("smovi", R_WBASE, plan.am_wb + r0 * wstride + c0 * lanes * 2), ins("call", label))
+        _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, math.ceil(s.nw / lanes), s.kw, s.first, s.last,
+                    plan.sm_slots[i % 2], plan.am_b_slots[i % 2], plan.am_c, plan.am_wb, lanes)
         if not pipelined:
             if i + 1 < n_steps:
                 b.bundle(a_to_gsm_i(i + 1))
@@ -371,35 +408,11 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
                 b.bundle(ins("dmawait", CH_C))
     b.bundle(ins("dmawait", CH_C))
     b.bundle(ins("halt"))
-    # micro-kernel subroutines
-    for (mr, nv, ks, first, last), label in mk_labels.items():
-        b.label(label)
-        for bundle in microkernel(mr, nv, ks, first, last, astride, bstride, cstride, wstride,
-                                  t.rotation, pipelined, platform):
-            b.bundle(*bundle)
+    _emit_microkernels(b, mk_labels, t, plan.n2p, pipelined, platform)
     program = b.assemble()
-    # per-DSP descriptor tables and row-offset registers
-    dsp_desc: dict[int, np.ndarray] = {}
-    init: dict[int, dict[int, int]] = {}
-    full_part = partitions[full_rows]
-    last_part = partitions[steps[-1].mrows]
-    for d in range(platform.dsps):
-        table = program.descriptors.copy()
-        for j, key in enumerate(desc_keys):
-            rows_d = partitions[key[1]][d][1] if key[0] in ("a_gsm", "a_sm", "c") else None
-            table[j] = _desc_fields_arr(key, plan, rows_d)
-        dsp_desc[d] = table
-        r0, r0_last = full_part[d][0], last_part[d][0]
-        init[d] = {R_AROW: r0 * plan.k * 2, R_GROW: r0 * t.k2 * 2, R_CROW: r0 * plan.n * 2,
-                   R_AROW2: r0_last * plan.k * 2, R_GROW2: r0_last * t.k2 * 2, R_CROW2: r0_last * plan.n * 2,
-                   R_LEADER_SKIP: 0 if d == 0 else 1}
+    dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.k2, plan.n,
+                                 platform.dsps)
     return GemmProgram(plan, program, dsp_desc, init, m * k * n)
-
-
-def _desc_fields(key: tuple, plan: GemmPlan, rows: int) -> tuple:
-    arr = _desc_fields_arr(key, plan, rows)
-    return (isa.SPACES[arr[0]], isa.SPACES[arr[1]], int(arr[2]), int(arr[3]), int(arr[4]), int(arr[5]),
-            isa.DMA_MODES[arr[6]])
 
 
 def _desc_fields_arr(key: tuple, plan: GemmPlan, rows: int | None) -> np.ndarray:

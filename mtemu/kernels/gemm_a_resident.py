@@ -27,9 +27,9 @@ import numpy as np
 from ..assembler import Instr, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
-from .gemm import (ALIGN, R_AROW, R_AROW2, R_CROW, R_CROW2, R_GROW, R_GROW2, R_LEADER_SKIP,
-                   R_ABASE, R_BBASE, R_CBASE, R_WBASE, GemmProgram, GemmResult, GemmTiles, _partition, _result,
-                   _round_up, _run, microkernel, plan_gemm)
+from .gemm import (ALIGN, R_AROW, R_AROW2, R_CROW, R_CROW2, R_GROW, R_GROW2, GemmProgram, GemmResult, GemmTiles,
+                   _call_tiles, _Descriptors, _dsp_tables, _emit_microkernels, _leader_only, _partition, _result,
+                   _round_up, _run, plan_gemm)
 from .schedule import Op, schedule
 from .. import isa
 
@@ -197,17 +197,7 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
     steps = _steps(plan)
     partitions = {s.mrows: _partition(s.mrows, platform.dsps) for s in steps}
     b = ProgramBuilder(platform)
-    astride, bstride = t.k2 * 2, plan.n2p * 2
-    cstride, wstride = plan.n2p * 4, plan.n2p * 2
-    desc_keys: list[tuple] = []
-
-    def desc(key: tuple) -> int:
-        if key not in desc_keys:
-            desc_keys.append(key)
-            f = _desc_fields(key, plan, max(plan.rows_max, 1))
-            b.descriptor(isa.SPACES[f[0]], isa.SPACES[f[1]], int(f[2]), int(f[3]), int(f[4]), int(f[5]),
-                         isa.DMA_MODES[f[6]], name=f"{key[0]}{len(desc_keys) - 1}")
-        return desc_keys.index(key)
+    desc = _Descriptors(b, lambda key, rows: _desc_fields(key, plan, rows), plan.rows_max)
 
     full_rows = steps[0].mrows
 
@@ -241,10 +231,7 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
         return ins("dma", CH_CIN, desc(("cin", s.mrows, s.nw)), (regs(s)[2], at), (0, plan.am_cin))
 
     def leader_only(body: list[Instr], skip: str) -> None:
-        b.bundle(ins("bnz", R_LEADER_SKIP, skip))
-        for instr in body:
-            b.bundle(instr)
-        b.label(skip)
+        _leader_only(b, body, skip)
 
     # When each partial C comes back: after the write of the same panel's previous k-block was
     # issued (DDR read after write) and after the previous partial was widened (one AM buffer).
@@ -292,46 +279,23 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
             b.bundle(ins("call", widen_labels[nvec]))
         if s.last:
             b.bundle(ins("dmawait", CH_C))
-        sm, bslot = plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots]
-        first = s.first and s.kb == 0
-        for r0 in range(0, plan.rows_max, t.mr):
-            mr = min(t.mr, plan.rows_max - r0)
-            for c0 in range(0, nvec, t.nv):
-                nv = min(t.nv, nvec - c0)
-                key = (mr, nv, s.kw, first, s.last)
-                label = mk_labels.setdefault(key, f"mk_{mr}x{nv}_k{s.kw}_{'f' if first else ''}{'l' if s.last else ''}")
-                b.bundle(ins("smovi", R_ABASE, sm + r0 * astride), ins("smovi", R_BBASE, bslot + c0 * lanes * 2),
-                         ins("smovi", R_CBASE, plan.am_c + r0 * cstride + c0 * lanes * 4))
-                b.bundle(ins("smovi", R_WBASE, plan.am_wb + r0 * wstride + c0 * lanes * 2), ins("call", label))
+        # C starts from zero only in the first k-block; later ones resume from the widened partial
+        _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, nvec, s.kw, s.first and s.kb == 0, s.last,
+                    plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots], plan.am_c, plan.am_wb, lanes)
         if s.last:
             b.bundle(c_dma(s, back=True))
         for j in fetch_after.get(i, ()):
             b.bundle(c_dma(steps[j], back=False))
     b.bundle(ins("dmawait", CH_C))
     b.bundle(ins("halt"))
-    for (mr, nv, ks, first, last), label in mk_labels.items():
-        b.label(label)
-        for bundle in microkernel(mr, nv, ks, first, last, astride, bstride, cstride, wstride,
-                                  t.rotation, True, platform):
-            b.bundle(*bundle)
+    _emit_microkernels(b, mk_labels, t, plan.n2p, True, platform)
     for nvec, label in widen_labels.items():
         b.label(label)
         for bundle in _widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform):
             b.bundle(*bundle)
     program = b.assemble()
-    dsp_desc: dict[int, np.ndarray] = {}
-    init: dict[int, dict[int, int]] = {}
-    full_part, last_part = partitions[full_rows], partitions[steps[-1].mrows]
-    for d in range(platform.dsps):
-        table = program.descriptors.copy()
-        for j, key in enumerate(desc_keys):
-            rows_d = partitions[key[1]][d][1] if key[0] != "b" else None
-            table[j] = _desc_fields(key, plan, rows_d)
-        dsp_desc[d] = table
-        r0, r0_last = full_part[d][0], last_part[d][0]
-        init[d] = {R_AROW: r0 * plan.k * 2, R_GROW: r0 * t.kg * 2, R_CROW: r0 * plan.n * 2,
-                   R_AROW2: r0_last * plan.k * 2, R_GROW2: r0_last * t.kg * 2, R_CROW2: r0_last * plan.n * 2,
-                   R_LEADER_SKIP: 0 if d == 0 else 1}
+    dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
+                                 platform.dsps)
     return GemmProgram(plan, program, dsp_desc, init, m * k * n)
 
 
