@@ -310,13 +310,11 @@ def format_study(rows: Sequence[StudyRow], emulated: Sequence[Table5Fit] = ()) -
 
 def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit] = ()) -> None:
     """Worst |delta| per strategy against the DDR rate (left); per-row deltas of the emulated fits (right)."""
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .fileio import atomic_write_bytes
+    from .fileio import atomic_write_figure
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5.2))
     gbs = [r.ddr_bandwidth / 1e9 for r in rows]
@@ -343,7 +341,4 @@ def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit
     if emulated:
         bx.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=100)

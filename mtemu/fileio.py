@@ -33,3 +33,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_write_figure(path: str | os.PathLike, fig: Any, dpi: int = 100, **savefig_kwargs: Any) -> None:
+    """Render a Matplotlib figure as PNG, close it, and write the file atomically."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, **savefig_kwargs)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

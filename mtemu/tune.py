@@ -9,7 +9,6 @@ Sweeps run on local processes, or on an existing Dask distributed cluster (``sch
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import AssemblyError, CapacityError, MtemuError
-from .fileio import atomic_write_bytes, atomic_write_json
+from .fileio import atomic_write_figure, atomic_write_json
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
 from .kernels.gemm_bound import gemm_bound
 from .platform import DEFAULT, Platform
@@ -285,10 +284,7 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
                  f"X = infeasible (pruned by capacity){screened}")
     fig.colorbar(im, ax=ax, label="MAC utilization (%)")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=100)
 
 
 def format_tune(result: TuneResult, top: int = 5) -> str:

@@ -362,13 +362,9 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    import io
-    from mtemu.fileio import atomic_write_bytes
-    buf = io.BytesIO()
+    from mtemu.fileio import atomic_write_figure
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110)
 
 
 def _bars(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None) -> None:

@@ -7,7 +7,6 @@ UpdateShard, PrefetchW, GradSync and Send/Recv on their own rows).
 """
 from __future__ import annotations
 
-import io
 import os
 from typing import Sequence
 
@@ -17,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mtemu.fileio import atomic_write_bytes  # noqa: E402
+from mtemu.fileio import atomic_write_figure  # noqa: E402
 from ratrain.errors import ConfigError  # noqa: E402
 from ratrain.timeline import Task  # noqa: E402
 
@@ -28,10 +27,7 @@ GIB = 2 ** 30
 
 
 def _save(fig, path: str | os.PathLike) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=120, bbox_inches="tight")
 
 
 def _boxes(tasks: list[Task]) -> list[tuple[str, str, float, float]]:

@@ -86,8 +86,7 @@ def _plot_table5(rows, variants, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from mtemu.fileio import atomic_write_bytes
-    import io
+    from mtemu.fileio import atomic_write_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     labels = [f"{r.k}x{r.n}" for r in rows]
@@ -114,10 +113,7 @@ def _plot_table5(rows, variants, path: Path) -> None:
     ax2.set_title("Why: stall breakdown on 2048x4096x4096")
     ax2.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------
@@ -156,11 +152,10 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
 
 
 def _plot_attention(rows, path: Path, lo: float, hi: float) -> None:
-    import io
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mtemu.fileio import atomic_write_bytes
+    from mtemu.fileio import atomic_write_figure
     fig, ax = plt.subplots(figsize=(6, 4))
     seqs = [r["seq"] for r in rows]
     ax.plot(seqs, [r["speedup"] for r in rows], "o-", label="ours (emulated)")
@@ -172,10 +167,7 @@ def _plot_attention(rows, path: Path, lo: float, hi: float) -> None:
     ax.set_title("Attention backward: memory-resident vs DDR-staged")
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------
