@@ -7,6 +7,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# mkstemp creates files readable by the owner only; results should get the permissions a plain
+# open() would give. Read the process umask once (setting it back at once), at import.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see either the old or the new file, never a part."""
@@ -14,6 +19,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
