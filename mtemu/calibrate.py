@@ -314,7 +314,7 @@ def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .fileio import atomic_write_figure
+    from rtcommon.fileio import atomic_write_figure
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5.2))
     gbs = [r.ddr_bandwidth / 1e9 for r in rows]

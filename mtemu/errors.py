@@ -1,7 +1,8 @@
 """Exceptions raised by the emulator. Every message names what is wrong and where."""
+from rtcommon.errors import UserError
 
 
-class MtemuError(ValueError):
+class MtemuError(UserError):
     """Base class: bad input or a program the machine refuses."""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .errors import AssemblyError, CapacityError, MtemuError
-from .fileio import atomic_write_figure, atomic_write_json
+from rtcommon.fileio import atomic_write_figure, atomic_write_json
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
 from .kernels.gemm_bound import gemm_bound
 from .platform import DEFAULT, Platform

@@ -2,7 +2,7 @@
 
 Each command lives in its own module exposing ``register(subparsers)``; the
 registered handler returns a JSON-able dict (printed with --json) and a text
-rendering. Bad input raises RatrainError/MtemuError and becomes a one-line
+rendering. Bad input raises RatrainError/MtemuError (both rtcommon.errors.UserError) and becomes a one-line
 error with exit status 2.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 import json
 import sys
 
-from mtemu.errors import MtemuError
+from rtcommon.errors import UserError
 
 # Modules that register subcommands, in help order.
 COMMAND_MODULES: list[str] = [
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     profile.PROGRESS = True      # progress goes to stderr, so --json output stays clean
     try:
         result = args.handler(args)
-    except (MtemuError, FileNotFoundError) as exc:
+    except (UserError, FileNotFoundError) as exc:
         print(f"ratrain {args.command}: error: {exc}", file=sys.stderr)
         return 2
     if result is None:

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from mtemu.fileio import atomic_write_bytes, atomic_write_json
+from rtcommon.fileio import atomic_write_bytes, atomic_write_json
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.executor import (ExecPlan, ModelState, StepStats, accumulate, dp_average, execute_steps,
                               microbatch_dloss)

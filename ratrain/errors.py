@@ -1,8 +1,8 @@
 """Exceptions raised by ratrain. Messages name the file, field or value that is wrong."""
-from mtemu.errors import MtemuError
+from rtcommon.errors import UserError
 
 
-class RatrainError(MtemuError):
+class RatrainError(UserError):
     """Base class for bad input to the planner, simulator or model loader."""
 
 

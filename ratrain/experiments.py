@@ -362,7 +362,7 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    from mtemu.fileio import atomic_write_figure
+    from rtcommon.fileio import atomic_write_figure
     fig.tight_layout()
     atomic_write_figure(path, fig, dpi=110)
 

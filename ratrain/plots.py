@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mtemu.fileio import atomic_write_figure  # noqa: E402
+from rtcommon.fileio import atomic_write_figure  # noqa: E402
 from ratrain.errors import ConfigError  # noqa: E402
 from ratrain.timeline import Task  # noqa: E402
 

@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mtemu.fileio import atomic_write_json
+from rtcommon.fileio import atomic_write_json
 from mtemu.kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
 from mtemu.platform import DEFAULT as MT_DEFAULT
 from mtemu.platform import Platform

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mtemu.fileio import atomic_write_json, atomic_write_text
+from rtcommon.fileio import atomic_write_json, atomic_write_text
 
 from . import paper
 
@@ -86,7 +86,7 @@ def _plot_table5(rows, variants, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from mtemu.fileio import atomic_write_figure
+    from rtcommon.fileio import atomic_write_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     labels = [f"{r.k}x{r.n}" for r in rows]
@@ -155,7 +155,7 @@ def _plot_attention(rows, path: Path, lo: float, hi: float) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from mtemu.fileio import atomic_write_figure
+    from rtcommon.fileio import atomic_write_figure
     fig, ax = plt.subplots(figsize=(6, 4))
     seqs = [r["seq"] for r in rows]
     ax.plot(seqs, [r["speedup"] for r in rows], "o-", label="ours (emulated)")

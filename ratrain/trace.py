@@ -9,7 +9,7 @@ import json
 import os
 from typing import Iterable
 
-from mtemu.fileio import atomic_write_text
+from rtcommon.fileio import atomic_write_text
 from ratrain.timeline import RESOURCES, Task
 
 

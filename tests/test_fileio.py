@@ -4,7 +4,7 @@ import stat
 
 import pytest
 
-from mtemu.fileio import atomic_write_bytes, atomic_write_json
+from rtcommon.fileio import atomic_write_bytes, atomic_write_json
 
 
 def test_written_file_has_umask_permissions_and_no_temporaries(tmp_path):
