@@ -18,11 +18,11 @@ import numpy as np
 import mtemu
 from mtemu.kernels.gemm import build_gemm
 from mtemu.validate import TABLE5, TABLE5_M, table5
-from ratrain.config import ParallelConfig
-from ratrain.costs import PipelineCosts
-from ratrain.memory import stage_memory
-from ratrain.models import get_model
-from ratrain.simulator import simulate
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.cost.tasks import PipelineCosts
+from ratrain.spec.memory import stage_memory
+from ratrain.spec.models import get_model
+from ratrain.sim.simulator import simulate
 
 TIMING_SHAPE = (TABLE5_M, 4096, 4096)       # first Table 5 row
 FUNCTIONAL_N = 512                          # time_: 512^3 functional GEMM
@@ -194,7 +194,7 @@ class TimePlanner:
     timeout = 300
 
     def setup(self):
-        from ratrain.planner import Planner
+        from ratrain.plan.planner import Planner
         self.planner = Planner(get_model("llama2-70b"))
         self.planner.profile(1, 2048, 1)
         self.planner.profile(1, 2048, 2)
@@ -216,8 +216,8 @@ class TimeModelStep:
     timeout = 300
 
     def setup(self):
-        from ratrain.costmodel import pipeline_costs
-        from ratrain.planner import Planner
+        from ratrain.cost.terms import pipeline_costs
+        from ratrain.plan.planner import Planner
         model = get_model("qwen2.5-32b")
         cfg = ParallelConfig(pp=8, dp=32, zero=2, micro_batch=1, accum=128, seq=2048, activation="fsr")
         self.costs = pipeline_costs(model, cfg, Planner(model).profile(1, 2048, 1))
@@ -234,7 +234,7 @@ class TrackReproduction:
 
     def setup_cache(self):
         import tempfile
-        from ratrain.reproduce import reproduce
+        from ratrain.repro.report import reproduce
         out = tempfile.mkdtemp(prefix="asv-repro-")
         exps = {e.key: e for e in reproduce(["table2", "table4", "table6", "ablation"], out, progress=False)}
         slow = {f"{r['model']}/{r['method']}": r["slowdown"] for r in exps["table2"].rows
@@ -266,7 +266,7 @@ class TrackReproduction:
 
 
 class TrackSensitivity:
-    """What the platform would need for the rows the honest model misses (ratrain.sensitivity):
+    """What the platform would need for the rows the honest model misses (ratrain.repro.sensitivity):
     the per-message link latency that reproduces Table 6 at 1024 clusters, and the smallest link
     bandwidth (uniform partition) at which the ablation's tail ratios meet the paper's."""
 
@@ -274,7 +274,7 @@ class TrackSensitivity:
 
     def setup_cache(self):
         import tempfile
-        from ratrain.reproduce import reproduce
+        from ratrain.repro.report import reproduce
         out = tempfile.mkdtemp(prefix="asv-sens-")
         (exp,) = reproduce(["sensitivity"], out, progress=False)
         by = {r["finding"]: r for r in exp.rows}

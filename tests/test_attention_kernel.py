@@ -9,8 +9,14 @@ import pytest
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.cli import main as cli_main
 from mtemu.errors import AssemblyError, CapacityError, MtemuError
-from mtemu.kernels.attention import (attention_backward_timing, default_tiles, plan_attention, run_attention,
-                                     run_attention_backward, validate_attention)
+from mtemu.kernels.attention import (
+    attention_backward_timing,
+    default_tiles,
+    plan_attention,
+    run_attention,
+    run_attention_backward,
+    validate_attention,
+)
 from mtemu.kernels.attention_ref import attention_backward_ref, attention_backward_tiled, attention_forward_ref
 from mtemu.kernels.capacity import AttentionTiles
 from mtemu.machine import Cluster

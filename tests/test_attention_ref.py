@@ -4,9 +4,14 @@ import numpy as np
 import pytest
 
 from mtemu.errors import MtemuError
-from mtemu.kernels.attention_ref import (AttentionSaved, attention_backward_f64, attention_backward_ref,
-                                         attention_backward_tiled, attention_forward_f64,
-                                         attention_forward_ref)
+from mtemu.kernels.attention_ref import (
+    AttentionSaved,
+    attention_backward_f64,
+    attention_backward_ref,
+    attention_backward_tiled,
+    attention_forward_f64,
+    attention_forward_ref,
+)
 
 
 def _inputs(heads, kv_heads, seq, d, seed, causal=True):

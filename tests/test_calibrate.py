@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from mtemu.calibrate import (SHAPES, TILE_GRID, bandwidth_study, calibrate, fit_row_overhead, tile_grid)
+from mtemu.calibrate import SHAPES, TILE_GRID, bandwidth_study, calibrate, fit_row_overhead, tile_grid
 from mtemu.errors import CapacityError, MtemuError
 from mtemu.kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
 from mtemu.kernels.gemm_bound import gemm_bound
@@ -178,6 +178,7 @@ def test_a_resident_fit_is_reported_as_unfitted():
 
 def test_raw_ddr_platform_file_matches_the_study():
     from pathlib import Path
+
     from mtemu.calibrate import RAW_DDR_BANDWIDTH
     from mtemu.platform import load_platform
     p = load_platform(Path(__file__).parent.parent / "platforms" / "mt3000-raw-ddr.toml")

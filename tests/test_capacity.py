@@ -5,8 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtemu.errors import CapacityError, MtemuError
-from mtemu.kernels.capacity import (AttentionTiles, attention_capacity_report, attention_tiles_fit,
-                                    check_attention_tiles)
+from mtemu.kernels.capacity import AttentionTiles, attention_capacity_report, attention_tiles_fit, check_attention_tiles
 from mtemu.platform import DEFAULT
 
 NAMES = ["AM", "SM_bc_prime", "SM_br_prime", "GSM"]

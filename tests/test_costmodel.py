@@ -1,4 +1,4 @@
-"""Cost model (ratrain.costmodel): per-layer costs from a profile, and the analytic step time."""
+"""Cost terms (ratrain.cost.terms) from a profile, and the analytic step time (ratrain.plan.estimator)."""
 from __future__ import annotations
 
 import math
@@ -6,13 +6,22 @@ from dataclasses import dataclass
 
 import pytest
 
-from ratrain.config import ParallelConfig, partition_model
+from ratrain.cost.terms import (
+    ADAM_BYTES_PER_PARAM,
+    LayerKind,
+    all_gather_ms,
+    allreduce_ms,
+    cost_terms,
+    p2p_ms,
+    pipeline_costs,
+    reduce_scatter_ms,
+)
 from ratrain.errors import ConfigError
-from ratrain.costmodel import (ADAM_BYTES_PER_PARAM, LayerKind, all_gather_ms, allreduce_ms, cost_terms,
-                               p2p_ms, pipeline_costs, reduce_scatter_ms, step_breakdown)
-from ratrain.models import embedding_parameter_count, get_model, layer_tp_parameter_count
-from ratrain.platform import TrainingPlatform
-from ratrain.simulator import Mechanisms, simulate
+from ratrain.plan.estimator import step_breakdown
+from ratrain.sim.simulator import Mechanisms, simulate
+from ratrain.spec.models import embedding_parameter_count, get_model, layer_tp_parameter_count
+from ratrain.spec.parallel import ParallelConfig, partition_model
+from ratrain.spec.platform import TrainingPlatform
 
 PLAT = TrainingPlatform()
 
@@ -30,9 +39,9 @@ class FakeProfile:
 
 def roofline(model, b, seq, tp):
     try:
-        from ratrain.profile import layer_profile
+        from ratrain.cost.profile import layer_profile
     except ImportError:                                  # pragma: no cover
-        pytest.skip("ratrain.profile not available")
+        pytest.skip("ratrain.cost.profile not available")
     return layer_profile(model, b, seq, tp, source="roofline")
 
 
@@ -184,7 +193,7 @@ CHECKS = [
 
 
 def _ablation_tails(model, cfg, prof, rec="compute"):
-    from ratrain.costmodel import stage_kinds
+    from ratrain.cost.terms import stage_kinds
     terms = cost_terms(model, cfg, prof, PLAT)
     kinds = stage_kinds(terms, partition_model(model, cfg.pp))
     costs = pipeline_costs(model, cfg, prof, PLAT, recovery_resource=rec)
@@ -226,7 +235,7 @@ def test_ablation_tails_with_link_prefetch_closed_forms(rec):
 def test_step_breakdown_link_prefetch_closed_forms():
     """Per layer g = 0.3, w = 0.4 against a 0.5 backward: on the link the port falls behind and the
     estimate follows the simulator's earliest-deadline-first order exactly (zero transfer)."""
-    from ratrain.costs import PipelineCosts
+    from ratrain.cost.tasks import PipelineCosts
     kinds = _uniform(3, 4, 1.0, 2.0, G=1.2, W=1.6)
     want = {("link", True, True): 0.9, ("ddr", True, True): 0.7, ("link", True, False): 1.9,
             ("ddr", True, False): 1.9, ("link", False, False): 2.8, ("ddr", False, False): 2.8}
@@ -245,7 +254,7 @@ def test_step_breakdown_link_prefetch_closed_forms():
 
 @pytest.mark.parametrize("name,cfg,mech", CHECKS)
 def test_analytic_estimate_within_3pct_of_simulator(name, cfg, mech):
-    from ratrain.costmodel import stage_kinds
+    from ratrain.cost.terms import stage_kinds
     m = get_model(name)
     prof = roofline(m, cfg.micro_batch, cfg.seq, cfg.tp)
     terms = cost_terms(m, cfg, prof, PLAT)
@@ -258,7 +267,7 @@ def test_analytic_estimate_within_3pct_of_simulator(name, cfg, mech):
 
 
 def test_more_link_bandwidth_never_slows_a_config():
-    from ratrain.costmodel import stage_kinds
+    from ratrain.cost.terms import stage_kinds
     for name, cfg, mech in CHECKS:
         m = get_model(name)
         prof = roofline(m, cfg.micro_batch, cfg.seq, cfg.tp)
@@ -288,7 +297,7 @@ def test_embedding_sync_counts_embedding_parameters():
 def test_ddr_resident_recovery_estimate(name, cfg):
     """What-if: recovery that overlaps compute (on DDR). The last stage can only overlap a layer's
     recovery with the forwards of the layers after it, so at least its last layer is exposed."""
-    from ratrain.costmodel import stage_kinds
+    from ratrain.cost.terms import stage_kinds
     m = get_model(name)
     prof = roofline(m, cfg.micro_batch, cfg.seq, cfg.tp)
     terms = cost_terms(m, cfg, prof, PLAT)
@@ -304,7 +313,7 @@ def test_ddr_resident_recovery_estimate(name, cfg):
 def test_uniform_pipelines_match_the_simulator(P, A):
     """Zero transfer: the estimate equals the simulator exactly; with transfers it is conservative by
     at most 2X per extra micro-batch (the gradient's round trip it charges to every slot)."""
-    from ratrain.costs import PipelineCosts
+    from ratrain.cost.tasks import PipelineCosts
     k = LayerKind(0.5, 1.0, 0.5, 0.0, 0.0, 0.0)
     kinds = [[k, k] for _ in range(P)]
     for X in (0.0, 0.5):

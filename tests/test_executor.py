@@ -1,6 +1,6 @@
 """The executor replays timelines exactly and refuses lifecycle violations.
 
-Timelines come from ratrain.simulator when it exists; a small 1F1B generator
+Timelines come from ratrain.sim.simulator when it exists; a small 1F1B generator
 in this file is kept as a second, independent source (it also covers
 per-layer R tasks and zero-length lifecycle chains).
 """
@@ -12,13 +12,28 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ratrain.correctness import (TARGET_MAX_REL_DEV, CorrectnessConfig, Schedule, relative_deviation,
-                                 run_correctness, simulated_schedule, simulator_available,
-                                 train_schedule, train_single_stage)
 from ratrain.errors import ConfigError
-from ratrain.executor import (FAULTS, ExecPlan, LifecycleError, ModelState, execute_step, inject_fault,
-                              order_tasks)
-from ratrain.timeline import Task
+from ratrain.replay.correctness import (
+    TARGET_MAX_REL_DEV,
+    CorrectnessConfig,
+    Schedule,
+    relative_deviation,
+    run_correctness,
+    simulated_schedule,
+    simulator_available,
+    train_schedule,
+    train_single_stage,
+)
+from ratrain.replay.executor import (
+    FAULTS,
+    ExecPlan,
+    LifecycleError,
+    ModelState,
+    execute_step,
+    inject_fault,
+    order_tasks,
+)
+from ratrain.sim.timeline import Task
 
 CFG = CorrectnessConfig(steps=3, stages=2, dp=2, microbatches=3, layers=4, hidden=16, heads=2, seq=8,
                         micro_batch_size=2, lr=1e-2, seed=3)
@@ -188,13 +203,13 @@ def test_overlapped_replay_at_the_step_period(name, make, reference_losses):
             train_schedule(CFG, replace(sched, step_time_ms=0.3 * sched.step_time_ms))
 
 
-@pytest.mark.skipif(not simulator_available(), reason="needs ratrain.simulator")
+@pytest.mark.skipif(not simulator_available(), reason="needs ratrain.sim.simulator")
 def test_spilled_prefetch_replays_at_the_simulated_period_and_not_shorter():
     """The simulator lets PrefetchW(2) end after the step boundary, exactly at the next
     step's F(2). Replaying steps on one time axis at that period is exact; 0.01 ms less
     and the next forward would start before its view is ready."""
-    from ratrain.costs import PipelineCosts
-    from ratrain.simulator import simulate
+    from ratrain.cost.tasks import PipelineCosts
+    from ratrain.sim.simulator import simulate
 
     res = simulate(PipelineCosts.uniform(2, 4, t_forward=1.0, t_backward=2.0, t_prefetch=8.0,
                                          layers_per_stage=4))
@@ -324,7 +339,7 @@ def test_malformed_tasks():
 def test_cli_correctness_json_and_files(tmp_path, capsys, monkeypatch):
     import json
 
-    import ratrain.correctness as corr
+    import ratrain.replay.correctness as corr
     from ratrain.cli import main
 
     if not simulator_available():   # exercise the command's plumbing on the toy timelines

@@ -8,8 +8,13 @@ import pytest
 
 from mtemu.errors import CapacityError, MtemuError
 from mtemu.kernels.gemm import reference_gemm
-from mtemu.kernels.gemm_a_resident import (AResidentGemmTiles, a_resident_timing, plan_a_resident,
-                                           reference_gemm_a_resident, run_a_resident)
+from mtemu.kernels.gemm_a_resident import (
+    AResidentGemmTiles,
+    a_resident_timing,
+    plan_a_resident,
+    reference_gemm_a_resident,
+    run_a_resident,
+)
 from mtemu.kernels.gemm_bound import a_resident_bound
 from mtemu.platform import DEFAULT
 

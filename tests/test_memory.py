@@ -8,13 +8,22 @@ from pathlib import Path
 import pytest
 
 from ratrain import cli
-from ratrain.config import ParallelConfig
 from ratrain.errors import ConfigError
-from ratrain.memory import (DEFAULT_CONSTANTS, MemoryConstants, fits, layer_checkpoint_bytes,
-                            layer_full_bytes, layer_saved_tensors, max_peak, recovery_bytes,
-                            smallest_feasible, stage_memory)
-from ratrain.models import from_hf_config, get_model, layer_parameter_count
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.spec.memory import (
+    DEFAULT_CONSTANTS,
+    MemoryConstants,
+    fits,
+    layer_checkpoint_bytes,
+    layer_full_bytes,
+    layer_saved_tensors,
+    max_peak,
+    recovery_bytes,
+    smallest_feasible,
+    stage_memory,
+)
+from ratrain.spec.models import from_hf_config, get_model, layer_parameter_count
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

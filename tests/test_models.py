@@ -6,12 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from ratrain.config import ParallelConfig, in_flight_microbatches, partition_layers, partition_model
 from ratrain.errors import ConfigError
-from ratrain.models import (Operator, embedding_and_head_operators, from_hf_config, get_model,
-                            layer_operators, layer_parameter_count, layer_tp_parameter_count,
-                            list_models, parameter_count)
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.spec.models import (
+    Operator,
+    embedding_and_head_operators,
+    from_hf_config,
+    get_model,
+    layer_operators,
+    layer_parameter_count,
+    layer_tp_parameter_count,
+    list_models,
+    parameter_count,
+)
+from ratrain.spec.parallel import ParallelConfig, in_flight_microbatches, partition_layers, partition_model
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 

@@ -1,4 +1,4 @@
-"""Planner (ratrain.planner, Algorithm 2) and `ratrain plan`."""
+"""Planner (ratrain.plan.planner, Algorithm 2) and `ratrain plan`."""
 from __future__ import annotations
 
 import json
@@ -6,18 +6,18 @@ import random
 
 import pytest
 
-from ratrain.config import ParallelConfig
 from ratrain.errors import ConfigError
-from ratrain.memory import DEFAULT_CONSTANTS, max_peak, stage_memory
-from ratrain.models import get_model
-from ratrain.planner import METHODS, Planner, _MemoryModel, mechanisms_for, search_space, simulate_config
-from ratrain.platform import TrainingPlatform
+from ratrain.plan.planner import METHODS, Planner, _MemoryModel, mechanisms_for, search_space, simulate_config
+from ratrain.spec.memory import DEFAULT_CONSTANTS, max_peak, stage_memory
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platform import TrainingPlatform
 
 BUDGET = TrainingPlatform().memory_budget_bytes
 
 
 def roofline_fn(calls=None):
-    from ratrain.profile import layer_profile
+    from ratrain.cost.profile import layer_profile
 
     def fn(model, b, seq, tp, *, source):
         assert source == "roofline"

@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-import ratrain.profile as profile
+import ratrain.cost.profile as profile
 from mtemu.kernels.gemm import gemm_timing
 from ratrain.errors import ConfigError
-from ratrain.models import ModelSpec, get_model, layer_operators
+from ratrain.spec.models import ModelSpec, get_model, layer_operators
 
 TINY = ModelSpec(name="tiny-test", hidden=192, ffn=384, layers=2, heads=3, kv_heads=3, head_dim=64, vocab=384)
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ratrain.experiments import Settings
-from ratrain.reproduce import EXPERIMENT_NAMES, registry, reproduce
+from ratrain.repro.experiment import Settings
+from ratrain.repro.report import EXPERIMENT_NAMES, registry, reproduce
 
 FAST = Settings(profile_source="roofline")
 

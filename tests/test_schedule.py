@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ratrain.errors import ConfigError
-from ratrain.schedule import build, gpipe, one_f_one_b, warmup_forwards
+from ratrain.sim.pipeline_order import build, gpipe, one_f_one_b, warmup_forwards
 
 CASES = [(1, 1), (1, 4), (2, 1), (2, 5), (4, 2), (4, 4), (4, 8), (8, 3), (8, 32)]
 

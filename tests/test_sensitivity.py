@@ -1,15 +1,16 @@
-"""Platform sweeps for the rows an honest model misses (ratrain.sensitivity), on the roofline profile."""
+"""Platform sweeps for the rows an honest model misses (ratrain.repro.sensitivity), on the roofline profile."""
 from dataclasses import replace
 
 import pytest
 
-from ratrain import paper
-from ratrain.costmodel import pipeline_costs
-from ratrain.experiments import Settings, ablation_config, ablation_rows, scaleout_base
-from ratrain.models import get_model
-from ratrain.planner import Planner
-from ratrain.platform import TrainingPlatform
-from ratrain.sensitivity import absolute_gap, fit_link_latency, scaleout_efficiency, sweep_link_latency
+from ratrain.cost.terms import pipeline_costs
+from ratrain.plan.planner import Planner
+from ratrain.repro import targets as paper
+from ratrain.repro.experiment import Settings
+from ratrain.repro.sensitivity import absolute_gap, fit_link_latency, scaleout_efficiency, sweep_link_latency
+from ratrain.repro.training import ablation_config, ablation_rows, scaleout_base
+from ratrain.spec.models import get_model
+from ratrain.spec.platform import TrainingPlatform
 
 FAST = Settings(profile_source="roofline")
 
@@ -63,8 +64,8 @@ def test_absolute_gap_arithmetic():
 
 
 def test_scale_out_accepts_cluster_counts_outside_the_paper(tmp_path):
-    from ratrain.experiments import run_table6
-    from ratrain.reproduce import Progress
+    from ratrain.repro.training import run_table6
+    from rtcommon.progress import Progress
     s = replace(FAST, table6_clusters=(256, 512, 1280))
     exp = run_table6(tmp_path, Progress(False), s)
     assert [r["clusters"] for r in exp.rows] == [256, 512, 1280]
@@ -74,6 +75,6 @@ def test_scale_out_accepts_cluster_counts_outside_the_paper(tmp_path):
 
 def test_scale_out_refuses_a_count_that_is_not_a_multiple_of_the_base(base):
     from ratrain.errors import ConfigError
-    from ratrain.experiments import scaleout_rows
+    from ratrain.repro.training import scaleout_rows
     with pytest.raises(ConfigError, match="300"):
         scaleout_rows(replace(FAST, table6_clusters=(256, 300)), base=base)

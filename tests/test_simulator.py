@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratrain.cli import main as cli_main
-from ratrain.costs import LayerCosts, PipelineCosts
+from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
-from ratrain.schedule import build
-from ratrain.simulator import (LIFECYCLE_KINDS, Mechanisms, activation_residency, peak_inflight, simulate)
-from ratrain.timeline import RESOURCES, TASK_KINDS
+from ratrain.sim.pipeline_order import build
+from ratrain.sim.simulator import LIFECYCLE_KINDS, Mechanisms, activation_residency, peak_inflight, simulate
+from ratrain.sim.timeline import RESOURCES, TASK_KINDS
 
 EPS = 1e-9
 F, B, U = 1.5, 2.5, 0.75

@@ -7,11 +7,30 @@ import numpy as np
 import pytest
 
 from ratrain.errors import ConfigError, RatrainError
-from ratrain.textdata import (ALPHABET, CORPUS_PATH, VOCAB_SIZE, BatchProvider, corpus_batches,
-                              corpus_sha256, decode, encode, load_corpus)
-from ratrain.tinymodel import (AdamConfig, TinyConfig, _rope, adam_update, init_params,
-                               layer_backward, layer_forward, make_view, microbatch_loss_and_grads,
-                               new_opt_state, recompute)
+from ratrain.replay.textdata import (
+    ALPHABET,
+    CORPUS_PATH,
+    VOCAB_SIZE,
+    BatchProvider,
+    corpus_batches,
+    corpus_sha256,
+    decode,
+    encode,
+    load_corpus,
+)
+from ratrain.replay.tinymodel import (
+    AdamConfig,
+    TinyConfig,
+    _rope,
+    adam_update,
+    init_params,
+    layer_backward,
+    layer_forward,
+    make_view,
+    microbatch_loss_and_grads,
+    new_opt_state,
+    recompute,
+)
 
 CHECK = TinyConfig(vocab=11, layers=2, hidden=8, heads=2, seq=5, dtype="float64")
 

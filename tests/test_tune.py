@@ -4,7 +4,7 @@ import os
 import pytest
 
 from mtemu.errors import CapacityError, MtemuError
-from mtemu.kernels.gemm import gemm_timing, GemmTiles
+from mtemu.kernels.gemm import GemmTiles, gemm_timing
 from mtemu.kernels.gemm_bound import gemm_bound
 from mtemu.platform import DEFAULT
 from mtemu.tune import gemm_candidates, tune_gemm

@@ -9,8 +9,8 @@ import json
 import os
 from typing import Iterable
 
+from ratrain.sim.timeline import RESOURCES, Task
 from rtcommon.fileio import atomic_write_text
-from ratrain.timeline import RESOURCES, Task
 
 
 def _name(t: Task) -> str:

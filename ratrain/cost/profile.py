@@ -1,6 +1,6 @@
 """Latency profiles: per-layer forward/backward costs of a model, from kernels emulated on mtemu.
 
-A layer's operators come from :func:`ratrain.models.layer_operators`. Their latencies:
+A layer's operators come from :func:`ratrain.spec.models.layer_operators`. Their latencies:
 
 - GEMM ``C[m,n] = A[m,k] W[k,n]``: forward is the emulated GEMM (m, k, n); backward is the
   data gradient dX = dY W^T, GEMM (m, n, k), plus the weight gradient dW = X^T dY, GEMM (k, m, n).
@@ -26,23 +26,27 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rtcommon.fileio import atomic_write_json
-from mtemu.kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
+import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
 from mtemu.platform import DEFAULT as MT_DEFAULT
 from mtemu.platform import Platform
-
-from .errors import ConfigError
-from .models import ModelSpec, Operator, embedding_and_head_operators, layer_operators
+from mtemu.version import emulator_version as _kernel_version
+from ratrain.errors import ConfigError
+from ratrain.spec.models import (
+    ModelSpec,
+    Operator,
+    embedding_and_head_operators,
+    layer_operators,
+)
+from rtcommon.fileio import atomic_write_json
 
 PROFILE_FORMAT = 1
-SHIPPED_DIR = Path(__file__).parent / "data" / "profiles"
+SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
 
 def emulator_version(kernel: str = "all") -> str:
     """Version of the emulated timing behind the latencies (see mtemu.version)."""
-    from mtemu.version import emulator_version as _v
-    return _v(kernel)
+    return _kernel_version(kernel)
 
 
 def cache_dir() -> Path:
@@ -55,10 +59,11 @@ def cache_dir() -> Path:
 class GemmCache:
     """Measured GEMM latencies; entries carry their own key so nothing stale is used."""
 
-    def __init__(self, platform: Platform = MT_DEFAULT, tiles: GemmTiles = DEFAULT_TILES,
+    def __init__(self, platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
                  path: Path | None = None, progress: bool = False):
         self.platform = platform
-        self.tiles = tiles
+        self.tiles = tiles if tiles is not None else mtemu.DEFAULT_TILES
+        tiles = self.tiles
         self.version = emulator_version("gemm")
         self.prefix = f"{self.version}|{platform.digest()}|{_tiles_key(tiles)}"
         self.attn_prefix = f"{emulator_version('attention')}|{platform.digest()}|attention"
@@ -102,7 +107,7 @@ class GemmCache:
         else:
             if self.progress:
                 print(f"[profile] emulating GEMM {m}x{k}x{n} ...", file=sys.stderr, flush=True)
-            r = gemm_timing(m, k, n, tiles=self.tiles, platform=self.platform)
+            r = mtemu.gemm_timing(m, k, n, tiles=self.tiles, platform=self.platform)
             entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
                      "utilization": r.utilization, "method": "emulated"}
             self.emulated += 1
@@ -115,11 +120,10 @@ class GemmCache:
         hit = self.entries.get(key)
         if hit is not None:
             return hit
-        from mtemu.kernels.attention import attention_backward_timing, attention_forward_timing
         if self.progress:
             print(f"[profile] emulating attention {direction} heads={heads} kv_heads={kv_heads} seq={seq} "
                   f"d={head_dim} ...", file=sys.stderr, flush=True)
-        fn = attention_forward_timing if direction == "fwd" else attention_backward_timing
+        fn = mtemu.attention_forward_timing if direction == "fwd" else mtemu.attention_backward_timing
         r = fn(heads, kv_heads, seq, head_dim, causal=True, platform=self.platform)
         entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles, "utilization": r.utilization,
                  "method": "emulated"}
@@ -143,7 +147,7 @@ class GemmCache:
             mg = min(t.mg, m)
             qm, rm = divmod(m, mg)
             if qm < 4:
-                r = gemm_timing(m, k, n, tiles=t, platform=self.platform)
+                r = mtemu.gemm_timing(m, k, n, tiles=t, platform=self.platform)
                 self.emulated += 1
                 return {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
                         "utilization": r.utilization, "method": "emulated"}
@@ -166,7 +170,7 @@ class GemmCache:
         atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
 
 
-def _tiles_key(t: GemmTiles) -> str:
+def _tiles_key(t: mtemu.GemmTiles) -> str:
     return ",".join(f"{k}={v}" for k, v in asdict(t).items())
 
 
@@ -284,7 +288,7 @@ class _Timer:
 
 
 def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
-                  platform: Platform = MT_DEFAULT, tiles: GemmTiles = DEFAULT_TILES,
+                  platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
                   cache: GemmCache | None = None, progress: bool = False) -> LayerProfile:
     if source not in ("emulated", "roofline"):
         raise ConfigError(f"profile source must be 'emulated' or 'roofline', got {source!r}")
@@ -308,15 +312,16 @@ def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int) -> str:
 
 _MEMO: dict[tuple, LayerProfile] = {}
 
-# Set by the command line (unless --json): building a profile emulates many GEMMs and takes minutes.
-PROGRESS = False
-
-
 def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
-                  platform: Platform = MT_DEFAULT, tiles: GemmTiles = DEFAULT_TILES,
-                  progress: bool = False) -> LayerProfile:
-    """The profile for (model, b, seq, tp): memory, then shipped/cached file if current, else built."""
-    progress = progress or PROGRESS
+                  platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
+                  progress: bool | None = None) -> LayerProfile:
+    """The profile for (model, b, seq, tp): memory, then shipped/cached file if current, else built.
+
+    Building one emulates many kernels and takes minutes; ``progress`` (default: when stderr is a
+    terminal) reports it on stderr, so ``--json`` output on stdout stays clean."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    tiles = tiles if tiles is not None else mtemu.DEFAULT_TILES
     memo_key = (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, platform.digest(),
                 _tiles_key(tiles))
     if memo_key in _MEMO:
@@ -344,7 +349,7 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     return prof
 
 
-def _load_if_current(path: Path, version: str, platform: Platform, tiles: GemmTiles, progress: bool) -> LayerProfile | None:
+def _load_if_current(path: Path, version: str, platform: Platform, tiles: mtemu.GemmTiles, progress: bool) -> LayerProfile | None:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -26,10 +26,21 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ratrain.config import ParallelConfig, in_flight_microbatches, partition_model
 from ratrain.errors import ConfigError
-from ratrain.models import FP16, FP32, ModelSpec, check_tp, layer_tp_parameter_count
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.spec.models import (
+    FP16,
+    FP32,
+    ModelSpec,
+    check_tp,
+    layer_tp_parameter_count,
+    stage_edge_parameters,
+)
+from ratrain.spec.parallel import (
+    ParallelConfig,
+    in_flight_microbatches,
+    partition_model,
+)
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 WEIGHT_BYTES = FP16          # working weights
 GRAD_BYTES = FP16            # gradients
@@ -175,11 +186,7 @@ def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatfo
     b, s, t, d, z = cfg.micro_batch, cfg.seq, cfg.tp, cfg.dp, cfg.zero
     m = b * s
     layer_params = layer_tp_parameter_count(model, t)
-    emb_params = model.vocab * model.hidden // t
-    # Vocab-parallel LM head + replicated final norm; a tied head still needs its own copy
-    # of the embedding matrix when the embedding lives on another stage.
-    head_weights = model.vocab * model.hidden if (not model.tied_embeddings or cfg.pp > 1) else 0
-    head_params = head_weights // t + model.hidden
+    emb_params, head_params = stage_edge_parameters(model, cfg.pp, t)
     ckpt = layer_checkpoint_bytes(model, b, s)
     full = layer_full_bytes(model, b, s, t)
     rec = full - ckpt

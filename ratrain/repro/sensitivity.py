@@ -21,11 +21,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from . import paper
-from .config import ParallelConfig
-from .experiments import (DEFAULT_SETTINGS, Settings, ablation_config, ablation_rows, scaleout_base,
-                          scaleout_rows, table2_rows)
-from .models import get_model
+from ratrain.cost.profile import layer_profile
+from ratrain.repro import targets as paper
+from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings
+from ratrain.repro.figures import plt, save_figure
+from ratrain.repro.training import (
+    ablation_rows,
+    scaleout_base,
+    scaleout_rows,
+    table2_rows,
+)
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
 
 Progress = Callable[[str], None]
 
@@ -114,7 +121,6 @@ def sweep_ablation(s: Settings = DEFAULT_SETTINGS, bandwidths=LINK_BANDWIDTHS, p
 # ------------------------------------------------------------------------------------------
 def layer_time_split(model_name: str, s: Settings = DEFAULT_SETTINGS) -> dict[str, float]:
     """Forward + backward seconds of one transformer layer (b, seq of ``s``, T=1) by operator kind."""
-    from .profile import layer_profile
     prof = layer_profile(get_model(model_name), s.micro_batch, s.seq, 1, source=s.profile_source)
     split: dict[str, float] = {}
     for op in prof.ops:
@@ -144,7 +150,6 @@ def absolute_gap(table2: list[dict], s: Settings = DEFAULT_SETTINGS) -> list[dic
 # The experiment: `ratrain reproduce sensitivity`
 # ------------------------------------------------------------------------------------------
 def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
-    from .reproduce import Check, Experiment
     base = scaleout_base(s, progress)
     latency_rows = sweep_link_latency(s, base=base, progress=progress)
     lat = fit_link_latency(s, base=base, progress=progress)
@@ -236,8 +241,6 @@ def _text(rows: list[dict]) -> str:
 
 
 def _figure(rows: list[dict], s: Settings, path) -> None:
-    from .experiments import _plt, _save
-    plt = _plt()
     by = {r["finding"]: r for r in rows}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
     t6 = by.get("table6-link-latency")
@@ -267,7 +270,7 @@ def _figure(rows: list[dict], s: Settings, path) -> None:
     ax2.set_ylabel("exposed-tail amplification (x)")
     ax2.set_title("Ablation tails vs link bandwidth and stage partition")
     ax2.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 __all__ = ["LINK_BANDWIDTHS", "LINK_LATENCIES_S", "absolute_gap", "fit_link_latency", "layer_time_split",

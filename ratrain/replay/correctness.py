@@ -24,13 +24,28 @@ from typing import Callable
 
 import numpy as np
 
-from rtcommon.fileio import atomic_write_bytes, atomic_write_json
+from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
-from ratrain.executor import (ExecPlan, ModelState, StepStats, accumulate, dp_average, execute_steps,
-                              microbatch_dloss)
-from ratrain.textdata import VOCAB_SIZE, BatchProvider, corpus_batches
-from ratrain.timeline import Task
-from ratrain.tinymodel import AdamConfig, TinyConfig, adam_update, make_view, microbatch_loss_and_grads
+from ratrain.replay.executor import (
+    ExecPlan,
+    ModelState,
+    StepStats,
+    accumulate,
+    dp_average,
+    execute_steps,
+    microbatch_dloss,
+)
+from ratrain.replay.textdata import VOCAB_SIZE, BatchProvider, corpus_batches
+from ratrain.replay.tinymodel import (
+    AdamConfig,
+    TinyConfig,
+    adam_update,
+    make_view,
+    microbatch_loss_and_grads,
+)
+from ratrain.sim.simulator import Mechanisms, simulate
+from ratrain.sim.timeline import Task
+from rtcommon.fileio import atomic_write_bytes, atomic_write_json
 
 TARGET_MAX_REL_DEV = 0.00081   # paper Fig. 7: max per-step relative loss deviation 0.081%
 
@@ -84,7 +99,7 @@ class Schedule:
     tasks: list[Task]
     plan: ExecPlan
     step_time_ms: float | None = None
-    source: str = "ratrain.simulator"
+    source: str = "ratrain.sim.simulator"
 
 
 @contextlib.contextmanager
@@ -124,7 +139,7 @@ def single_thread_blas():
 
 
 def simulator_available() -> bool:
-    return importlib.util.find_spec("ratrain.simulator") is not None
+    return importlib.util.find_spec("ratrain.sim.simulator") is not None
 
 
 def simulated_schedule(cfg: CorrectnessConfig, ratrain: bool) -> Schedule:
@@ -135,9 +150,7 @@ def simulated_schedule(cfg: CorrectnessConfig, ratrain: bool) -> Schedule:
     update 0.5, prefetch 0.2 ms (split over its layers); transfer 0.1 ms.
     """
     if not simulator_available():
-        raise RatrainError("ratrain.simulator is not available: the correctness run replays its timelines")
-    from ratrain.costs import PipelineCosts
-    from ratrain.simulator import Mechanisms, simulate
+        raise RatrainError("ratrain.sim.simulator is not available: the correctness run replays its timelines")
 
     lps = cfg.layers // cfg.stages
     costs = PipelineCosts.uniform(cfg.stages, cfg.microbatches, t_forward=1.0 * lps,

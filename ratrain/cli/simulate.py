@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.costs import PipelineCosts
+from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError
-from ratrain.schedule import SCHEDULES
-from ratrain.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
+from ratrain.plan.planner import simulate_config
+from ratrain.sim.pipeline_order import SCHEDULES
+from ratrain.sim.plots import plot_timeline
+from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
+from ratrain.sim.trace import write_chrome_trace
+from ratrain.spec.models import from_hf_config, get_model
+from ratrain.spec.parallel import ParallelConfig
 
 _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", None),
           ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
@@ -93,36 +98,25 @@ def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
 
 def _model_step(args: argparse.Namespace):
     """Costs from the model's latency profile via the cost model; also the planner's prediction."""
-    from ratrain.config import ParallelConfig
-    from ratrain.costmodel import pipeline_costs
-    from ratrain.models import from_hf_config, get_model
-    from ratrain.planner import Planner
-    from ratrain.costmodel import stage_kinds, step_breakdown
     model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
-    activation = mech.activation
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
-                         accum=args.accum, seq=args.seq, activation=activation, prefetch=args.prefetch)
-    planner = Planner(model, profile_source=args.profile, recovery_resource=args.recovery_resource)
-    prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
-    costs = pipeline_costs(model, cfg, prof, recovery_resource=args.recovery_resource)
-    terms = planner.terms(cfg)
-    bd = step_breakdown(stage_kinds(terms, planner._partition(cfg.pp)), terms.transfer, cfg.accum,
-                        activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,
-                        fsr=mech.fsr, recovery_resource=args.recovery_resource)
-    return model, cfg, costs, mech, bd
+                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
+    check = simulate_config(model, cfg, profile_source=args.profile, recovery_resource=args.recovery_resource,
+                            mechanisms=mech, schedule=args.schedule)
+    return model, cfg, check
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
     extra = {}
     if args.model or args.hf_config:
-        model, cfg, costs, mech, bd = _model_step(args)
+        model, cfg, check = _model_step(args)
+        costs, result, bd = check.costs, check.result, check.breakdown
         extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
                  "predicted_step_ms": bd.step_ms, "breakdown": bd.to_json()}
     else:
         costs = costs_from_args(args)
-        mech = mechanisms_from_args(args)
-    result = simulate(costs, schedule=args.schedule, mechanisms=mech)
+        result = simulate(costs, schedule=args.schedule, mechanisms=mechanisms_from_args(args))
     payload = result.to_json(timeline=True)
     payload.update(extra)
     payload["config"] = {"stages": costs.num_stages, "microbatches": costs.microbatches,
@@ -131,11 +125,9 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
                          "recovery_resource": costs.recovery_resource,
                          "update_resource": costs.update_resource, "prefetch_resource": costs.prefetch_resource}
     if args.trace:
-        from ratrain.trace import write_chrome_trace
         write_chrome_trace(args.trace, result)
         payload["trace"] = args.trace
     if args.plot:
-        from ratrain.plots import plot_timeline
         plot_timeline(result, args.plot)
         payload["plot"] = args.plot
     text = render_text(result, costs, payload)

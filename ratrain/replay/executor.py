@@ -1,7 +1,7 @@
 """Replay a simulated timeline on the tiny model, checking the training-state lifecycle.
 
 ``execute_step`` takes the simulator's task list for one training step
-(``ratrain.timeline.Task``) and really runs it, in one process, for P pipeline
+(``ratrain.sim.timeline.Task``) and really runs it, in one process, for P pipeline
 stages (layers split contiguously), D data-parallel replicas and A
 micro-batches:
 
@@ -62,10 +62,20 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ratrain.errors import ConfigError, RatrainError
-from ratrain.timeline import TASK_KINDS, Task
-from ratrain.tinymodel import (AdamConfig, LayerCache, LayerOptState, TinyConfig, adam_update,
-                               init_params, layer_backward, layer_forward, make_view, new_opt_state,
-                               recompute)
+from ratrain.replay.tinymodel import (
+    AdamConfig,
+    LayerCache,
+    LayerOptState,
+    TinyConfig,
+    adam_update,
+    init_params,
+    layer_backward,
+    layer_forward,
+    make_view,
+    new_opt_state,
+    recompute,
+)
+from ratrain.sim.timeline import TASK_KINDS, Task
 
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
 KIND_RANK = {k: i for i, k in enumerate(

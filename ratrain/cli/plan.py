@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 
 from ratrain.errors import ConfigError
-from ratrain.models import from_hf_config, get_model, list_models
-from ratrain.planner import MAX_MICRO_BATCH, METHODS, Planner
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.plan.planner import MAX_MICRO_BATCH, METHODS, Planner
+from ratrain.spec.models import from_hf_config, get_model, list_models
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   PrefetchW / UpdateShard, e.g. the ZeRO-1/2 all-gather of updated shards). A
   stage-boundary transfer occupies the ports of both ends at once (a ``Send``
   task on the sender and a ``Recv`` task on the receiver, same interval).
-* The main path is the unchanged schedule order (``ratrain.schedule``), one
+* The main path is the unchanged schedule order (``ratrain.sim.pipeline_order``), one
   task per layer: F in forward layer order, B in reverse.
 * Tasks are never preempted and never free: a task holds its resource for its
   whole duration (so each logical task is exactly one ``Task`` record).
@@ -40,14 +40,14 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from bisect import bisect_left, bisect_right
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from ratrain.costs import PipelineCosts
+from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
-from ratrain.schedule import build as build_schedule
-from ratrain.timeline import Task
+from ratrain.sim.pipeline_order import build as build_schedule
+from ratrain.sim.timeline import Task
 
 ACTIVATIONS = ("full", "ckpt", "fsr")
 ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")

@@ -3,11 +3,23 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.config import ACTIVATION_POLICIES, PARTITIONS, PREFETCH_POLICIES, ParallelConfig
-from ratrain.memory import max_peak, stage_memory
-from ratrain.models import (embedding_and_head_operators, from_hf_config, get_model,
-                            layer_operators, layer_parameter_count, list_models, parameter_count)
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.spec.memory import max_peak, stage_memory
+from ratrain.spec.models import (
+    embedding_and_head_operators,
+    from_hf_config,
+    get_model,
+    layer_operators,
+    layer_parameter_count,
+    list_models,
+    parameter_count,
+)
+from ratrain.spec.parallel import (
+    ACTIVATION_POLICIES,
+    PARTITIONS,
+    PREFETCH_POLICIES,
+    ParallelConfig,
+)
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:

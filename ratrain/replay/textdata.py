@@ -28,7 +28,7 @@ import numpy as np
 
 from ratrain.errors import ConfigError, RatrainError
 
-CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
+CORPUS_PATH = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))
 VOCAB_SIZE = len(ALPHABET)   # 96
 

@@ -1,8 +1,8 @@
 """`ratrain profile`: build (or load) the emulated latency profile of a model's layers."""
 from __future__ import annotations
 
-from .models import from_hf_config, get_model, list_models
-from .profile import layer_profile
+from ratrain.cost.profile import layer_profile
+from ratrain.spec.models import from_hf_config, get_model, list_models
 
 
 def _model(args):

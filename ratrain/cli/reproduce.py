@@ -1,12 +1,12 @@
 """`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
 from __future__ import annotations
 
-from .reproduce import EXPERIMENT_NAMES, format_checks, reproduce
+from ratrain.repro.experiment import Settings, format_checks
+from ratrain.repro.report import EXPERIMENT_NAMES, reproduce
+from ratrain.spec.platform import TrainingPlatform
 
 
 def _reproduce(args):
-    from .experiments import Settings
-    from .platform import TrainingPlatform
     which = [args.experiment] if args.experiment else None
     platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform)

@@ -13,11 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-
-try:                      # Python >= 3.11
-    import tomllib
-except ImportError:       # pragma: no cover - 3.10 reads JSON platform files only
-    tomllib = None
+import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 
 from ratrain.errors import ConfigError
@@ -56,8 +52,6 @@ class TrainingPlatform:
             raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
         try:
             if where.endswith(".toml"):
-                if tomllib is None:
-                    raise ConfigError(f"{where}: TOML needs Python >= 3.11; use a .json platform file")
                 raw = tomllib.loads(data.decode("utf-8"))
             else:
                 raw = json.loads(data.decode("utf-8"))

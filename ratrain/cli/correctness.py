@@ -5,7 +5,12 @@ import argparse
 import sys
 import time
 
-from ratrain.correctness import TARGET_MAX_REL_DEV, CorrectnessConfig, run_correctness, save_outputs
+from ratrain.replay.correctness import (
+    TARGET_MAX_REL_DEV,
+    CorrectnessConfig,
+    run_correctness,
+    save_outputs,
+)
 
 DEFAULT_OUT = "results/correctness"
 
@@ -73,7 +78,7 @@ def handle(args: argparse.Namespace):
         f"correctness run: tiny LLaMA-style model L={cfg.layers} H={cfg.hidden} seq={cfg.seq}, "
         f"P={cfg.stages} D={cfg.dp} A={cfg.microbatches} x {cfg.micro_batch_size} seqs, {cfg.steps} steps "
         f"({result.seconds:.1f} s)",
-        f"  loss         first     final",
+        "  loss         first     final",
         f"  Baseline-1F1B {result.baseline_loss[0]:.4f}   {result.baseline_loss[-1]:.4f}",
         f"  RATrain       {result.ratrain_loss[0]:.4f}   {result.ratrain_loss[-1]:.4f}",
         f"  single-stage  {result.single_stage_loss[0]:.4f}   {result.single_stage_loss[-1]:.4f}",

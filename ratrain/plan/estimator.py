@@ -1,260 +1,17 @@
-"""Cost model: a latency profile + a parallel configuration -> the simulator's per-layer costs.
+"""The planner's analytic step estimator (Eq. 11-12): exposed latencies over the 1F1B main path.
 
-Inputs: a ``LayerProfile`` (``ratrain.profile.layer_profile``; times in seconds for one
-transformer layer and one micro-batch on one TP rank, compute only) and a ``ParallelConfig``.
-Output: ``PipelineCosts`` (milliseconds), plus the per-layer "kinds" the planner uses.
-
-Every term and the resource it occupies (reasoning in docs/CHOICES.md, "ratrain cost model
-and planner"):
-
-* F / B per layer and micro-batch: the profile's compute plus two tensor-parallel
-  all-reduces of the b*seq*hidden FP16 activations per direction (T > 1), ring over T ranks on
-  the inter-cluster link: 2(T-1)/T * bytes / link_bw + 2(T-1) * latency. The all-reduce sits
-  between the projection GEMMs of one layer, so the compute waits for it (critical path; the
-  simulator sees it as part of the F/B task, the compute unit idle while waiting on the link).
-  Stage 0's first layer also carries the embedding (+ its all-reduce under vocab-parallel TP),
-  the last stage's last layer the final norm + LM head + loss (+ the LM head's input-gradient
-  all-reduce and a small loss all-reduce under TP).
-* Recompute (R): the layer's forward, all-reduces included (the embedding and LM head are not
-  recomputed: the layer-0 checkpoint is the embedding output, the logits live F->B). Runs on
-  ``compute`` (it is GEMM work): under ckpt it is folded into B, under FSR the simulator places
-  it in compute bubbles.
-* ZeRO-3 with per-use gathers (prefetch policy 'layerwise', D > 1): before every F, B and R of
-  every micro-batch the layer's FP16 weights are all-gathered over D: (D-1)/D * bytes / link_bw
-  + (D-1) * latency. memory.py reserves a one-layer prefetch buffer next to the working
-  weights, so the gather for the next compute task runs on the link while the current one
-  computes: each compute task lasts max(compute, gather) (the overflow is the compute unit
-  waiting on the link). ZeRO-3 with 'bulk' prefetch gathers the whole stage once per step
-  (memory.py counts the stage-sized buffer): no per-use gathers, the gather is PrefetchW's.
-* GradSync per layer per step (D > 1): reduce-scatter (Z >= 2) or all-reduce (Z < 2) of the
-  layer's FP16 gradients over a D ring on the link. Gradients only: the all-gather of the
-  updated weights is PrefetchW's.
-* UpdateShard per layer per step: Adam over the local shard (1/D of the layer for Z >= 1),
-  DDR-bound: FP32 master, m, v read and written (24 B), FP16 gradient read (2 B), FP16 weight
-  written (2 B) per parameter, over ddr_bw. Resource ``ddr``.
-* PrefetchW per layer per step: for Z = 1, 2 (and Z = 3 with bulk prefetch), D > 1, the ring
-  all-gather of the updated FP16 shards over D on the link, (D-1)/D * bytes / link_bw +
-  (D-1) * latency; the arriving chunks are written to DDR as they come (bytes / ddr_bw,
-  streamed), so the task lasts max(all-gather, DDR write). Zero otherwise (Z = 0 and D = 1
-  update the FP16 weights in place; Z = 3 layer-wise gathers at use). Resource ``link``
-  (``PipelineCosts.prefetch_resource``), so it competes with GradSync and transfers there.
-* Link sharing: GradSync runs while the layer's backward collectives (2 TP all-reduces, the
-  ZeRO-3 gather) also need the link; the simulator's link only holds GradSync, PrefetchW and
-  transfers, so GradSync's duration includes that displaced link time (conservative: it
-  assumes every such collective falls inside the sync's window).
-* Stage-boundary transfer per micro-batch and direction: b*seq*hidden FP16 / link_bw + latency.
+From per-layer cost kinds (``ratrain.cost.terms``) it computes T_step = T_1F1B + E_comm + E_upd +
+E_pref + E_rec without simulating events: the main path in closed form, recovery hidden in the
+windows 1F1B leaves, and the GradSync -> UpdateShard -> PrefetchW chains against their deadlines.
+``ratrain.sim.simulator`` is the reference it is tested against.
 """
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 
-from ratrain.config import ParallelConfig, partition_model
-from ratrain.costs import LayerCosts, PipelineCosts
+from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
-from ratrain.memory import layer_checkpoint_bytes, layer_full_bytes
-from ratrain.models import FP16, ModelSpec, check_tp, layer_tp_parameter_count
-from ratrain.platform import TrainingPlatform
-
-# Adam bytes moved per parameter of the local shard: FP32 master + m + v read and written
-# (3 * 4 * 2), FP16 gradient read (2), FP16 weight written (2).
-ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + FP16 + FP16
-PROFILE_SOURCES = ("emulated", "roofline")
-# PrefetchW is the all-gather of the updated shards (zero-length where there is none): link work
-PREFETCH_RESOURCE = "link"
-
-
-# ---------------------------------------------------------------- collectives (milliseconds)
-
-def p2p_ms(nbytes: float, platform: TrainingPlatform) -> float:
-    """One point-to-point message on the inter-cluster link."""
-    return 1e3 * (nbytes / platform.link_bandwidth + platform.link_latency_s)
-
-
-def allreduce_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
-    """Ring all-reduce: 2(n-1) steps each moving bytes/n per rank."""
-    if ranks <= 1:
-        return 0.0
-    return 1e3 * (2 * (ranks - 1) / ranks * nbytes / platform.link_bandwidth
-                  + 2 * (ranks - 1) * platform.link_latency_s)
-
-
-def reduce_scatter_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
-    """Ring reduce-scatter (and, by symmetry, all-gather): (n-1) steps of bytes/n."""
-    if ranks <= 1:
-        return 0.0
-    return 1e3 * ((ranks - 1) / ranks * nbytes / platform.link_bandwidth
-                  + (ranks - 1) * platform.link_latency_s)
-
-
-all_gather_ms = reduce_scatter_ms
-
-
-# ---------------------------------------------------------------- per-layer kinds
-
-@dataclass(frozen=True)
-class LayerKind:
-    """Costs (ms) of one layer in one configuration; ``backward`` excludes recompute."""
-    forward: float
-    backward: float
-    recompute: float
-    gradsync: float
-    update: float
-    prefetch: float
-
-
-@dataclass(frozen=True)
-class CostTerms:
-    """The distinct layer kinds of a configuration and what they are made of.
-
-    mid: any layer without embedding/head; first: layer 0 (stage 0, with the embedding);
-    last: the final layer (stage P-1, with norm + LM head + loss); only: the single layer of a
-    one-layer model. ``parts`` keeps the components for breakdowns (ms).
-    """
-    mid: LayerKind
-    first: LayerKind
-    last: LayerKind
-    only: LayerKind
-    transfer: float
-    parts: dict
-
-
-def _profile_ms(profile, name: str) -> float:
-    value = getattr(profile, name)
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"layer profile: field {name} must be a finite number >= 0 s, got {value!r}")
-    return 1e3 * float(value)
-
-
-def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform) -> CostTerms:
-    """The per-layer costs of ``cfg`` (see the module docstring for every term)."""
-    check_tp(model, cfg.tp)
-    if model.vocab % cfg.tp:
-        raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={cfg.tp}")
-    T, D, Z = cfg.tp, cfg.dp, cfg.zero
-    m = cfg.micro_batch * cfg.seq
-    act = m * model.hidden * FP16
-    ar = allreduce_ms(act, T, platform)
-    f_core, b_core = _profile_ms(profile, "forward_s"), _profile_ms(profile, "backward_s")
-    fx_first, bx_first = _profile_ms(profile, "first_forward_s"), _profile_ms(profile, "first_backward_s")
-    fx_last, bx_last = _profile_ms(profile, "last_forward_s"), _profile_ms(profile, "last_backward_s")
-
-    layer_params = layer_tp_parameter_count(model, T)
-    emb_params = model.vocab * model.hidden // T
-    head_weights = model.vocab * model.hidden if (not model.tied_embeddings or cfg.pp > 1) else 0
-    head_params = head_weights // T + model.hidden
-
-    # TP traffic of the embedding / head (vocab-parallel): embedding output all-reduce (F),
-    # LM-head input-gradient all-reduce (B), loss max + sum-exp all-reduces of m FP32 values (F).
-    first_f_comm = ar
-    last_f_comm = 2 * allreduce_ms(m * 4, T, platform)
-    last_b_comm = ar
-
-    per_use_gather = Z == 3 and D > 1 and cfg.prefetch == "layerwise"
-    prefetch_gather = D > 1 and (Z in (1, 2) or (Z == 3 and cfg.prefetch == "bulk"))
-
-    def kind(f_extra: float, b_extra: float, f_comm: float, b_comm: float, params: int) -> LayerKind:
-        fwd = f_core + 2 * ar + f_extra + f_comm
-        bwd = b_core + 2 * ar + b_extra + b_comm
-        rec = f_core + 2 * ar
-        gather = 0.0
-        if per_use_gather:
-            g = gather = all_gather_ms(params * FP16, D, platform)
-            fwd = max(fwd, g)
-            if cfg.activation == "ckpt":
-                bwd = max(bwd + rec, g) - rec     # one gather serves recompute + backward
-            elif cfg.activation == "fsr":
-                rec, bwd = max(rec, g), max(bwd, g)
-            else:
-                bwd = max(bwd, g)
-        if cfg.activation == "full":
-            rec = 0.0
-        grad_bytes = params * FP16
-        if D > 1:
-            sync = reduce_scatter_ms(grad_bytes, D, platform) if Z >= 2 else allreduce_ms(grad_bytes, D, platform)
-        else:
-            sync = 0.0
-        if sync > 0:
-            # The link also carries the layer's main-path collectives during the backward window
-            # GradSync runs in (its TP all-reduces, its ZeRO-3 gather); the simulator's link only
-            # sees GradSync, so GradSync holds the link for that time too (conservative).
-            sync += 2 * ar + (gather if per_use_gather else 0.0)
-        shard = math.ceil(params / D) if Z >= 1 else params
-        upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / platform.ddr_bandwidth
-        # the all-gather streams into DDR as it arrives: the slower of the two sets the time
-        pre = max(all_gather_ms(params * FP16, D, platform), 1e3 * params * FP16 / platform.ddr_bandwidth) \
-            if prefetch_gather else 0.0
-        return LayerKind(fwd, bwd, rec, sync, upd, pre)
-
-    mid = kind(0.0, 0.0, 0.0, 0.0, layer_params)
-    first = kind(fx_first, bx_first, first_f_comm, 0.0, layer_params + emb_params)
-    last = kind(fx_last, bx_last, last_f_comm, last_b_comm, layer_params + head_params)
-    only = kind(fx_first + fx_last, bx_first + bx_last, first_f_comm + last_f_comm, last_b_comm,
-                layer_params + emb_params + head_params)
-    parts = {
-        "compute_forward_ms": f_core, "compute_backward_ms": b_core,
-        "tp_allreduce_ms": ar, "tp_comm_per_layer_mb_ms": 4 * ar,
-        "zero3_gather_ms": all_gather_ms(layer_params * FP16, D, platform) if per_use_gather else 0.0,
-        "transfer_ms": p2p_ms(act, platform),      # used only between stages (P > 1)
-    }
-    return CostTerms(mid, first, last, only, parts["transfer_ms"], parts)
-
-
-def stage_kinds(terms: CostTerms, parts: list[range]) -> list[list[LayerKind]]:
-    """Per stage, the layer kinds in forward order."""
-    P = len(parts)
-    out = []
-    for p, layers in enumerate(parts):
-        n = len(layers)
-        ks = [terms.mid] * n
-        if P == 1 and n == 1:
-            ks[0] = terms.only
-        else:
-            if p == 0:
-                ks[0] = terms.first
-            if p == P - 1:
-                ks[-1] = terms.last
-        out.append(ks)
-    return out
-
-
-def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform | None = None,
-                   *, recovery_resource: str = "compute") -> PipelineCosts:
-    """The simulator's input for one data-parallel replica of ``cfg``."""
-    platform = platform or TrainingPlatform()
-    terms = cost_terms(model, cfg, profile, platform)
-    parts = partition_model(model, cfg.pp, cfg.partition)
-    b, s, t = cfg.micro_batch, cfg.seq, cfg.tp
-    full = layer_full_bytes(model, b, s, t)
-    ckpt = layer_checkpoint_bytes(model, b, s)
-    cache: dict[int, LayerCosts] = {}
-
-    def lc(k: LayerKind) -> LayerCosts:
-        got = cache.get(id(k))
-        if got is None:
-            got = cache[id(k)] = LayerCosts(
-                forward_ms=k.forward, backward_ms=k.backward, recompute_ms=k.recompute,
-                gradsync_ms=k.gradsync, update_ms=k.update, prefetch_ms=k.prefetch,
-                act_full_bytes=full, act_ckpt_bytes=ckpt, recovery_bytes=full - ckpt)
-        return got
-
-    stages = [[lc(k) for k in ks] for ks in stage_kinds(terms, parts)]
-    return PipelineCosts(stages=stages, transfer_ms=terms.transfer, microbatches=cfg.accum, dp=cfg.dp,
-                         recovery_resource=recovery_resource, update_resource="ddr",
-                         prefetch_resource=PREFETCH_RESOURCE)
-
-
-def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated"):
-    """``ratrain.profile.layer_profile`` (imported lazily: profile.py builds on mtemu)."""
-    if source not in PROFILE_SOURCES:
-        raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
-    try:
-        from ratrain.profile import layer_profile
-    except ImportError as exc:          # pragma: no cover - until profile.py lands
-        raise ConfigError(f"latency profiles are not available ({exc})") from None
-    return layer_profile(model, micro_batch, seq, tp, source=source)
-
 
 # ---------------------------------------------------------------- analytic step time (Eq. 11-12)
 
@@ -500,7 +257,7 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
                    prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
     """Analytic T_step (Eq. 11-12) of one replica from its per-stage layer kinds; no simulation.
 
-    ``activation``/``fsr`` follow ``ratrain.simulator.Mechanisms`` (fsr off = backward-time
+    ``activation``/``fsr`` follow ``ratrain.sim.simulator.Mechanisms`` (fsr off = backward-time
     recovery); ``layerwise``/``update_prefetch`` select the lifecycle mode; ``recovery_resource``
     is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``prefetch_resource``
     where PrefetchW runs ('link', as ``pipeline_costs`` builds it, or 'ddr')."""
@@ -585,8 +342,3 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
     return StepBreakdown(step_ms=t_all, t_1f1b_ms=t_1f1b, e_comm_ms=t_g - t_main, e_upd_ms=t_gu - t_g,
                          e_pref_ms=t_all - t_gu, e_rec_ms=t_main - t_1f1b, exposed_tail_ms=t_all - t_main,
                          slot_ms=slot, bottleneck_stage=q)
-
-
-__all__ = ["ADAM_BYTES_PER_PARAM", "PREFETCH_RESOURCE", "CostTerms", "LayerKind", "StepBreakdown", "all_gather_ms",
-           "allreduce_ms", "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds",
-           "step_breakdown"]

@@ -16,9 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from rtcommon.fileio import atomic_write_figure  # noqa: E402
 from ratrain.errors import ConfigError  # noqa: E402
-from ratrain.timeline import Task  # noqa: E402
+from ratrain.sim.timeline import Task  # noqa: E402
+from rtcommon.fileio import atomic_write_figure  # noqa: E402
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
           "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3"}

@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ratrain.errors import ConfigError
+from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
 
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
 PREFETCH_POLICIES = ("layerwise", "bulk")
@@ -147,12 +148,9 @@ def partition_model(spec, pp: int, rule: str = "balanced") -> list[range]:
         return partition_layers(spec.layers, pp)
     if rule != "balanced":
         raise ConfigError(f"partition must be one of {', '.join(PARTITIONS)}, got {rule!r}")
-    from ratrain.models import embedding_parameter_count, layer_parameter_count
     # TP (vocab-parallel embedding, split projections) shrinks both sides alike, so the
     # ratio uses whole-model counts.
     per_layer = layer_parameter_count(spec)
-    first = embedding_parameter_count(spec) / per_layer
-    # A tied LM head still needs its own copy of the embedding on a separate last stage.
-    head = spec.vocab * spec.hidden if (not spec.tied_embeddings or pp > 1) else 0
-    last = (head + spec.hidden) / per_layer
+    first, last = stage_edge_parameters(spec, pp)
+    first, last = first / per_layer, last / per_layer
     return partition_layers(spec.layers, pp, first_extra=first, last_extra=last)

@@ -16,12 +16,12 @@ from rtcommon.errors import UserError
 
 # Modules that register subcommands, in help order.
 COMMAND_MODULES: list[str] = [
-    "ratrain.cli_model",
-    "ratrain.cli_profile",
-    "ratrain.cli_reproduce",
-    "ratrain.cli_correctness",
-    "ratrain.cli_simulate",
-    "ratrain.cli_plan",
+    "ratrain.cli.model",
+    "ratrain.cli.profile",
+    "ratrain.cli.reproduce",
+    "ratrain.cli.correctness",
+    "ratrain.cli.simulate",
+    "ratrain.cli.plan",
 ]
 
 
@@ -36,8 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from . import profile
-    profile.PROGRESS = True      # progress goes to stderr, so --json output stays clean
     try:
         result = args.handler(args)
     except (UserError, FileNotFoundError) as exc:

@@ -3,7 +3,7 @@
 For a model, a cluster count N, a global batch G (sequences per step) and a sequence length,
 enumerate c = (P, D, Z, T, b, A, pi_act, pi_pref) with P * D * T = N and D * b * A = G; prune
 every candidate whose worst stage exceeds the memory budget (Eq. 10) BEFORE any timing; time
-the rest analytically (``ratrain.costmodel.step_breakdown``: T_1F1B + E_comm + E_upd + E_pref
+the rest analytically (``ratrain.plan.estimator.step_breakdown``: T_1F1B + E_comm + E_upd + E_pref
 + E_rec, Eq. 12, no simulation); return the argmin (Eq. 13) and a ranked list.
 
 Methods (baselines on the same backend, same profiles, same constants):
@@ -15,7 +15,7 @@ Methods (baselines on the same backend, same profiles, same constants):
   tuned         full search, lifecycle mechanisms off: bulk step-end GradSync/update/prefetch
                 and backward-time recomputation (FSR off, so only full/ckpt are distinct)
 
-Memory pruning uses a fast transcription of ``ratrain.memory.stage_memory`` (partitions
+Memory pruning uses a fast transcription of ``ratrain.spec.memory.stage_memory`` (partitions
 cached per P); tests/test_planner.py checks it equals ``max_peak(stage_memory(...))`` exactly,
 and every configuration the planner returns is re-checked with ``stage_memory`` itself.
 """
@@ -26,24 +26,50 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ratrain.config import ACTIVATION_POLICIES, PREFETCH_POLICIES, ParallelConfig, partition_model
-from ratrain.costmodel import (CostTerms, StepBreakdown, cost_terms, load_profile, pipeline_costs,
-                               stage_kinds, step_breakdown)
+from ratrain.cost.terms import (
+    CostTerms,
+    cost_terms,
+    load_profile,
+    pipeline_costs,
+    stage_kinds,
+)
 from ratrain.errors import ConfigError
-from ratrain.memory import (DEFAULT_CONSTANTS, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryConstants,
-                            head_workspace_bytes, layer_checkpoint_bytes, layer_full_bytes,
-                            layer_workspace_bytes, max_peak, stage_memory)
-from ratrain.models import FP16, ModelSpec, layer_tp_parameter_count
-from ratrain.platform import GIB, TrainingPlatform
+from ratrain.plan.estimator import StepBreakdown, step_breakdown
+from ratrain.sim.simulator import Mechanisms, simulate
+from ratrain.spec.memory import (
+    DEFAULT_CONSTANTS,
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    MemoryConstants,
+    head_workspace_bytes,
+    layer_checkpoint_bytes,
+    layer_full_bytes,
+    layer_workspace_bytes,
+    max_peak,
+    stage_memory,
+)
+from ratrain.spec.models import (
+    FP16,
+    ModelSpec,
+    layer_tp_parameter_count,
+    stage_edge_parameters,
+)
+from ratrain.spec.parallel import (
+    ACTIVATION_POLICIES,
+    PREFETCH_POLICIES,
+    ParallelConfig,
+    partition_model,
+)
+from ratrain.spec.platform import GIB, TrainingPlatform
 
 METHODS = ("ratrain", "tp-heavy", "zero3-heavy", "backward-ckpt", "full-save", "tuned")
 MAX_MICRO_BATCH = 8        # b is searched over divisors of G/D up to this (longer b only adds memory)
 MAX_TP = 8                 # T beyond 8 ranks on a 3.7 GB/s link is never competitive
 
 
-def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise"):
+def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") -> Mechanisms:
     """The simulator's ``Mechanisms`` for a method and configuration."""
-    from ratrain.simulator import Mechanisms
     _check_method(method)
     if method == "tuned":
         return Mechanisms(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
@@ -158,9 +184,7 @@ class _MemoryModel:
         rec = full - ckpt
         m = b * seq
         h = mdl.hidden
-        emb_params = mdl.vocab * h // tp
-        head_weights = mdl.vocab * h if (not mdl.tied_embeddings or pp > 1) else 0
-        head_params = head_weights // tp + h
+        emb_params, head_params = stage_edge_parameters(mdl, pp, tp)
         d, z = dp, zero
         ws_layer = ws_bwd if activation == "full" else ws_fwd
         per_act = full if activation == "full" else ckpt
@@ -297,7 +321,7 @@ class Planner:
             self.profile_s += time.perf_counter() - t0
         return got
 
-    def _partition(self, pp: int) -> list[range]:
+    def stage_layers(self, pp: int) -> list[range]:
         got = self._parts.get(pp)
         if got is None:
             got = self._parts[pp] = partition_model(self.model, pp, self.partition)
@@ -318,7 +342,7 @@ class Planner:
         """Analytic T_step of ``cfg`` under ``method``'s mechanisms (no simulation)."""
         _check_method(method)
         terms = self.terms(cfg)
-        kinds = stage_kinds(terms, self._partition(cfg.pp))
+        kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
         on = method != "tuned"
         return step_breakdown(kinds, terms.transfer, cfg.accum, activation=cfg.activation,
                               layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise", fsr=on,
@@ -365,7 +389,7 @@ class Planner:
             stages = stage_memory(self.model, cfg, self.platform, self.constants)
             true_peak = max_peak(stages)
             if true_peak > budget:          # cannot happen while _MemoryModel mirrors memory.py
-                raise ConfigError(f"planner memory model disagrees with ratrain.memory for {cfg.describe(True)}: "
+                raise ConfigError(f"planner memory model disagrees with ratrain.spec.memory for {cfg.describe(True)}: "
                                   f"{peak} vs {true_peak} bytes")
             ranked.append(Candidate(cfg, method, step, bd, true_peak, stages))
         elapsed = time.perf_counter() - t0
@@ -401,8 +425,8 @@ class SimCheck:
     predicted_ms: float
     simulated_ms: float
     breakdown: StepBreakdown
-    result: object          # ratrain.simulator.SimResult
-    costs: object           # ratrain.costs.PipelineCosts
+    result: object          # ratrain.sim.simulator.SimResult
+    costs: object           # ratrain.cost.tasks.PipelineCosts
 
     @property
     def error(self) -> float:
@@ -419,10 +443,9 @@ class SimCheck:
 def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
                     platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
                     profile_fn: Callable | None = None, recovery_resource: str = "compute",
-                    mechanisms=None) -> SimCheck:
-    """Build PipelineCosts for ``cfg`` and run ``ratrain.simulator.simulate`` with the method's
-    Mechanisms (or ``mechanisms``); also returns the planner's analytic prediction."""
-    from ratrain.simulator import simulate
+                    mechanisms=None, schedule: str = "1f1b") -> SimCheck:
+    """Build PipelineCosts for ``cfg`` and run ``ratrain.sim.simulator.simulate`` with the method's
+    Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction."""
     platform = platform or TrainingPlatform()
     planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                       partition=cfg.partition, recovery_resource=recovery_resource)
@@ -431,9 +454,9 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
     mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
     costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)
-    result = simulate(costs, mechanisms=mech)
+    result = simulate(costs, schedule=schedule, mechanisms=mech)
     terms = planner.terms(cfg)
-    bd = step_breakdown(stage_kinds(terms, planner._partition(cfg.pp)), terms.transfer, cfg.accum,
+    bd = step_breakdown(stage_kinds(terms, planner.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
                         activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,
                         fsr=mech.fsr, recovery_resource=recovery_resource)
     return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)

@@ -1,57 +1,38 @@
-"""The paper's experiments, run on our backend: Tables 2, 3, 4, 6, the ablation, Table 5 and the
-correctness run. Each returns a :class:`ratrain.reproduce.Experiment` (rows, checks, figures).
-
-Where the paper is silent the choice is a field of :class:`Settings` (documented in
-docs/CHOICES.md, "reproduction"), never a hidden constant; one Settings instance serves every
-experiment (no per-table knobs).
+"""The paper's training experiments, simulated on emulated kernel latencies: Tables 2, 3, 4, 6
+and the ablation. Each returns an :class:`ratrain.repro.experiment.Experiment`; every choice the
+paper leaves open is a field of :class:`ratrain.repro.experiment.Settings`.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paper
-from .config import ParallelConfig
-from .errors import ConfigError
-from .memory import max_peak, stage_memory
-from .models import get_model
-from .platform import GIB, TrainingPlatform
-from .reproduce import Check, Experiment, Progress
-
-
-@dataclass(frozen=True)
-class Settings:
-    profile_source: str = "emulated"        # latencies from mtemu ("roofline" only for quick looks)
-    recovery_resource: str = "compute"      # FSR recovery recomputes on the DSPs (honest default)
-    seq: int = 2048
-    micro_batch: int = 1
-    # Table 4 does not give its global batch; Table 6 shows 7B at 256 clusters with 2048.
-    table4_global_batch: int = 2048
-    # Table 6: throughput-oriented scale-out, global batch = 8 sequences per cluster.
-    table6_clusters: tuple[int, ...] = (256, 512, 768, 1024)
-    table6_batch_per_cluster: int = 8
-    # Table 3: cluster counts tried (the paper does not say): 2^k and 3 x 2^k.
-    table3_grid: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-    # RATrain's own search space (paper Fig. 2: PP + DP + lightweight ZeRO, no intra-layer
-    # collectives). TP and ZeRO-3 are the baselines of Table 2, not RATrain plans.
-    ratrain_zero_stages: tuple[int, ...] = (0, 1, 2)
-    ratrain_tp_degrees: tuple[int, ...] = (1,)
-    # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
-    ablation_model: str = "qwen2.5-32b"
-    # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
-    # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
-    platform: TrainingPlatform = TrainingPlatform()
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-DEFAULT_SETTINGS = Settings()
+from ratrain.errors import ConfigError
+from ratrain.plan.planner import Planner, simulate_config
+from ratrain.repro import targets as paper
+from ratrain.repro.experiment import (
+    DEFAULT_SETTINGS,
+    Check,
+    Experiment,
+    Settings,
+    format_table,
+)
+from ratrain.repro.figures import (
+    ablation_figure,
+    bar_comparison,
+    scaleout_figure,
+    stage_memory_figure,
+)
+from ratrain.sim.plots import plot_stage_memory, plot_timeline
+from ratrain.sim.simulator import Mechanisms
+from ratrain.sim.trace import write_chrome_trace
+from ratrain.spec.memory import max_peak, stage_memory
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platform import GIB
+from rtcommon.progress import Progress
 
 
 def _sim(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None):
-    from .planner import simulate_config
     return simulate_config(model, cfg, method=method, platform=s.platform, profile_source=s.profile_source,
                            recovery_resource=s.recovery_resource, mechanisms=mechanisms)
 
@@ -113,11 +94,11 @@ def run_table2(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                                 f"±{paper.TOL_TABLE2_STEP_REL:.0%}",
                                 abs(r["step_s"] / r["paper_step_s"] - 1) <= paper.TOL_TABLE2_STEP_REL))
     fig = out / "table2_slowdown.png"
-    _bars(fig, [f"{r['model'].split('-')[0]}\n{r['method']}" for r in rows if r["method"] != "ratrain"],
+    bar_comparison(fig, [f"{r['model'].split('-')[0]}\n{r['method']}" for r in rows if r["method"] != "ratrain"],
           [(r["slowdown"] or 0.0) for r in rows if r["method"] != "ratrain"],
           [(r["paper_slowdown"] or 0.0) for r in rows if r["method"] != "ratrain"],
           "slowdown vs RATrain (x); 0 = OOM", "Table 2: GPU-style strategies on the same backend", ref=1.0)
-    text = _table(rows, ["model", "method", "config", "peak_gb", "paper_peak_gb", "step_s", "paper_step_s",
+    text = format_table(rows, ["model", "method", "config", "peak_gb", "paper_peak_gb", "step_s", "paper_step_s",
                          "slowdown", "paper_slowdown"])
     return Experiment("table2", "Table 2: RATrain vs GPU-style strategies (256 clusters, global batch 4096)",
                       rows, checks, [str(fig)], text, notes=[_recovery_note(s)])
@@ -133,7 +114,6 @@ def _recovery_note(s: Settings) -> str:
 # Table 3: minimum feasible clusters
 # ------------------------------------------------------------------------------------------
 def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    from .planner import Planner
     budget = s.platform.memory_budget_bytes
     rows, checks = [], []
     for model_name, min_clusters, P, D, A, peak, step, gb in paper.TABLE3:
@@ -170,9 +150,9 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                             f"±{paper.TOL_TABLE3_PEAK_GB} GB", abs(paper_layout_peak - peak) <= paper.TOL_TABLE3_PEAK_GB))
     figs = []
     fig = out / "table3_memory.png"
-    _stage_memory_figure(rows, fig)
+    stage_memory_figure(rows, fig)
     figs.append(str(fig))
-    text = _table(rows, ["model", "min_clusters", "paper_min_clusters", "pp", "dp", "paper_pp", "paper_dp",
+    text = format_table(rows, ["model", "min_clusters", "paper_min_clusters", "pp", "dp", "paper_pp", "paper_dp",
                          "peak_gb", "paper_layout_peak_gb", "paper_peak_gb", "step_s", "paper_step_s"])
     return Experiment("table3", "Table 3: minimum feasible clusters under 20 GB (T=1, ZeRO-2, FSR)", rows, checks,
                       figs, text, notes=[f"Cluster counts tried: {', '.join(map(str, s.table3_grid))} "
@@ -184,7 +164,6 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
 # Table 4: planner prediction vs simulation
 # ------------------------------------------------------------------------------------------
 def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    from .planner import Planner
     rows, checks = [], []
     for model_name, clusters, pred, meas, err in paper.TABLE4:
         model = get_model(model_name)
@@ -203,7 +182,7 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                      "pruned_by_memory": res.pruned_by_memory})
         checks.append(Check(f"{model_name} @{clusters}: |predicted - simulated| / simulated", error, err,
                             f"<= {paper.TOL_TABLE4_ERROR:.0%}", error <= paper.TOL_TABLE4_ERROR))
-    text = _table(rows, ["model", "clusters", "config", "predicted_s", "simulated_s", "error", "paper_predicted_s",
+    text = format_table(rows, ["model", "clusters", "config", "predicted_s", "simulated_s", "error", "paper_predicted_s",
                          "paper_measured_s", "paper_error"])
     return Experiment("table4", "Table 4: analytic planner vs event simulator", rows, checks, [], text,
                       notes=[f"Global batch {s.table4_global_batch} sequences for every row (the paper does not "
@@ -215,7 +194,6 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
 # ------------------------------------------------------------------------------------------
 def scaleout_base(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> ParallelConfig:
     """The planner's LLaMA-2-7B layout at Table 6's first cluster count."""
-    from .planner import Planner
     progress = progress or (lambda msg: None)
     base_n = s.table6_clusters[0]
     planner = Planner(get_model("llama2-7b"), s.platform, profile_source=s.profile_source,
@@ -265,8 +243,8 @@ def run_table6(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                     abs(r["efficiency"] - r["paper_efficiency"]) <= paper.TOL_TABLE6_EFFICIENCY)
               for r in rows if r["clusters"] != base_n and r["paper_efficiency"] is not None]
     fig = out / "table6_scaleout.png"
-    _scaleout_figure(rows, fig)
-    text = _table(rows, ["clusters", "global_batch", "config", "step_s", "paper_step_s", "tokens_per_s",
+    scaleout_figure(rows, fig)
+    text = format_table(rows, ["clusters", "global_batch", "config", "step_s", "paper_step_s", "tokens_per_s",
                          "paper_tokens_per_s", "efficiency", "paper_efficiency"])
     return Experiment("table6", "Table 6: LLaMA-2-7B throughput-oriented scale-out", rows, checks, [str(fig)], text)
 
@@ -283,7 +261,6 @@ def ablation_config(s: Settings = DEFAULT_SETTINGS, partition: str = "balanced")
 def ablation_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
                   partition: str = "balanced") -> tuple[list[dict], dict]:
     """The four ablation variants simulated: rows (normalized step, tail amplification) and SimChecks."""
-    from .simulator import Mechanisms
     progress = progress or (lambda msg: None)
     model = get_model(s.ablation_model)
     cfg = ablation_config(s, partition)
@@ -304,8 +281,6 @@ def ablation_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
 
 
 def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    from .plots import plot_stage_memory, plot_timeline
-    from .trace import write_chrome_trace
     model = get_model(s.ablation_model)
     cfg = ablation_config(s)
     rows, results = ablation_rows(s, progress)
@@ -324,7 +299,7 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
     ]
     figs = []
     fig = out / "ablation.png"
-    _ablation_figure(rows, fig)
+    ablation_figure(rows, fig)
     figs.append(str(fig))
     sim = results["full"].result
     tl = out / "timeline_1f1b.png"
@@ -344,123 +319,10 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
                       title=f"{model.name} {cfg.describe()}: per-stage peak memory vs the 20 GB budget")
     figs.append(str(mem))
     write_chrome_trace(out / "ablation_full_trace.json", sim)
-    text = _table(rows, ["variant", "step_s", "normalized_step", "paper_normalized_step", "exposed_tail_s",
+    text = format_table(rows, ["variant", "step_s", "normalized_step", "paper_normalized_step", "exposed_tail_s",
                          "tail_amplification", "paper_tail_amplification"])
     return Experiment("ablation", "Ablation: Qwen2.5-32B, P=8, D=32, T=1, Z=2, b=1, A=128", rows, checks, figs, text,
                       notes=[_recovery_note(s), "Chrome trace of the full variant: ablation_full_trace.json "
                                                 "(open in chrome://tracing or ui.perfetto.dev)."])
 
 
-# ------------------------------------------------------------------------------------------
-# figures and text
-# ------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    from rtcommon.fileio import atomic_write_figure
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
-
-
-def _bars(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None) -> None:
-    import numpy as np
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4))
-    x = np.arange(len(labels))
-    ax.bar(x - 0.2, ours, 0.4, label="ours (simulated)", color="#1f77b4")
-    ax.bar(x + 0.2, theirs, 0.4, label="paper", color="#bbbbbb")
-    if ref is not None:
-        ax.axhline(ref, color="k", lw=0.8, ls=":")
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend()
-    _save(fig, path)
-
-
-def _scaleout_figure(rows, path: Path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    n = [r["clusters"] for r in rows]
-    ax.plot(n, [r["tokens_per_s"] / 1e3 for r in rows], "o-", label="ours (simulated)")
-    pts = [(r["clusters"], r["paper_tokens_per_s"] / 1e3) for r in rows if r["paper_tokens_per_s"] is not None]
-    if pts:
-        ax.plot(*zip(*pts), "s--", color="grey", label="paper")
-    ax.plot(n, [rows[0]["tokens_per_s"] / 1e3 * c / n[0] for c in n], ":", color="k", label="linear")
-    for r in rows:
-        ax.annotate(f"{100 * r['efficiency']:.1f}%", (r["clusters"], r["tokens_per_s"] / 1e3), fontsize=8,
-                    textcoords="offset points", xytext=(0, 6), ha="center")
-    ax.set_xlabel("clusters")
-    ax.set_ylabel("throughput (k tokens/s)")
-    ax.set_title("LLaMA-2-7B scale-out (global batch grows with clusters)")
-    ax.legend()
-    _save(fig, path)
-
-
-def _ablation_figure(rows, path: Path) -> None:
-    import numpy as np
-    plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    names = [r["variant"] for r in rows]
-    x = np.arange(len(rows))
-    a1.bar(x - 0.2, [r["normalized_step"] for r in rows], 0.4, label="ours")
-    a1.bar(x + 0.2, [r["paper_normalized_step"] for r in rows], 0.4, label="paper", color="#bbbbbb")
-    a1.set_xticks(x, names, fontsize=8)
-    a1.set_ylabel("normalized step time")
-    a1.set_ylim(0.9, max(1.4, max(r["normalized_step"] for r in rows) + 0.05))
-    a1.legend()
-    a2.bar(x - 0.2, [r["tail_amplification"] or 0 for r in rows], 0.4, label="ours")
-    a2.bar(x + 0.2, [r["paper_tail_amplification"] or 0 for r in rows], 0.4, label="paper", color="#bbbbbb")
-    a2.set_xticks(x, names, fontsize=8)
-    a2.set_ylabel("exposed-tail amplification (x)")
-    a2.legend()
-    fig.suptitle("Ablation (Qwen2.5-32B, P=8, D=32, A=128)")
-    _save(fig, path)
-
-
-def _stage_memory_figure(rows, path: Path) -> None:
-    import numpy as np
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.8), squeeze=False)
-    for ax, r in zip(axes[0], rows):
-        st = r.get("stages") or []
-        x = np.arange(len(st))
-        bottom = np.zeros(len(st))
-        for key, color in (("state_gb", "#1f77b4"), ("activation_gb", "#ff7f0e"), ("buffer_gb", "#2ca02c")):
-            vals = np.array([s[key] for s in st])
-            ax.bar(x, vals, bottom=bottom, color=color, label=key.replace("_gb", ""))
-            bottom += vals
-        ax.axhline(20, color="red", lw=1, ls="--", label="20 GB budget")
-        ax.set_title(f"{r['model']}: {r.get('config', 'none fits')}", fontsize=8)
-        ax.set_xlabel("stage")
-        ax.set_ylabel("GB (2^30 bytes)")
-        ax.set_ylim(0, 22)
-    axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Table 3: per-stage memory of the smallest feasible footprint found")
-    _save(fig, path)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf"
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
-    return str(v)
-
-
-def _table(rows: list[dict], cols: list[str]) -> str:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
-             "  ".join("-" * w for w in widths)]
-    for r in rows:
-        lines.append("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
-    return "\n".join(lines)

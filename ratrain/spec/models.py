@@ -92,6 +92,19 @@ def head_parameter_count(spec: ModelSpec) -> int:
     return spec.hidden + (0 if spec.tied_embeddings else spec.vocab * spec.hidden)
 
 
+def stage_edge_parameters(spec: ModelSpec, pp: int, tp: int = 1) -> tuple[int, int]:
+    """Parameters per TP rank that the first and last pipeline stage hold besides their layers.
+
+    The one home of the embedding/head split (memory, partition, cost terms and planner use it):
+    stage 0 holds the vocab-parallel embedding; the last stage holds the vocab-parallel LM head
+    plus the replicated final norm. A tied LM head still needs its own copy of the embedding
+    matrix when the embedding lives on another stage (pp > 1).
+    """
+    embedding = embedding_parameter_count(spec) // tp
+    head_weights = spec.vocab * spec.hidden if (not spec.tied_embeddings or pp > 1) else 0
+    return embedding, head_weights // tp + spec.hidden
+
+
 def parameter_count(spec: ModelSpec) -> int:
     """Exact trainable parameter count of the whole model."""
     return (spec.layers * layer_parameter_count(spec) + embedding_parameter_count(spec)

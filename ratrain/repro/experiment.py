@@ -1,0 +1,108 @@
+"""What an experiment of the reproduction returns, and the settings every experiment shares.
+
+An :class:`Experiment` holds JSON-able rows (ours and the paper's value side by side), pass/miss
+:class:`Check` s against the tolerances, figure paths and notes. Where the paper is silent the
+choice is a field of :class:`Settings` (documented in docs/CHOICES.md, "reproduction"), never a
+hidden constant; one Settings instance serves every experiment.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ratrain.spec.platform import TrainingPlatform
+
+
+@dataclass
+class Check:
+    name: str
+    ours: float | str | None
+    paper: float | str | None
+    tolerance: str
+    ok: bool
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ours": self.ours, "paper": self.paper, "tolerance": self.tolerance,
+                "ok": self.ok, "note": self.note}
+
+
+@dataclass
+class Experiment:
+    key: str
+    title: str
+    rows: list[dict]
+    checks: list[Check] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    text: str = ""
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(c.ok for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "title": self.title, "rows": self.rows, "checks": [c.to_json() for c in self.checks],
+                "figures": self.figures, "notes": self.notes, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile_source: str = "emulated"        # latencies from mtemu ("roofline" only for quick looks)
+    recovery_resource: str = "compute"      # FSR recovery recomputes on the DSPs (honest default)
+    seq: int = 2048
+    micro_batch: int = 1
+    # Table 4 does not give its global batch; Table 6 shows 7B at 256 clusters with 2048.
+    table4_global_batch: int = 2048
+    # Table 6: throughput-oriented scale-out, global batch = 8 sequences per cluster.
+    table6_clusters: tuple[int, ...] = (256, 512, 768, 1024)
+    table6_batch_per_cluster: int = 8
+    # Table 3: cluster counts tried (the paper does not say): 2^k and 3 x 2^k.
+    table3_grid: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    # RATrain's own search space (paper Fig. 2: PP + DP + lightweight ZeRO, no intra-layer
+    # collectives). TP and ZeRO-3 are the baselines of Table 2, not RATrain plans.
+    ratrain_zero_stages: tuple[int, ...] = (0, 1, 2)
+    ratrain_tp_degrees: tuple[int, ...] = (1,)
+    # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
+    ablation_model: str = "qwen2.5-32b"
+    # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
+    # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
+    platform: TrainingPlatform = TrainingPlatform()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_SETTINGS = Settings()
+
+
+def format_checks(exp: Experiment) -> str:
+    lines = [f"{'check':52s} {'ours':>12s} {'paper':>12s}  tolerance        mark"]
+    for c in exp.checks:
+        ours = f"{c.ours:.4g}" if isinstance(c.ours, float) else str(c.ours)
+        ref = f"{c.paper:.4g}" if isinstance(c.paper, float) else str(c.paper)
+        lines.append(f"{c.name[:52]:52s} {ours:>12s} {ref:>12s}  {c.tolerance:15s}  {'pass' if c.ok else 'MISS'}"
+                     + (f"  ({c.note})" if c.note else ""))
+    return "\n".join(lines)
+
+
+def format_value(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(rows: list[dict], cols: list[str]) -> str:
+    widths = [max(len(c), *(len(format_value(r.get(c))) for r in rows)) for c in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+             "  ".join("-" * w for w in widths)]
+    for r in rows:
+        lines.append("  ".join(format_value(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+    return "\n".join(lines)

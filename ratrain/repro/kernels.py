@@ -1,0 +1,149 @@
+"""Kernel experiments of the reproduction, run on the emulator: Table 5 (FP16 GEMM), its
+calibration study, the tile tuner, and Fig. 10 (memory-resident attention backward)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mtemu.calibrate import (
+    bandwidth_study,
+    emulate_a_resident,
+    emulate_fit,
+    format_study,
+    plot_study,
+)
+from mtemu.kernels.attention import validate_attention
+from mtemu.tune import tune_gemm
+from mtemu.validate import (
+    TABLE5,
+    TABLE5_M,
+    TABLE5_TOLERANCE_PP,
+    format_table5,
+    format_variants,
+    table5,
+    table5_variants,
+)
+from ratrain.repro import targets as paper
+from ratrain.repro.experiment import Check, Experiment
+from ratrain.repro.figures import attention_figure, table5_figure
+from rtcommon.progress import Progress
+
+
+# ------------------------------------------------------------------------------------------
+# Table 5 (mtemu)
+# ------------------------------------------------------------------------------------------
+def run_table5(out: Path, progress: Progress, settings=None) -> Experiment:
+    progress("Table 5: emulating the five FP16 GEMMs (timing mode)")
+    rows = table5()
+    progress("Table 5: variants without software pipeline / with naive tiles")
+    variants = table5_variants()
+    checks = [Check(f"{r.m}x{r.k}x{r.n} utilization", round(100 * r.utilization, 2), round(100 * r.paper_utilization, 2),
+                    f"±{TABLE5_TOLERANCE_PP} pp", r.ok, "fit row" if r.fit else "held out") for r in rows]
+    fig = out / "table5_utilization.png"
+    table5_figure(rows, variants, fig)
+    return Experiment("table5", "Table 5: FP16 GEMM MAC utilization (M = 2048)", [r.to_json() for r in rows], checks,
+                      [str(fig)], format_table5(rows) + "\n\n" + format_variants(variants),
+                      notes=["One fitted platform constant (DMA per-row overhead) on the two fit rows; see docs/CHOICES.md."])
+
+
+# ------------------------------------------------------------------------------------------
+# attention backward: resident vs DDR-staged (paper Fig. 10)
+# ------------------------------------------------------------------------------------------
+def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
+    lo, hi = paper.FIG10_SPEEDUP
+    progress("Attention: emulating the resident and DDR-staged backward for seq 512..4096 (timing mode)")
+    rows = validate_attention()
+    for r in rows:
+        # Our staged kernel is DDR-bound, so its time is its bytes over the rate it achieves; the
+        # paper's speedups then fix how many bytes its baseline could have moved.
+        rate = r["staged_ddr_bytes"] / r["staged_ms"]
+        r["paper_implied_staged_bytes_ratio"] = [s * r["resident_ms"] * rate / r["resident_ddr_bytes"] for s in (lo, hi)]
+    checks = [Check(f"seq {r['seq']}: resident / DDR-staged speedup", r["speedup"], f"{lo}-{hi}",
+                    f"within {lo}-{hi}", lo <= r["speedup"] <= hi,
+                    f"DDR {r['staged_ddr_bytes'] / max(r['resident_ddr_bytes'], 1):.1f}x the resident bytes; the "
+                    "paper's range means {:.1f}-{:.1f}x".format(*r["paper_implied_staged_bytes_ratio"]))
+              for r in rows]
+    implied = [x for r in rows for x in r["paper_implied_staged_bytes_ratio"]]
+    fig = out / "attention_speedup.png"
+    attention_figure(rows, fig, lo, hi)
+    text = "\n".join(f"seq {r['seq']:5d}: resident {r['resident_ms']:8.3f} ms ({100 * r['resident_utilization']:.1f}% util), "
+                     f"staged {r['staged_ms']:8.3f} ms, speedup {r['speedup']:.2f}x" for r in rows)
+    return Experiment("attention", "Fig. 10: memory-resident attention backward vs DDR-staged (head dim 128)", rows,
+                      checks, [str(fig)], text,
+                      notes=["The staged baseline round-trips GP, GS, P and the partial gradients through DDR; with "
+                             "24 DSPs sharing 30 GB/s it moves 5-9x the resident kernel's bytes, so our speedups "
+                             "exceed the paper's 1.24-1.54x. The paper does not give its baseline's traffic; "
+                             "see docs/CHOICES.md, 'mtemu attention kernels'.",
+                             f"At the DDR rate our staged kernel achieves, the paper's 1.24-1.54x corresponds to a "
+                             f"baseline moving {min(implied):.1f}-{max(implied):.1f}x the resident kernel's bytes: "
+                             "less extra traffic than one round trip of a single seq x seq FP16 intermediate "
+                             "(0.2-0.9 of one), where the staged schedule makes several."])
+
+
+# ------------------------------------------------------------------------------------------
+# Table 5 calibration study: which DDR rate and calibration could meet the 1.5 pp target
+# ------------------------------------------------------------------------------------------
+def run_table5_study(out: Path, progress: Progress, settings=None) -> Experiment:
+    progress("Table 5 study: closed-form calibrations at 30-51 GB/s")
+    rows = bandwidth_study()
+    # the best this GEMM can do at the paper's 30 GB/s, re-measured on the emulator
+    best = emulate_fit(rows[0].oracle, progress=progress)
+    # Fig. 4's loop order, emulated at the chip's raw DDR rate with no platform constant fitted
+    fig4 = emulate_a_resident(progress=progress)
+    fig = out / "table5_study.png"
+    plot_study(rows, str(fig), [best, fig4])
+    reach = next((r.ddr_bandwidth for r in rows if r.oracle.worst_error_pp <= TABLE5_TOLERANCE_PP), None)
+    checks = [Check(f"Table 5 worst |delta|, best calibration at {best.ddr_bandwidth / 1e9:g} GB/s fit on all rows "
+                    "(emulated)", round(best.worst_error_pp, 2), f"<= {TABLE5_TOLERANCE_PP}",
+                    f"<= {TABLE5_TOLERANCE_PP} pp", best.worst_error_pp <= TABLE5_TOLERANCE_PP,
+                    f"{best.tiles.describe()}, row overhead {best.row_overhead_cycles:.2f} cycles"),
+              Check(f"Table 5 worst |delta|, Fig. 4 loop order at the raw {fig4.ddr_bandwidth / 1e9:g} GB/s, no fitted "
+                    "platform constant (emulated)", round(fig4.worst_error_pp, 2), f"<= {TABLE5_TOLERANCE_PP}",
+                    f"<= {TABLE5_TOLERANCE_PP} pp", fig4.worst_error_pp <= TABLE5_TOLERANCE_PP,
+                    "platforms/mt3000-raw-ddr.toml; not the project default (the issue fixes 30 GB/s)")]
+    notes = ["Upper bound on what any calibration of this kernel reaches: the tiles and the row overhead are "
+             "chosen on all five rows, so no row is held out.",
+             "Lowest DDR rate at which the closed-form bound reaches the target: "
+             + (f"{reach / 1e9:g} GB/s." if reach else "none in the range studied."),
+             "Fig. 4's literal loop order (A_g resident in GSM, C through DDR between k-blocks) exists only "
+             f"as a closed form: fit on all rows its worst row is {rows[0].a_resident.worst_error_pp:.2f} pp at "
+             f"{rows[0].ddr_bandwidth / 1e9:g} GB/s and {rows[-1].a_resident.worst_error_pp:.2f} pp at "
+             f"{rows[-1].ddr_bandwidth / 1e9:g} GB/s.",
+             f"Emulated, that loop order ({fig4.tiles.describe()}; mg and kg chosen on the two fit rows) at the chip's "
+             f"raw {fig4.ddr_bandwidth / 1e9:g} GB/s with no platform constant fitted gives "
+             + " / ".join(f"{u:.2f}" for u in fig4.utilization_pp)
+             + f" %: {fig4.rows_within}/5 rows within {TABLE5_TOLERANCE_PP} pp, worst {fig4.worst_error_pp:.2f} pp."]
+    return Experiment("table5_study", "Table 5: which DDR rate and calibration could meet the target",
+                      [r.to_json() for r in rows] + [{"emulated": best.to_json()}, {"emulated": fig4.to_json()}],
+                      checks, [str(fig)], format_study(rows, [best, fig4]), notes)
+
+
+# ------------------------------------------------------------------------------------------
+# tile tuner on the Table 5 shapes (issue: the tuner finds tiles at least as good as the defaults)
+# ------------------------------------------------------------------------------------------
+TUNE_GRID = {"mg": (1024, 2048), "k2": (64, 128), "n2": (576, 768, 960), "mr_nv": ((6, 4),)}
+# emulate the 4 best by the closed-form bound (plus the defaults); on every Table 5 shape the
+# full 12-candidate sweep's winner is the bound's first choice, so this only saves time
+TUNE_EMULATE_TOP = 4
+
+
+def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
+    rows, checks, figs = [], [], []
+    for i, (k, n, *_r) in enumerate(TABLE5):
+        progress(f"Tuner: {TABLE5_M}x{k}x{n} ({i + 1}/{len(TABLE5)})")
+        r = tune_gemm(TABLE5_M, k, n, grid=TUNE_GRID, out_dir=out / "tune", progress=False, emulate_top=TUNE_EMULATE_TOP)
+        gain = 100 * (r.best.utilization - r.default.utilization)
+        rows.append({"shape": f"{TABLE5_M}x{k}x{n}", "default_utilization": r.default.utilization,
+                     "best_utilization": r.best.utilization, "gain_pp": gain, "best_tiles": r.best.tiles,
+                     "emulated": len(r.candidates), "pruned": len(r.pruned), "screened": len(r.screened)})
+        checks.append(Check(f"{TABLE5_M}x{k}x{n}: tuned over default", round(gain, 2), ">= 0", ">= 0 pp", gain >= 0,
+                            "best " + " ".join(f"{key}={r.best.tiles[key]}" for key in ("mg", "k2", "n2"))))
+        if i == 0:
+            figs.append(r.heatmap)
+    text = "\n".join(f"{r['shape']}: default {100 * r['default_utilization']:.2f}% -> best "
+                     f"{100 * r['best_utilization']:.2f}% ({r['gain_pp']:+.2f} pp) with "
+                     f"mg={r['best_tiles']['mg']} k2={r['best_tiles']['k2']} n2={r['best_tiles']['n2']}"
+                     for r in rows)
+    return Experiment("tune", "Tile tuner on the Table 5 shapes (prediction beyond the paper)", rows, checks, figs,
+                      text, notes=["The paper-matching default tiles stay the Table 5 validation setting; the "
+                                   "tuned tiles are the emulator's prediction. Candidates outside the closed-form "
+                                   "bound's top 4 are screened, not emulated. Full grids: `mtemu tune gemm`."])
