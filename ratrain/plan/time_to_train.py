@@ -22,6 +22,7 @@ meaningless number): the result says ``progress_possible: false`` and gives no h
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -42,7 +43,7 @@ _GRID_HALF_WIDTH = 12.0                  # n * phi(12) is negligible for any n b
 
 
 def _finite(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigError(f"{name}={value!r}: must be a finite number")
     return float(value)
 
@@ -60,7 +61,7 @@ def _non_negative(name: str, value: float) -> float:
 
 
 def _whole(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigError(f"{name}={value!r}: must be an integer >= {minimum}")
     return int(value)
 
