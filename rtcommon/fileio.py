@@ -1,6 +1,7 @@
 """Crash-safe file writes: write to a temporary file in the same folder, then rename."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -43,9 +44,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def atomic_write_figure(path: str | os.PathLike, fig: Any, dpi: int = 100, **savefig_kwargs: Any) -> None:
     """Render a Matplotlib figure as PNG, close it, and write the file atomically."""
-    import io
-
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # only when a figure is written: rtcommon stays light
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, **savefig_kwargs)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from ratrain import cli
-from ratrain.cli_time_to_train import register
+from ratrain.cli.time_to_train import register
 from ratrain.errors import ConfigError
+from ratrain.plan.planner import simulate_config
 from ratrain.plan.time_to_train import (
     Reliability,
     expected_max_normal,
@@ -22,6 +23,8 @@ from ratrain.plan.time_to_train import (
     time_to_train,
     young_daly_interval,
 )
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
 
 # E[max of n standard normals]: closed forms for n <= 3; the rest from an independent adaptive quadrature
 # (scipy.integrate.quad, 1e-13), agreeing with Harter's (1961) tables to their 5 decimals.
@@ -215,14 +218,20 @@ def test_cli_bad_input_writes_nothing(tmp_path, extra, field):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_model_mode_not_wired():
-    with pytest.raises(ConfigError, match="--model needs the simulator"):
-        _run(["--model", "llama-7b", "--steps", "10", "--clusters", "4", "--mtbf-hours", "100",
-              "--checkpoint-s", "60"])
+def test_cli_model_mode_takes_the_simulated_step():
+    cfg = ParallelConfig(pp=2, dp=4, accum=16, seq=2048)
+    step_s = simulate_config(get_model("llama2-7b"), cfg).simulated_ms / 1e3
+    payload, _ = _run(["--model", "llama2-7b", "--pp", "2", "--dp", "4", "--accum", "16", "--steps", "10",
+                       "--clusters", "8", "--mtbf-hours", "100", "--checkpoint-s", "60"])
+    assert payload["step_s"] == pytest.approx(step_s, rel=1e-12)
+    assert payload["label"] == cfg.describe()
+    with pytest.raises(ConfigError, match="--clusters=4 but the configuration"):
+        _run(["--model", "llama2-7b", "--pp", "2", "--dp", "4", "--steps", "10", "--clusters", "4",
+              "--mtbf-hours", "100", "--checkpoint-s", "60"])
 
 
 def test_main_exits_nonzero_on_bad_input(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ["ratrain.cli_time_to_train"])
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ["ratrain.cli.time_to_train"])
     out = tmp_path / "ttt.png"
     argv = ["time-to-train", *BASE, "--mtbf-hours", "0", "--plot", str(out), "--json"]
     assert cli.main(argv) == 2

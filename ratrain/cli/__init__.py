@@ -22,6 +22,7 @@ COMMAND_MODULES: list[str] = [
     "ratrain.cli.correctness",
     "ratrain.cli.simulate",
     "ratrain.cli.plan",
+    "ratrain.cli.time_to_train",
 ]
 
 

@@ -5,7 +5,10 @@ import argparse
 import math
 
 from ratrain.errors import ConfigError
+from ratrain.plan.planner import plan, simulate_config
 from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
+from ratrain.spec.models import get_model, list_models
+from ratrain.spec.parallel import ParallelConfig
 
 # Cluster counts of the --plot sweep (powers of two, 8..1024).
 PLOT_CLUSTER_COUNTS = [2 ** k for k in range(3, 11)]
@@ -16,7 +19,9 @@ def register(subparsers) -> None:
                                                     "and stragglers (Young interval, first-order overheads)")
     step = p.add_mutually_exclusive_group(required=True)
     step.add_argument("--step-s", type=float, help="fault-free step time in seconds (no stragglers)")
-    step.add_argument("--model", help="take the step from the simulator for this model (not wired yet)")
+    step.add_argument("--model", choices=list_models(),
+                      help="take the step from the simulator: the configuration given by --pp/--dp/..., or the "
+                           "planner's pick for --clusters and --global-batch")
     length = p.add_mutually_exclusive_group(required=True)
     length.add_argument("--steps", type=int, help="optimizer steps to run")
     length.add_argument("--tokens", type=float, help="token budget (needs tokens per step)")
@@ -34,13 +39,34 @@ def register(subparsers) -> None:
     p.add_argument("--compute-cv", type=float, default=0.0,
                    help="coefficient of variation of one cluster's step time")
     p.add_argument("--plot", metavar="FILE", help="PNG of time to train against cluster count (8..1024)")
+    g = p.add_argument_group("configuration with --model (omit --pp to take the planner's pick)")
+    g.add_argument("--pp", type=int, help="pipeline stages P")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel replicas D")
+    g.add_argument("--zero", type=int, default=2, help="ZeRO stage")
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--accum", type=int, default=8, help="micro-batches per step A")
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run_time_to_train)
 
 
-def step_from_model(args: argparse.Namespace) -> float:
-    """--model mode: the step time from the simulator. The lead wires this to the simulator."""
-    raise ConfigError("--model needs the simulator; not wired yet")
+def step_from_model(args: argparse.Namespace) -> tuple[float, ParallelConfig]:
+    """--model mode: the simulated step (s) of the given configuration, or of the planner's pick."""
+    model = get_model(args.model)
+    seq = args.seq or 2048
+    if args.pp is not None:
+        cfg = ParallelConfig(pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
+                             accum=args.accum, seq=seq)
+        if cfg.clusters != args.clusters:
+            raise ConfigError(f"--clusters={args.clusters} but the configuration {cfg.describe()} uses "
+                              f"{cfg.clusters} clusters")
+    else:
+        if args.global_batch is None:
+            raise ConfigError("--model without --pp: give --global-batch so the planner can pick a configuration")
+        best = plan(model, args.clusters, args.global_batch, seq).best
+        if best is None:
+            raise ConfigError(f"{model.name}: no configuration on {args.clusters} clusters fits the memory budget")
+        cfg = best.config
+    return simulate_config(model, cfg).simulated_ms / 1e3, cfg
 
 
 def _tokens_per_step(args: argparse.Namespace) -> float | None:
@@ -95,7 +121,13 @@ def _text(payload: dict) -> str:
 
 
 def run_time_to_train(args: argparse.Namespace) -> tuple[dict, str]:
-    step_s = step_from_model(args) if args.model is not None else args.step_s
+    cfg = None
+    if args.model is not None:
+        step_s, cfg = step_from_model(args)
+        if args.tokens_per_step is None and args.global_batch is None:
+            args.tokens_per_step = float(cfg.global_batch * cfg.seq)
+    else:
+        step_s = args.step_s
     tokens_per_step = _tokens_per_step(args)
     steps = _steps(args, tokens_per_step)
     reliability = Reliability(mtbf_hours=args.mtbf_hours, checkpoint_s=args.checkpoint_s,
@@ -104,6 +136,9 @@ def run_time_to_train(args: argparse.Namespace) -> tuple[dict, str]:
     result = time_to_train(step_s, steps, args.clusters, tokens_per_step, reliability, args.interval_s)
     payload = result.to_json()
     text = _text(payload)
+    if cfg is not None:
+        payload.update({"model": args.model, "parallel_config": cfg.to_json(), "label": cfg.describe()})
+        text = f"{args.model} {cfg.describe()} (simulated step)\n" + text
     if args.plot:
         # Everything is computed and checked before the figure is written: a bad input leaves no file.
         sweep = sweep_clusters(step_s, steps, tokens_per_step, reliability, PLOT_CLUSTER_COUNTS, args.interval_s)
