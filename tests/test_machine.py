@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mtemu import isa
-from mtemu.assembler import Program, ProgramBuilder, ins, parse
+from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.errors import MachineError, MtemuError
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import METHODS, Planner, _MemoryModel, mechanisms_for, search_space, simulate_config
-from ratrain.spec.memory import DEFAULT_CONSTANTS, max_peak, stage_memory
+from ratrain.plan.planner import METHODS, Planner, mechanisms_for, search_space, simulate_config
+from ratrain.spec.memory import DEFAULT_CONSTANTS, PeakMemory, max_peak, stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import TrainingPlatform
@@ -36,7 +36,7 @@ def test_fast_memory_model_equals_stage_memory():
     for name, n, g in (("llama2-7b", 64, 256), ("llama2-70b", 96, 32), ("qwen2.5-32b", 256, 512),
                        ("baichuan2-13b", 32, 128)):
         m = get_model(name)
-        mm = _MemoryModel(m, "balanced", DEFAULT_CONSTANTS)
+        mm = PeakMemory(m, "balanced", DEFAULT_CONSTANTS)
         space = list(search_space(m, n, g))
         for p, d, t, z, b, a, act, pref in rng.sample(space, 40):
             cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, activation=act, prefetch=pref)

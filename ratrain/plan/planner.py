@@ -38,22 +38,13 @@ from ratrain.plan.estimator import StepBreakdown, step_breakdown
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
-    GRAD_BYTES,
-    OPTIMIZER_BYTES,
-    WEIGHT_BYTES,
     MemoryConstants,
-    head_workspace_bytes,
-    layer_checkpoint_bytes,
-    layer_full_bytes,
-    layer_workspace_bytes,
+    PeakMemory,
     max_peak,
     stage_memory,
 )
 from ratrain.spec.models import (
-    FP16,
     ModelSpec,
-    layer_tp_parameter_count,
-    stage_edge_parameters,
 )
 from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
@@ -148,86 +139,6 @@ class PlanResult:
         }
 
 
-# ---------------------------------------------------------------- fast memory check
-
-class _MemoryModel:
-    """``max_peak(stage_memory(model, cfg))`` without building StageMemory objects."""
-
-    def __init__(self, model: ModelSpec, partition: str, constants: MemoryConstants):
-        self.model, self.partition, self.constants = model, partition, constants
-        self._parts: dict[int, list[int]] = {}
-        self._shape: dict[tuple[int, int], tuple] = {}
-
-    def counts(self, pp: int) -> list[int]:
-        got = self._parts.get(pp)
-        if got is None:
-            got = self._parts[pp] = [len(r) for r in partition_model(self.model, pp, self.partition)]
-        return got
-
-    def _shapes(self, b: int, s: int, t: int) -> tuple:
-        key = (b, s, t)
-        got = self._shape.get(key)
-        if got is None:
-            mdl = self.model
-            ckpt = layer_checkpoint_bytes(mdl, b, s)
-            full = layer_full_bytes(mdl, b, s, t)
-            got = self._shape[key] = (ckpt, full, layer_workspace_bytes(mdl, b, s, t, True),
-                                      layer_workspace_bytes(mdl, b, s, t, False),
-                                      head_workspace_bytes(mdl, b, s, t), layer_tp_parameter_count(mdl, t))
-        return got
-
-    def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
-             activation: str, prefetch: str) -> int:
-        mdl = self.model
-        counts = self.counts(pp)
-        ckpt, full, ws_fwd, ws_bwd, ws_head, layer_params = self._shapes(b, seq, tp)
-        rec = full - ckpt
-        m = b * seq
-        h = mdl.hidden
-        emb_params, head_params = stage_edge_parameters(mdl, pp, tp)
-        d, z = dp, zero
-        ws_layer = ws_bwd if activation == "full" else ws_fwd
-        per_act = full if activation == "full" else ckpt
-        reserve = self.constants.runtime_reserve_bytes
-        tp_staging = m * h * FP16 if tp > 1 else 0
-        best = 0
-        for p in range(pp):
-            n = counts[p]
-            first, last = p == 0, p == pp - 1
-            n_act = pp - p if pp - p < accum else accum
-            params = n * layer_params + (emb_params if first else 0) + (head_params if last else 0)
-            biggest = layer_params
-            if first and emb_params > biggest:
-                biggest = emb_params
-            if last and head_params > biggest:
-                biggest = head_params
-            sh = -(-params // d)
-            state = (WEIGHT_BYTES * (params if z < 3 else sh) + GRAD_BYTES * (params if z < 2 else sh)
-                     + OPTIMIZER_BYTES * (params if z < 1 else sh))
-            tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))
-            act = n_act * n * per_act + tokens + (rec if activation == "fsr" else 0)
-            if d > 1:
-                g = layer_params
-                if first:
-                    g = max(g, min(m, mdl.vocab // tp) * h)
-                if last:
-                    g = max(g, head_params)
-                gstage = GRAD_BYTES * g
-            else:
-                gstage = 0
-            neighbours = (0 if first else 1) + (0 if last else 1)
-            buf = gstage + neighbours * m * h * FP16 + tp_staging + reserve
-            if z == 3 and d > 1:
-                buf += WEIGHT_BYTES * biggest + WEIGHT_BYTES * (biggest if prefetch == "layerwise" else params)
-            if activation == "ckpt":
-                buf += rec
-            buf += max(ws_layer, ws_head) if last else ws_layer
-            total = state + act + buf
-            if total > best:
-                best = total
-        return best
-
-
 # ---------------------------------------------------------------- enumeration
 
 def _divisors(n: int) -> list[int]:
@@ -301,7 +212,7 @@ class Planner:
         self.partition = partition
         self.constants = constants
         self.recovery_resource = recovery_resource
-        self.memory = _MemoryModel(model, partition, constants)
+        self.memory = PeakMemory(model, partition, constants)
         self._profiles: dict[tuple[int, int, int], object] = {}
         self._terms: dict[tuple, CostTerms] = {}
         self._parts: dict[int, list[range]] = {}

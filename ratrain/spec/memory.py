@@ -173,79 +173,145 @@ def _shard(count: int, d: int) -> int:
     return math.ceil(count / d)
 
 
+@dataclass(frozen=True)
+class _LayerBytes:
+    """Per-(b, seq, tp, pp) sizes every stage of a configuration shares."""
+    ckpt: int
+    full: int
+    workspace_fsr: int          # forward transients recomputed (ckpt / fsr)
+    workspace_full: int
+    head_workspace: int
+    layer_params: int
+    embedding_params: int
+    head_params: int
+
+
+def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int) -> _LayerBytes:
+    emb, head = stage_edge_parameters(model, pp, t)
+    return _LayerBytes(layer_checkpoint_bytes(model, b, s), layer_full_bytes(model, b, s, t),
+                       layer_workspace_bytes(model, b, s, t, True), layer_workspace_bytes(model, b, s, t, False),
+                       head_workspace_bytes(model, b, s, t), layer_tp_parameter_count(model, t), emb, head)
+
+
+def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: bool, n_layers: int, n_act: int,
+                 dp: int, tp: int, zero: int, tokens_per_mb: int, activation: str, prefetch: str,
+                 reserve: int) -> dict[str, int]:
+    """Eq. 9's terms for one stage: the single home of the memory model (stage_memory and the
+    planner's PeakMemory both call it)."""
+    d, z, m = dp, zero, tokens_per_mb
+    layer_params, emb_params, head_params = sizes.layer_params, sizes.embedding_params, sizes.head_params
+    rec = sizes.full - sizes.ckpt
+    params = n_layers * layer_params + (emb_params if first else 0) + (head_params if last else 0)
+    # Largest single weight object on the stage (what ZeRO-3 gathers at once).
+    biggest = max([layer_params] + ([emb_params] if first else []) + ([head_params] if last else []))
+
+    bd: dict[str, int] = {}
+    bd["weights"] = WEIGHT_BYTES * (params if z < 3 else _shard(params, d))
+    bd["gradients"] = GRAD_BYTES * (params if z < 2 else _shard(params, d))
+    bd["optimizer"] = OPTIMIZER_BYTES * (params if z < 1 else _shard(params, d))
+
+    tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))   # int32 ids / labels
+    if activation == "full":
+        bd["saved_activations"] = n_act * n_layers * sizes.full + tokens
+        bd["checkpoints"] = 0
+        bd["recovery_buffer"] = 0
+    else:
+        bd["saved_activations"] = 0
+        bd["checkpoints"] = n_act * n_layers * sizes.ckpt + tokens
+        bd["recovery_buffer"] = rec if activation == "fsr" else 0
+
+    # GradSync staging: the full FP16 gradient of the object being reduced.  The
+    # embedding gradient is sparse (at most b*seq rows per micro-batch).
+    grad_objects = [layer_params]
+    if first:
+        grad_objects.append(min(m, model.vocab // tp) * model.hidden)
+    if last:
+        grad_objects.append(head_params)
+    bd["gradsync_staging"] = GRAD_BYTES * max(grad_objects) if d > 1 else 0
+    neighbours = (0 if first else 1) + (0 if last else 1)
+    bd["boundary_staging"] = neighbours * m * model.hidden * FP16
+    bd["tp_staging"] = m * model.hidden * FP16 if tp > 1 else 0
+    # Z=3: the gathered working weights of the object being computed (a medium-lived
+    # buffer in the paper's lifetime tiers, so it sits in the buffer tier, not in state).
+    bd["working_weights"] = WEIGHT_BYTES * biggest if (z == 3 and d > 1) else 0
+    if z == 3 and d > 1:
+        bd["prefetch_buffer"] = WEIGHT_BYTES * (biggest if prefetch == "layerwise" else params)
+    else:
+        bd["prefetch_buffer"] = 0      # Z < 3: updated shards are gathered in place
+    bd["recompute_buffer"] = rec if activation == "ckpt" else 0
+    ws = sizes.workspace_full if activation == "full" else sizes.workspace_fsr
+    if last:
+        ws = max(ws, sizes.head_workspace)
+    bd["workspace"] = ws
+    bd["runtime_reserve"] = reserve
+    return bd
+
+
+_STATE = ("weights", "gradients", "optimizer")
+_ACTIVATION = ("saved_activations", "checkpoints", "recovery_buffer")
+_BUFFER = ("working_weights", "gradsync_staging", "boundary_staging", "tp_staging", "prefetch_buffer",
+           "recompute_buffer", "workspace", "runtime_reserve")
+
+
+def _check_vocab(model: ModelSpec, tp: int) -> None:
+    check_tp(model, tp)
+    if model.vocab % tp:
+        raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={tp}")
+
+
 def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatform | None = None,
                  constants: MemoryConstants = DEFAULT_CONSTANTS) -> list[StageMemory]:
     """Eq. 9 for every pipeline stage of `cfg` (one cluster = one TP rank of one stage).
 
     `platform` is accepted for symmetry with `fits`; the bytes themselves do not depend on it.
     """
-    check_tp(model, cfg.tp)
-    if model.vocab % cfg.tp:
-        raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={cfg.tp}")
+    _check_vocab(model, cfg.tp)
     parts = partition_model(model, cfg.pp, cfg.partition)
-    b, s, t, d, z = cfg.micro_batch, cfg.seq, cfg.tp, cfg.dp, cfg.zero
-    m = b * s
-    layer_params = layer_tp_parameter_count(model, t)
-    emb_params, head_params = stage_edge_parameters(model, cfg.pp, t)
-    ckpt = layer_checkpoint_bytes(model, b, s)
-    full = layer_full_bytes(model, b, s, t)
-    rec = full - ckpt
+    sizes = _layer_bytes(model, cfg.micro_batch, cfg.seq, cfg.tp, cfg.pp)
     result = []
     for p, layers in enumerate(parts):
-        first, last = p == 0, p == cfg.pp - 1
-        n_layers = len(layers)
         n_act = in_flight_microbatches(p, cfg.pp, cfg.accum)
-        params = n_layers * layer_params + (emb_params if first else 0) + (head_params if last else 0)
-        # Largest single weight object on the stage (what ZeRO-3 gathers at once).
-        biggest = max([layer_params] + ([emb_params] if first else []) + ([head_params] if last else []))
-
-        bd: dict[str, int] = {}
-        bd["weights"] = WEIGHT_BYTES * (params if z < 3 else _shard(params, d))
-        bd["gradients"] = GRAD_BYTES * (params if z < 2 else _shard(params, d))
-        bd["optimizer"] = OPTIMIZER_BYTES * (params if z < 1 else _shard(params, d))
-        state = bd["weights"] + bd["gradients"] + bd["optimizer"]
-
-        tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))   # int32 ids / labels
-        if cfg.activation == "full":
-            bd["saved_activations"] = n_act * n_layers * full + tokens
-            bd["checkpoints"] = 0
-            bd["recovery_buffer"] = 0
-        else:
-            bd["saved_activations"] = 0
-            bd["checkpoints"] = n_act * n_layers * ckpt + tokens
-            bd["recovery_buffer"] = rec if cfg.activation == "fsr" else 0
-        act = bd["saved_activations"] + bd["checkpoints"] + bd["recovery_buffer"]
-
-        # GradSync staging: the full FP16 gradient of the object being reduced.  The
-        # embedding gradient is sparse (at most b*seq rows per micro-batch).
-        grad_objects = [layer_params]
-        if first:
-            grad_objects.append(min(m, model.vocab // t) * model.hidden)
-        if last:
-            grad_objects.append(head_params)
-        bd["gradsync_staging"] = GRAD_BYTES * max(grad_objects) if d > 1 else 0
-        neighbours = (0 if first else 1) + (0 if last else 1)
-        bd["boundary_staging"] = neighbours * m * model.hidden * FP16
-        bd["tp_staging"] = m * model.hidden * FP16 if t > 1 else 0
-        # Z=3: the gathered working weights of the object being computed (a medium-lived
-        # buffer in the paper's lifetime tiers, so it sits in the buffer tier, not in state).
-        bd["working_weights"] = WEIGHT_BYTES * biggest if (z == 3 and d > 1) else 0
-        if z == 3 and d > 1:
-            bd["prefetch_buffer"] = WEIGHT_BYTES * (biggest if cfg.prefetch == "layerwise" else params)
-        else:
-            bd["prefetch_buffer"] = 0      # Z < 3: updated shards are gathered in place
-        bd["recompute_buffer"] = rec if cfg.activation == "ckpt" else 0
-        ws = layer_workspace_bytes(model, b, s, t, forward_transients=cfg.activation != "full")
-        if last:
-            ws = max(ws, head_workspace_bytes(model, b, s, t))
-        bd["workspace"] = ws
-        bd["runtime_reserve"] = constants.runtime_reserve_bytes
-        buf = (bd["working_weights"] + bd["gradsync_staging"] + bd["boundary_staging"] + bd["tp_staging"] + bd["prefetch_buffer"]
-               + bd["recompute_buffer"] + bd["workspace"] + bd["runtime_reserve"])
+        bd = _stage_bytes(model, sizes, first=p == 0, last=p == cfg.pp - 1, n_layers=len(layers), n_act=n_act,
+                          dp=cfg.dp, tp=cfg.tp, zero=cfg.zero, tokens_per_mb=cfg.micro_batch * cfg.seq,
+                          activation=cfg.activation, prefetch=cfg.prefetch, reserve=constants.runtime_reserve_bytes)
+        state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
                                   peak_bytes=state + act + buf, breakdown=bd))
     return result
+
+
+class PeakMemory:
+    """``max_peak(stage_memory(model, cfg))`` for many configurations of one model: the same
+    per-stage terms (``_stage_bytes``) with the partitions and layer sizes cached, and no
+    StageMemory objects built. The planner's memory check."""
+
+    def __init__(self, model: ModelSpec, partition: str, constants: MemoryConstants = DEFAULT_CONSTANTS):
+        self.model, self.partition, self.constants = model, partition, constants
+        self._parts: dict[int, list[int]] = {}
+        self._sizes: dict[tuple[int, int, int, int], _LayerBytes] = {}
+
+    def counts(self, pp: int) -> list[int]:
+        got = self._parts.get(pp)
+        if got is None:
+            got = self._parts[pp] = [len(r) for r in partition_model(self.model, pp, self.partition)]
+        return got
+
+    def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+             activation: str, prefetch: str) -> int:
+        key = (b, seq, tp, pp)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            _check_vocab(self.model, tp)
+            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp)
+        reserve = self.constants.runtime_reserve_bytes
+        best = 0
+        for p, n in enumerate(self.counts(pp)):
+            bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
+                              n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
+                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch, reserve=reserve)
+            best = max(best, sum(bd.values()))
+        return best
 
 
 def max_peak(stages: list[StageMemory]) -> int:
