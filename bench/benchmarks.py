@@ -18,11 +18,11 @@ import numpy as np
 import mtemu
 from mtemu.kernels.gemm import build_gemm
 from mtemu.validate import TABLE5, TABLE5_M, table5
-from ratrain.spec.parallel import ParallelConfig
 from ratrain.cost.tasks import PipelineCosts
+from ratrain.sim.simulator import simulate
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
-from ratrain.sim.simulator import simulate
+from ratrain.spec.parallel import ParallelConfig
 
 TIMING_SHAPE = (TABLE5_M, 4096, 4096)       # first Table 5 row
 FUNCTIONAL_N = 512                          # time_: 512^3 functional GEMM
@@ -234,6 +234,7 @@ class TrackReproduction:
 
     def setup_cache(self):
         import tempfile
+
         from ratrain.repro.report import reproduce
         out = tempfile.mkdtemp(prefix="asv-repro-")
         exps = {e.key: e for e in reproduce(["table2", "table4", "table6", "ablation"], out, progress=False)}
@@ -274,6 +275,7 @@ class TrackSensitivity:
 
     def setup_cache(self):
         import tempfile
+
         from ratrain.repro.report import reproduce
         out = tempfile.mkdtemp(prefix="asv-sens-")
         (exp,) = reproduce(["sensitivity"], out, progress=False)

@@ -21,9 +21,9 @@ from mtemu.fp16 import f16_to_f32_array, f32_to_f16_array
 from mtemu.kernels.gemm import build_gemm
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT
-from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
 
 STRAIGHT_BUNDLES = 4000          # scalar bundles before the halt
 LOOP_TRIPS = 20000

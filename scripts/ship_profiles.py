@@ -16,8 +16,8 @@ from pathlib import Path
 SCRATCH = Path(tempfile.mkdtemp(prefix="ratrain-ship-"))
 os.environ["RATRAIN_CACHE_DIR"] = str(SCRATCH)
 
-from ratrain.spec.models import get_model  # noqa: E402
 from ratrain.cost.profile import SHIPPED_DIR, layer_profile  # noqa: E402
+from ratrain.spec.models import get_model  # noqa: E402
 
 MODELS = ["llama2-7b", "llama2-13b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b"]
 TPS = (1, 2)

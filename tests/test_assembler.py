@@ -55,7 +55,9 @@ def test_register_out_of_range(instr, pattern):
 
 
 def test_operand_in_wrong_memory_space():
-    with pytest.raises(AssemblyError, match=r"bundle 0, unit VLDST1, vldh, operand 2: operand in the wrong memory space: SM given, this unit addresses AM"):
+    with pytest.raises(AssemblyError,
+                       match=r"bundle 0, unit VLDST1, vldh, operand 2: operand in the wrong memory space: SM "
+                             r"given, this unit addresses AM"):
         build([ins("vldh", 1, (2, 0, "SM"))], [ins("halt")]).assemble()
     with pytest.raises(AssemblyError, match="wrong memory space: GSM given, this unit addresses SM"):
         build([ins("sldh", 1, (2, 0, "GSM"))], [ins("halt")]).assemble()
@@ -64,13 +66,16 @@ def test_operand_in_wrong_memory_space():
 def test_read_before_latency_elapsed_names_both_bundles():
     # scalar load latency is 7: reading in the next bundle is 6 cycles early
     b = build([ins("sldh", 5, (0, 0))], [ins("svbcast", 1, 5)], [ins("halt")])
-    with pytest.raises(AssemblyError, match=r"bundle 1, unit SMAC1, svbcast: reads s5 6 cycle\(s\) before the write issued in bundle 0 \(SLDST\) lands"):
+    with pytest.raises(AssemblyError,
+                       match=r"bundle 1, unit SMAC1, svbcast: reads s5 6 cycle\(s\) before the write issued in "
+                             r"bundle 0 \(SLDST\) lands"):
         b.assemble()
 
 
 def test_read_exactly_at_latency_is_accepted():
     lat = DEFAULT.latencies.scalar_load
-    bundles = [[ins("sldh", 5, (0, 0))]] + [[ins("nop")]] * (lat - 1) + [[ins("svbcast", 1, 5)]] + [[ins("nop")]] * 4 + [[ins("halt")]]
+    bundles = ([[ins("sldh", 5, (0, 0))]] + [[ins("nop")]] * (lat - 1) + [[ins("svbcast", 1, 5)]]
+               + [[ins("nop")]] * 4 + [[ins("halt")]])
     build(*bundles).assemble()
 
 
@@ -162,7 +167,8 @@ def test_builder_and_text_agree():
     ("garbage\n", r"<text>:1: expected"),
     (".desc x src=DDR dst=AM rows=1\n{ halt }", r"<text>:1: .desc x is missing field row_bytes"),
     ("{ dma 0, nodesc, [s0+0], [s0+0] }\n{ halt }", r"unknown DMA descriptor 'nodesc'"),
-    ("{ halt }\n{ sldh s1, [s2+0]@AM }", r"<text>:2: bundle 1, unit SLDST, sldh, operand 2: operand in the wrong memory space"),
+    ("{ halt }\n{ sldh s1, [s2+0]@AM }",
+     r"<text>:2: bundle 1, unit SLDST, sldh, operand 2: operand in the wrong memory space"),
 ])
 def test_text_errors_name_the_line(text, pattern):
     with pytest.raises(AssemblyError, match=pattern):

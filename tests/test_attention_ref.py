@@ -128,7 +128,7 @@ def test_tiled_matches_float64(causal, heads, kv_heads, gs_staging):
     tiled = attention_backward_tiled(q, k, v, o, do, saved, 8, 16, causal, gs_staging=gs_staging)
     exact = attention_backward_ref(q, k, v, o, do, saved, causal)
     same_inputs = attention_backward_ref(q, k, v, o, do, saved, causal, use_saved=True)
-    for t, e, s in zip(tiled, exact, same_inputs):
+    for t, e, s in zip(tiled, exact, same_inputs, strict=False):
         assert t.dtype == np.float32 and t.shape == e.shape
         # FP16 saved P and O: a few FP16 ulps of the gradient's scale
         assert _rel(t, e) < 4e-3
@@ -140,7 +140,7 @@ def test_tiled_matches_float64(causal, heads, kv_heads, gs_staging):
 def test_tiled_any_tile_shape(br, bc):
     q, k, v, o, do, saved = _inputs(2, 1, 13, 8, 6)
     s = attention_backward_ref(q, k, v, o, do, saved, use_saved=True)
-    for t, e in zip(attention_backward_tiled(q, k, v, o, do, saved, br, bc, gs_staging="fp32"), s):
+    for t, e in zip(attention_backward_tiled(q, k, v, o, do, saved, br, bc, gs_staging="fp32"), s, strict=False):
         assert _rel(t, e) < 2e-6
 
 
@@ -210,7 +210,7 @@ def test_tiled_bitwise_equals_documented_order(causal, fp16_gs):
     tiled = attention_backward_tiled(q, k, v, o, do, saved, 3, 2, causal,
                                      gs_staging="fp16" if fp16_gs else "fp32")
     lit = _scalar_algorithm1(q, k, v, o, do, saved.p, 3, 2, causal, fp16_gs)
-    for a, b in zip(tiled, lit):
+    for a, b in zip(tiled, lit, strict=False):
         # equal values; skipped causal tiles only ever add zeros (the sign of a zero may differ)
         assert np.array_equal(a, b)
 

@@ -133,7 +133,7 @@ def test_tensor_parallel_adds_link_comm():
 def test_full_activation_has_no_recompute():
     m = get_model("llama2-7b")
     costs = pipeline_costs(m, ParallelConfig(pp=2, dp=2, activation="full", accum=2), FakeProfile(), PLAT)
-    assert all(l.recompute_ms == 0.0 for s in costs.stages for l in s)
+    assert all(layer_index.recompute_ms == 0.0 for s in costs.stages for layer_index in s)
     assert costs.stages[0][0].act_full_bytes > costs.stages[0][0].act_ckpt_bytes > 0
 
 
@@ -221,11 +221,11 @@ def test_ablation_tails_with_link_prefetch_closed_forms(rec):
     costs, sims = _ablation_tails(m, cfg, prof, rec)
     s0 = costs.stages[0]
     assert costs.prefetch_resource == "link" and s0[1].prefetch_ms == pytest.approx(s0[1].gradsync_ms)
-    chain = [l.gradsync_ms + l.update_ms + l.prefetch_ms for l in s0]
+    chain = [layer_index.gradsync_ms + layer_index.update_ms + layer_index.prefetch_ms for layer_index in s0]
     assert s0[1].backward_ms > chain[1]
     assert sims["full"].exposed_tail_ms == pytest.approx(chain[0])
     assert sims["no-update-prefetch"].exposed_tail_ms == pytest.approx(
-        s0[0].gradsync_ms + sum(l.update_ms + l.prefetch_ms for l in s0))
+        s0[0].gradsync_ms + sum(layer_index.update_ms + layer_index.prefetch_ms for layer_index in s0))
     assert sims["no-layerwise"].exposed_tail_ms == pytest.approx(sum(chain))
     # the main path is the same in all three: step differences are the tails
     base = sims["full"].last_backward_end_ms

@@ -148,7 +148,7 @@ def test_final_weights_identical(name, make):
         for _ in range(2):
             execute_step(state, sched.tasks, sched.plan, CFG.batches())
         states.append(state)
-    for a, b in zip(states[0].master, states[1].master):
+    for a, b in zip(states[0].master, states[1].master, strict=False):
         for k in a:
             assert np.array_equal(a[k], b[k]), k
     assert states[0].master_version == states[1].master_version == [2] * CFG.layers
@@ -168,7 +168,7 @@ def test_full_save_policy_same_losses_and_more_live_activations(reference_losses
     lps = CFG.layers // CFG.stages
     want = [lps * min(CFG.stages - p, CFG.microbatches) for p in range(CFG.stages)]
     assert stats[0].peak_live_full == want
-    assert all(r < f for r, f in zip(rat_stats[0].peak_live_full, want))
+    assert all(r < f for r, f in zip(rat_stats[0].peak_live_full, want, strict=False))
 
 
 def test_task_list_order_does_not_matter(reference_losses):

@@ -69,7 +69,8 @@ def test_capacities_and_inputs_are_checked():
     with pytest.raises(CapacityError, match="^AM: two B tiles"):
         plan_a_resident(2048, 4096, 4096, AResidentGemmTiles(mg=512, kg=1024, k2=512, n2=768))
     with pytest.raises(CapacityError, match="^SM: two A_2 tiles"):
-        plan_a_resident(2048, 4096, 4096, AResidentGemmTiles(mg=2048, kg=768, k2=384), replace(DEFAULT, gsm_bytes=1 << 24))
+        plan_a_resident(2048, 4096, 4096, AResidentGemmTiles(mg=2048, kg=768, k2=384), replace(DEFAULT,
+                                                                                               gsm_bytes=1 << 24))
     with pytest.raises(CapacityError, match="tile 'kg'"):
         plan_a_resident(64, 64, 64, AResidentGemmTiles(kg=0))
     with pytest.raises(MtemuError, match="dimension k"):
@@ -86,9 +87,11 @@ def test_cli_loop_order():
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "200", "--n", "100",
-                          "--loop-order", "a-resident", "--kg", "64", "--json"], capture_output=True, text=True, check=True)
+                          "--loop-order", "a-resident", "--kg", "64", "--json"],
+                         capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     assert d["tiles"]["kg"] == 64 and d["utilization"] <= d["bound"]["utilization"]
-    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "64", "--n", "64", "--kg", "32"],
+    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "64", "--n", "64", "--kg",
+                          "32"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--kg applies to --loop-order a-resident only" in bad.stderr

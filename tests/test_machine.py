@@ -124,7 +124,8 @@ def test_vector_load_mac_store_values():
 
 def test_out_of_range_address_names_dsp_pc_unit_address():
     text = "{ smovi s5, 65536 }\n{ sldh s1, [s5+0] }\n" + "{ nop }\n" * 7 + "{ halt }"
-    with pytest.raises(MachineError, match=r"DSP 0, PC 1, unit SLDST: access of 2 bytes at SM address 65536 is outside the memory"):
+    with pytest.raises(MachineError,
+                       match=r"DSP 0, PC 1, unit SLDST: access of 2 bytes at SM address 65536 is outside the memory"):
         run_text(text)
 
 
@@ -150,7 +151,8 @@ def test_deadlock_is_reported():
 
 
 def test_barrier_aligns_clocks():
-    text = "{ bnz s3, slow }\n{ barrier }\n{ halt }\nslow:\n" + "{ nop }\n" * 20 + "{ br back }\nback:\n{ barrier }\n{ halt }"
+    text = ("{ bnz s3, slow }\n{ barrier }\n{ halt }\nslow:\n" + "{ nop }\n" * 20
+            + "{ br back }\nback:\n{ barrier }\n{ halt }")
     prog = parse(text, SMALL)
     stats = Cluster(SMALL, ddr_bytes=0).run([prog], init_sregs={1: {3: 1}})
     assert stats.stall_cycles()["barrier"] > 20
@@ -223,7 +225,8 @@ def test_random_programs_give_a_result_or_a_named_error(bundles, functional):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(-10**7, 10**8), st.integers(1, 64), st.integers(0, 5000), st.sampled_from(["SM", "AM", "GSM", "DDR"]))
+@given(st.integers(-10**7, 10**8), st.integers(1, 64), st.integers(0, 5000), st.sampled_from(["SM", "AM", "GSM",
+                                                                                              "DDR"]))
 def test_random_dma_addresses_never_crash(addr, rows, stride, space):
     text = (f".desc d src=DDR dst={space} rows={rows} row_bytes=64 src_stride={stride // 2 * 2} "
             f"dst_stride={max(64, stride // 2 * 2)} mode=copy\n"

@@ -103,7 +103,7 @@ def test_more_stages_less_state_per_stage(model):
     spec = get_model(model)
     states = [max(st.state_bytes for st in stage_memory(spec, ParallelConfig(pp=p, dp=4, accum=64)))
               for p in range(1, spec.layers + 1)]
-    assert all(b <= a for a, b in zip(states, states[1:]))
+    assert all(b <= a for a, b in zip(states, states[1:], strict=False))
     assert states[-1] < states[0] / 10
 
 
@@ -112,7 +112,7 @@ def test_ckpt_and_fsr_below_full(model, pp):
     spec = get_model(model)
     by = {a: stage_memory(spec, ParallelConfig(pp=pp, dp=4, accum=32, activation=a))
           for a in ("full", "ckpt", "fsr")}
-    for full, ckpt, fsr in zip(by["full"], by["ckpt"], by["fsr"]):
+    for full, ckpt, fsr in zip(by["full"], by["ckpt"], by["fsr"], strict=False):
         assert ckpt.activation_bytes < fsr.activation_bytes <= full.activation_bytes
         if full.n_act * len(full.layers) > 1:
             # (one layer, one micro-batch in flight: FSR's checkpoint + recovery buffer is the
@@ -126,7 +126,7 @@ def test_higher_zero_never_increases_state(model, pp, dp):
     spec = get_model(model)
     runs = [stage_memory(spec, ParallelConfig(pp=pp, dp=dp, zero=z, accum=16)) for z in range(4)]
     for z in range(3):
-        for lo, hi in zip(runs[z], runs[z + 1]):
+        for lo, hi in zip(runs[z], runs[z + 1], strict=False):
             assert hi.state_bytes <= lo.state_bytes
             if z < 2:     # Z=3 adds gathered working weights to the buffer tier
                 assert hi.peak_bytes <= lo.peak_bytes
@@ -142,7 +142,7 @@ def test_bulk_prefetch_costs_more_under_zero3():
     spec = get_model("llama2-13b")
     lw = stage_memory(spec, ParallelConfig(pp=2, dp=128, zero=3, prefetch="layerwise"))
     bulk = stage_memory(spec, ParallelConfig(pp=2, dp=128, zero=3, prefetch="bulk"))
-    assert all(b.peak_bytes > l.peak_bytes for l, b in zip(lw, bulk))
+    assert all(b.peak_bytes > layer.peak_bytes for layer, b in zip(lw, bulk, strict=False))
     z2 = [stage_memory(spec, ParallelConfig(pp=2, dp=128, zero=2, prefetch=p)) for p in ("layerwise", "bulk")]
     assert [s.peak_bytes for s in z2[0]] == [s.peak_bytes for s in z2[1]]   # gathered in place
 
@@ -151,7 +151,7 @@ def test_tensor_parallel_divides_state():
     spec = get_model("llama2-13b")
     t1 = stage_memory(spec, ParallelConfig(pp=2, dp=64, tp=1))
     t2 = stage_memory(spec, ParallelConfig(pp=2, dp=64, tp=2))
-    for a, b in zip(t1, t2):
+    for a, b in zip(t1, t2, strict=False):
         assert b.state_bytes == pytest.approx(a.state_bytes / 2, rel=0.01)
 
 

@@ -239,7 +239,7 @@ def test_partition_layers_uniform():
     assert [len(r) for r in partition_layers(10, 3)] == [3, 3, 4]
     parts = partition_layers(40, 8)
     assert parts[0].start == 0 and parts[-1].stop == 40
-    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:], strict=False))
     with pytest.raises(ConfigError, match="exceeds the number of layers"):
         partition_layers(4, 5)
 
@@ -261,7 +261,7 @@ def test_partition_property_every_split_is_contiguous_and_complete():
                 parts = partition_layers(layers, pp, first, last)
                 assert len(parts) == pp and all(len(r) >= 1 for r in parts)
                 assert parts[0].start == 0 and parts[-1].stop == layers
-                assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+                assert all(a.stop == b.start for a, b in zip(parts, parts[1:], strict=False))
 
 
 # ---------------------------------------------------------------- platform

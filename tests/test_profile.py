@@ -110,7 +110,8 @@ def test_shipped_latencies_match_the_current_emulator():
     entries = json.loads(path.read_text())["entries"]
     version = profile.emulator_version("gemm")
     current = {k: v for k, v in entries.items() if k.startswith(version) and v["method"] == "emulated"}
-    assert current, f"shipped latencies are stale: none carries emulator version {version}; run scripts/ship_profiles.py"
+    assert current, (f"shipped latencies are stale: none carries emulator version {version}; "
+                     "run scripts/ship_profiles.py")
     shapes = sorted(current, key=lambda k: current[k]["cycles"])
     picks = [shapes[0], shapes[len(shapes) // 2]]
     for key in picks:

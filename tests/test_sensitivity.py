@@ -47,7 +47,7 @@ def test_ablation_tails_are_closed_forms_when_the_link_keeps_up():
     cfg = ablation_config(s, "uniform")
     prof = Planner(model, s.platform, profile_source="roofline").profile(1, s.seq, 1)
     stage0 = pipeline_costs(model, cfg, prof, s.platform).stages[0]
-    chain = [(l.gradsync_ms + l.update_ms + l.prefetch_ms) / 1e3 for l in stage0]
+    chain = [(layer.gradsync_ms + layer.update_ms + layer.prefetch_ms) / 1e3 for layer in stage0]
     assert by["full"]["exposed_tail_s"] == pytest.approx(chain[0], rel=1e-6)
     assert by["no-layerwise"]["exposed_tail_s"] == pytest.approx(sum(chain), rel=1e-6)
     assert by["no-layerwise"]["tail_amplification"] == pytest.approx(sum(chain) / chain[0], rel=1e-6)

@@ -37,11 +37,11 @@ def check_resources(result):
     T = result.step_time_ms
     for key, ivs in per.items():
         ivs.sort(key=lambda x: (x[0], x[1]))
-        for (a0, a1, ta), (b0, b1, tb) in zip(ivs, ivs[1:]):
+        for (_a0, a1, ta), (b0, _b1, tb) in zip(ivs, ivs[1:], strict=False):
             assert b0 >= a1 - EPS, f"{key}: {ta} overlaps {tb}"
         # the step repeats every T: this step's tasks never overlap the next step's
         both = sorted([(a, b, 0) for a, b, _ in ivs] + [(a + T, b + T, 1) for a, b, _ in ivs])
-        for (a0, a1, sa), (b0, b1, sb) in zip(both, both[1:]):
+        for (a0, a1, _sa), (b0, b1, _sb) in zip(both, both[1:], strict=False):
             assert b0 >= a1 - EPS, f"{key}: step boundary overlap {a0}-{a1} vs {b0}-{b1} (T={T})"
 
 
@@ -50,7 +50,7 @@ def check_fillers_never_delay_main(result, costs):
     ends before the next main-path task there is ready, unless that task waits for it anyway."""
     P = costs.num_stages
     recv, own_r = {}, {}
-    for t, n in zip(result.tasks, result.notes):
+    for t, n in zip(result.tasks, result.notes, strict=False):
         if t.kind == "Recv":
             recv[(t.stage, t.microbatch, "F" if n.peer == t.stage - 1 else "B")] = t
         elif t.kind == "R":
@@ -59,7 +59,8 @@ def check_fillers_never_delay_main(result, costs):
         rng = costs.layer_range(p)
         main = sorted((t for t in result.tasks if t.stage == p and t.kind in ("F", "B")),
                       key=lambda t: (t.start_ms, t.end_ms))
-        fillers = [(t, n) for t, n in zip(result.tasks, result.notes) if t.stage == p and t.resource == "compute"
+        fillers = [(t, n) for t, n in zip(result.tasks, result.notes,
+                                          strict=False) if t.stage == p and t.resource == "compute"
                    and t.end_ms > t.start_ms and (t.kind in LIFECYCLE_KINDS or
                                                   (t.kind == "R" and n.hidden_by == "bubble" and n.exposed_ms == 0))]
         for f, _ in fillers:
@@ -100,13 +101,14 @@ def check_dependencies(result, costs, schedule="1f1b"):
             assert k not in life, f"duplicate {t}"
             life[k] = t
     L = costs.num_layers
-    assert set(f) == set(b) == {(l, m) for l in range(L) for m in range(A)}
+    assert set(f) == set(b) == {(layer_index, m) for layer_index in range(L) for m in range(A)}
     if policy == "fsr" and not result.mechanisms.fsr_skip_adjacent:
         assert set(r) == set(f)
     if policy in ("full", "ckpt"):
         assert not r
-    sends = [(t, n) for t, n in zip(result.tasks, result.notes) if t.kind == "Send"]
-    recvs = {(t.stage, t.microbatch, t.start_ms, t.end_ms, n.peer) for t, n in zip(result.tasks, result.notes)
+    sends = [(t, n) for t, n in zip(result.tasks, result.notes, strict=False) if t.kind == "Send"]
+    recvs = {(t.stage, t.microbatch, t.start_ms, t.end_ms, n.peer) for t, n in zip(result.tasks, result.notes,
+                                                                                   strict=False)
              if t.kind == "Recv"}
     assert len(sends) == len(recvs) == 2 * (P - 1) * A
     transfer = {}
@@ -117,14 +119,14 @@ def check_dependencies(result, costs, schedule="1f1b"):
     for p in range(P):
         rng = costs.layer_range(p)
         for m in range(A):
-            for l in rng:
-                if l > rng[0]:
-                    assert f[(l, m)].start_ms >= f[(l - 1, m)].end_ms - EPS
-                if l < rng[-1]:
-                    assert b[(l, m)].start_ms >= b[(l + 1, m)].end_ms - EPS
-                if (l, m) in r:
-                    assert r[(l, m)].start_ms >= f[(l, m)].end_ms - EPS
-                    assert b[(l, m)].start_ms >= r[(l, m)].end_ms - EPS
+            for layer_index in rng:
+                if layer_index > rng[0]:
+                    assert f[(layer_index, m)].start_ms >= f[(layer_index - 1, m)].end_ms - EPS
+                if layer_index < rng[-1]:
+                    assert b[(layer_index, m)].start_ms >= b[(layer_index + 1, m)].end_ms - EPS
+                if (layer_index, m) in r:
+                    assert r[(layer_index, m)].start_ms >= f[(layer_index, m)].end_ms - EPS
+                    assert b[(layer_index, m)].start_ms >= r[(layer_index, m)].end_ms - EPS
             if p > 0:
                 s = transfer[(p - 1, p, m)]
                 assert s.start_ms >= f[(rng[0] - 1, m)].end_ms - EPS
@@ -144,21 +146,21 @@ def check_dependencies(result, costs, schedule="1f1b"):
                 seq.append((t.kind, t.microbatch))
         assert seq == build(schedule, P, A)[p]
         # lifecycle chain of every layer
-        last_b = max(b[(l, m)].end_ms for l in rng for m in range(A))
-        for l in rng:
-            gs = life[("GradSync", p, l)]
-            acc_done = max(b[(l, m)].end_ms for m in range(A))
+        last_b = max(b[(layer_index, m)].end_ms for layer_index in rng for m in range(A))
+        for layer_index in rng:
+            gs = life[("GradSync", p, layer_index)]
+            acc_done = max(b[(layer_index, m)].end_ms for m in range(A))
             assert gs.start_ms >= (acc_done if result.mechanisms.layerwise else last_b) - EPS
-            w = life[("PrefetchW", p, l)]
-            if ("UpdateShard", p, l) in life:
-                us = life[("UpdateShard", p, l)]
+            w = life[("PrefetchW", p, layer_index)]
+            if ("UpdateShard", p, layer_index) in life:
+                us = life[("UpdateShard", p, layer_index)]
                 assert us.start_ms >= gs.end_ms - EPS and w.start_ms >= us.end_ms - EPS
             else:
                 upd = life[("Update", p, None)]
                 assert upd.start_ms >= gs.end_ms - EPS and w.start_ms >= upd.end_ms - EPS
             # the next step's Forward(l) (at T + its offset) never precedes PrefetchW(l)
             if result.mechanisms.deadline_aware:
-                assert w.end_ms <= result.step_time_ms + result.next_forward_ms[l] + EPS
+                assert w.end_ms <= result.step_time_ms + result.next_forward_ms[layer_index] + EPS
             else:
                 assert w.end_ms <= result.step_time_ms + result.next_forward_ms[rng[0]] + EPS
 
@@ -170,7 +172,7 @@ def check_all(result, costs, schedule="1f1b"):
     assert result.exposed_tail_ms >= -EPS
     assert result.step_time_ms == approx(result.last_backward_end_ms + result.exposed_tail_ms)
     assert len(result.notes) == len(result.tasks)
-    for t, n in zip(result.tasks, result.notes):
+    for t, n in zip(result.tasks, result.notes, strict=False):
         if t.kind in ("R",) + LIFECYCLE_KINDS:
             assert n.hidden_by in ("bubble", "backward critical path", "link-idle during compute",
                                    "ddr-idle during compute", "compute-idle while waiting on link",
@@ -236,7 +238,7 @@ def test_fsr_falls_back_when_there_is_no_window():
     costs = PipelineCosts.uniform(1, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R)
     res = simulate(costs)
     assert res.step_time_ms == approx(A * (F + B + R) + U)
-    rs = [(t, n) for t, n in zip(res.tasks, res.notes) if t.kind == "R"]
+    rs = [(t, n) for t, n in zip(res.tasks, res.notes, strict=False) if t.kind == "R"]
     assert len(rs) == A
     assert all(n.hidden_by == "backward critical path" and n.exposed_ms == approx(R) for _, n in rs)
     assert res.stages[0].exposed_recovery_ms == approx(A * R)
@@ -345,7 +347,8 @@ def test_deadline_aware_prefetch_overlaps_next_forward():
     res = simulate(costs)
     E, T = res.last_backward_end_ms, res.step_time_ms
     w = {t.layer: t for t in res.tasks if t.kind == "PrefetchW" and t.stage == 0}
-    assert [w[l].start_ms - E for l in (3, 0, 1, 2)] == [approx(-1.5), approx(0.5), approx(2.5), approx(4.5)]
+    assert [w[layer_index].start_ms - E for layer_index in (3, 0, 1, 2)] == [approx(-1.5), approx(0.5), approx(2.5),
+                                                                             approx(4.5)]
     assert T - E == approx(6.0)
     assert w[2].end_ms == approx(T + res.next_forward_ms[2])       # exactly at its deadline, after T
     assert w[2].end_ms > T
@@ -396,16 +399,17 @@ def test_bulk_update_task_and_annotations():
     kinds = Counter(t.kind for t in bulk.tasks)
     assert kinds["Update"] == 3 and kinds["UpdateShard"] == 0 and kinds["PrefetchW"] == 6
     # stage 0's bulk phase runs after the last backward with nothing else to do
-    s0 = [(t, n) for t, n in zip(bulk.tasks, bulk.notes) if t.stage == 0 and t.kind in ("GradSync", "Update")]
+    s0 = [(t, n) for t, n in zip(bulk.tasks, bulk.notes, strict=False) if t.stage == 0 and t.kind in ("GradSync",
+                                                                                                      "Update")]
     assert all(n.hidden_by.startswith("compute-idle while waiting on") for _, n in s0)
     assert bulk.exposed_tail_ms == approx(1.5 + 2.0)
     # layer-wise ignores bulk_update_ms; the upper layer's GradSync hides under stage 0's backward
     lw = simulate(costs)
     assert Counter(t.kind for t in lw.tasks)["UpdateShard"] == 6
-    g1 = next(n for t, n in zip(lw.tasks, lw.notes) if t.kind == "GradSync" and t.layer == 1)
+    g1 = next(n for t, n in zip(lw.tasks, lw.notes, strict=False) if t.kind == "GradSync" and t.layer == 1)
     assert g1.hidden_by == "link-idle during compute" and g1.exposed_ms == approx(0.0)
     # stage 2 finishes its backward early: its chain hides in the pipeline bubble
-    g5 = next(n for t, n in zip(lw.tasks, lw.notes) if t.kind == "GradSync" and t.layer == 5)
+    g5 = next(n for t, n in zip(lw.tasks, lw.notes, strict=False) if t.kind == "GradSync" and t.layer == 5)
     assert g5.hidden_by in ("bubble", "link-idle during compute")
     check_all(bulk, costs)
     check_all(lw, costs)
@@ -446,7 +450,7 @@ def test_link_prefetch_closed_forms_per_mechanism(P, A, L):
         assert {t.resource for t in res.tasks if t.kind == "PrefetchW"} == {"link"}
         check_all(res, costs)
         if name == "full" and L > 1:     # G, W alternate per layer, top layer first
-            assert _link_life(res, 0) == [(k, l) for l in reversed(range(L)) for k in "GP"]
+            assert _link_life(res, 0) == [(k, layer_index) for layer_index in reversed(range(L)) for k in "GP"]
 
 
 def test_link_prefetch_shares_the_port_earliest_deadline_first():
@@ -461,7 +465,7 @@ def test_link_prefetch_shares_the_port_earliest_deadline_first():
     assert res.exposed_tail_ms == approx(0.2 + 0.3 + 0.4)
     w2 = next(t for t in res.tasks if t.kind == "PrefetchW" and t.layer == 2)
     assert res.step_time_ms < w2.end_ms <= res.step_time_ms + res.next_forward_ms[2] + EPS
-    g0 = next(n for t, n in zip(res.tasks, res.notes) if t.kind == "GradSync" and t.layer == 0)
+    g0 = next(n for t, n in zip(res.tasks, res.notes, strict=False) if t.kind == "GradSync" and t.layer == 0)
     assert g0.hidden_by == "compute-idle while waiting on link" and g0.exposed_ms == approx(0.3)
     check_all(res, costs)
     # on DDR the same PrefetchW does not compete with GradSync: G(0) then W(0)

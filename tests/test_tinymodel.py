@@ -87,7 +87,7 @@ def test_checkpoint_recovery_is_bit_identical_float32():
     l_full, g_full = microbatch_loss_and_grads(views, cfg, tokens, targets, dloss=0.25, save="full")
     l_ckpt, g_ckpt = microbatch_loss_and_grads(views, cfg, tokens, targets, dloss=0.25, save="ckpt")
     assert l_full == l_ckpt
-    for a, b in zip(g_full, g_ckpt):
+    for a, b in zip(g_full, g_ckpt, strict=False):
         for k in a:
             assert a[k].dtype == np.float32
             assert np.array_equal(a[k], b[k]), k
@@ -134,7 +134,7 @@ def test_mixed_precision_views_and_fp32_master():
     master = init_params(cfg, 0)
     assert all(v.dtype == np.float32 for p in master for v in p.values())
     view = make_view(master[0], cfg)
-    for k, v in view.items():
+    for v in view.values():
         assert v.dtype == np.float32
         assert np.array_equal(v.astype(np.float16).astype(np.float32), v)   # fp16 values
     # An update far below fp16 resolution moves the FP32 master but not the FP16 view:

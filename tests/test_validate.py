@@ -41,7 +41,8 @@ def test_pipeline_and_tiles_explain_the_utilization():
 
 
 def test_cli_json_shape():
-    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "256", "--k", "256", "--n", "384", "--json"],
+    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "256", "--k", "256", "--n", "384",
+                          "--json"],
                          capture_output=True, text=True, check=True)
     payload = json.loads(out.stdout)
     for key in ("cycles", "utilization", "tmac_per_s", "latency_ms", "stalls"):

@@ -15,9 +15,11 @@ def _profile(args):
     spec = _model(args)
     prof = layer_profile(spec, args.micro_batch, args.seq, args.tp, source=args.source, progress=not args.json)
     payload = prof.to_json()
-    lines = [f"{spec.name}: b={args.micro_batch} seq={args.seq} tp={args.tp} ({prof.source}, emulator {prof.emulator_version})",
+    lines = [f"{spec.name}: b={args.micro_batch} seq={args.seq} tp={args.tp} ({prof.source}, emulator "
+             f"{prof.emulator_version})",
              f"  layer forward  {1e3 * prof.forward_s:9.3f} ms   backward {1e3 * prof.backward_s:9.3f} ms",
-             f"  first-stage extra fwd {1e3 * prof.first_forward_s:8.3f} ms   bwd {1e3 * prof.first_backward_s:8.3f} ms",
+             f"  first-stage extra fwd {1e3 * prof.first_forward_s:8.3f} ms   bwd "
+             f"{1e3 * prof.first_backward_s:8.3f} ms",
              f"  last-stage extra  fwd {1e3 * prof.last_forward_s:8.3f} ms   bwd {1e3 * prof.last_backward_s:8.3f} ms",
              "  operator            kind          fwd ms     bwd ms"]
     for o in prof.ops:

@@ -83,7 +83,8 @@ class GemmCache:
             if self.progress:
                 print(f"[profile] ignoring corrupt cache {path}", file=sys.stderr)
             return {}
-        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"), dict):
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"),
+                                                                                                dict):
             return {}
         out = {}
         for key, val in data["entries"].items():
@@ -349,7 +350,8 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     return prof
 
 
-def _load_if_current(path: Path, version: str, platform: Platform, tiles: mtemu.GemmTiles, progress: bool) -> LayerProfile | None:
+def _load_if_current(path: Path, version: str, platform: Platform, tiles: mtemu.GemmTiles,
+                     progress: bool) -> LayerProfile | None:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -168,7 +168,8 @@ class PipelineCosts:
 
     def to_json(self) -> dict:
         return {
-            "stages": [[{k: getattr(l, k) for k in LAYER_TIME_FIELDS + LAYER_BYTE_FIELDS} for l in s]
+            "stages": [[{k: getattr(layer_index,
+                                    k) for k in LAYER_TIME_FIELDS + LAYER_BYTE_FIELDS} for layer_index in s]
                        for s in self.stages],
             "transfer_ms": self.transfer_ms, "microbatches": self.microbatches,
             "bulk_update_ms": self.bulk_update_ms, "dp": self.dp,

@@ -105,7 +105,7 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
     if resource == "compute":
         return [f[p] + b[p] + rsum[p] for p in range(P)], [0.0] * (P - 1) + [rsum[-1]]
     fend = rend = 0.0
-    for fw, r in zip(last_fwd, recs[-1]):
+    for fw, r in zip(last_fwd, recs[-1], strict=False):
         fend += fw
         rend = max(fend, rend) + r
     e_last = max(0.0, rend - fend) if rsum[-1] > 0 else 0.0
@@ -114,8 +114,8 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
         slot = max(f[p] + b[p] + e[p] for p in range(P))
         slot = max(slot, f[-1] + b[-1] + e[-1] + (2 * X if P > 1 else 0.0))
         new = [rsum[p] - _hidden_recovery(slot - b[p] - e[p], recs[p]) for p in range(P - 1)] + [e_last]
-        new = [max(x, y) for x, y in zip(new, e)]
-        if all(abs(x - y) < 1e-9 for x, y in zip(new, e)):
+        new = [max(x, y) for x, y in zip(new, e, strict=False)]
+        if all(abs(x - y) < 1e-9 for x, y in zip(new, e, strict=False)):
             break
         e = new
     return [f[p] + b[p] + e[p] for p in range(P)], e
@@ -310,7 +310,7 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         got = memo.get(key)
         if got is None:
             s = share[p]
-            bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3])]
+            bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3], strict=False)]
             # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
             got = memo[key] = _stage_life(kinds, bprime, X, mode, P > 1 and p > 0,
                                           link_w and any(k.prefetch > 0 for k in kinds))

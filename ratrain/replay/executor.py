@@ -290,182 +290,196 @@ class _Executor:
             self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but {what} ends at "
                            f"{t - self.offset:.4g} ms (step-relative times)")
 
-    def _need_b_all(self, l: int, reader: str) -> None:
-        ends = [(self.run.ready.get(("B", l, m), -np.inf), m) for m in range(self.plan.microbatches)]
+    def _need_b_all(self, layer_index: int, reader: str) -> None:
+        ends = [(self.run.ready.get(("B", layer_index, m), -np.inf), m) for m in range(self.plan.microbatches)]
         t, m = max(ends)
-        if ("B", l, m) not in self.task_keys and t > self.t0 + _TIME_EPS:
-            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but B(layer {l}, mb {m}) ends at "
+        if ("B", layer_index, m) not in self.task_keys and t > self.t0 + _TIME_EPS:
+            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but B(layer {layer_index}, mb {m}) "
+                           "ends at "
                            f"{t - self.offset:.4g} ms (step-relative times)")
 
     # -- tasks
-    def forward(self, l: int, m: int) -> None:
+    def forward(self, layer_index: int, m: int) -> None:
         cfg, run, s = self.cfg, self.run, self.s
-        if (l, m) in run.f_done:
-            raise LifecycleError(f"step {run.step}: F(layer {l}, mb {m}) appears twice")
+        if (layer_index, m) in run.f_done:
+            raise LifecycleError(f"step {run.step}: F(layer {layer_index}, mb {m}) appears twice")
         # Every step updates every layer once, so step k's forward needs version k.
-        if s.master_version[l] < run.step:
-            self.violation(f"F(layer {l}, mb {m}) ran before UpdateShard({l}) of step {run.step - 1} "
-                           f"(master v{s.master_version[l]})")
-        elif s.view_version[l] != s.master_version[l]:
-            self.violation(f"F(layer {l}, mb {m}) would use a stale weight view: master v"
-                           f"{s.master_version[l]} was updated but PrefetchW({l}) has not "
-                           f"materialised it (view v{s.view_version[l]})")
-        elif s.view_ready_ms[l] > self.t0 + _TIME_EPS:
-            self.violation(f"F(layer {l}, mb {m}) starts at {self.t0 - self.offset:.4g} ms but the "
-                           f"PrefetchW({l}) that makes its view ends at {s.view_ready_ms[l] - self.offset:.4g} ms "
+        if s.master_version[layer_index] < run.step:
+            self.violation(f"F(layer {layer_index}, mb {m}) ran before UpdateShard({layer_index}) of step "
+                           f"{run.step - 1} "
+                           f"(master v{s.master_version[layer_index]})")
+        elif s.view_version[layer_index] != s.master_version[layer_index]:
+            self.violation(f"F(layer {layer_index}, mb {m}) would use a stale weight view: master v"
+                           f"{s.master_version[layer_index]} was updated but PrefetchW({layer_index}) has not "
+                           f"materialised it (view v{s.view_version[layer_index]})")
+        elif s.view_ready_ms[layer_index] > self.t0 + _TIME_EPS:
+            self.violation(f"F(layer {layer_index}, mb {m}) starts at {self.t0 - self.offset:.4g} ms but the "
+                           f"PrefetchW({layer_index}) that makes its view ends at "
+                           f"{s.view_ready_ms[layer_index] - self.offset:.4g} ms "
                            f"(step-relative times)")
-        if l > 0:
-            self._need(("F", l - 1, m), f"F(layer {l}, mb {m})", f"F(layer {l - 1}, mb {m}) producing its input")
+        if layer_index > 0:
+            self._need(("F", layer_index - 1, m), f"F(layer {layer_index}, mb {m})",
+                       f"F(layer {layer_index - 1}, mb {m}) producing its input")
         save = "full" if self.plan.activation == "full" else "ckpt"
-        last = l == cfg.layers - 1
+        last = layer_index == cfg.layers - 1
         for r in range(self.plan.dp):
-            if l == 0:
+            if layer_index == 0:
                 tokens, targets = self.batches(run.step, r, m)
                 run.targets[(r, m)] = targets
                 inp = tokens
             else:
-                if (r, l - 1, m) not in run.outputs:
-                    raise LifecycleError(f"step {run.step}: F(layer {l}, mb {m}) ran before "
-                                         f"F(layer {l - 1}, mb {m}) produced its input")
-                inp = run.outputs.pop((r, l - 1, m))
-            out, cache = layer_forward(s.view[l], cfg, l, inp, run.targets[(r, m)] if last else None,
+                if (r, layer_index - 1, m) not in run.outputs:
+                    raise LifecycleError(f"step {run.step}: F(layer {layer_index}, mb {m}) ran before "
+                                         f"F(layer {layer_index - 1}, mb {m}) produced its input")
+                inp = run.outputs.pop((r, layer_index - 1, m))
+            out, cache = layer_forward(s.view[layer_index], cfg, layer_index, inp, run.targets[(r,
+                                                                                                m)] if last else None,
                                        save=save)
-            run.caches[(r, l, m)] = cache
+            run.caches[(r, layer_index, m)] = cache
             if cache.full:
-                self._live(l, 1, r)
+                self._live(layer_index, 1, r)
             if last:
                 run.losses[(r, m)] = out
             else:
-                run.outputs[(r, l, m)] = out
-        run.f_done.add((l, m))
-        run.f_version[(l, m)] = s.view_version[l]
-        self._produce(("F", l, m))
+                run.outputs[(r, layer_index, m)] = out
+        run.f_done.add((layer_index, m))
+        run.f_version[(layer_index, m)] = s.view_version[layer_index]
+        self._produce(("F", layer_index, m))
 
-    def _check_same_weights(self, what: str, l: int, m: int) -> None:
-        if self.run.f_version.get((l, m)) != self.s.view_version[l]:
-            self.violation(f"{what}(layer {l}, mb {m}) would use weights v{self.s.view_version[l]} but "
-                           f"its forward used v{self.run.f_version.get((l, m))} (layer updated mid-step)")
+    def _check_same_weights(self, what: str, layer_index: int, m: int) -> None:
+        if self.run.f_version.get((layer_index, m)) != self.s.view_version[layer_index]:
+            self.violation(f"{what}(layer {layer_index}, mb {m}) would use weights "
+                           f"v{self.s.view_version[layer_index]} but "
+                           f"its forward used v{self.run.f_version.get((layer_index, m))} (layer updated mid-step)")
 
-    def recover(self, l: int, m: int) -> None:
+    def recover(self, layer_index: int, m: int) -> None:
         run = self.run
         if self.plan.activation != "fsr":
-            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) in a plan with activation "
+            raise LifecycleError(f"step {run.step}: R(layer {layer_index}, mb {m}) in a plan with activation "
                                  f"policy {self.plan.activation!r} (only 'fsr' recovers in R slots)")
-        if (l, m) not in run.f_done or m in run.b_done.get(l, ()):
-            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) has no checkpoint to recover "
+        if (layer_index, m) not in run.f_done or m in run.b_done.get(layer_index, ()):
+            raise LifecycleError(f"step {run.step}: R(layer {layer_index}, mb {m}) has no checkpoint to recover "
                                  f"from (its F has not run, or its B already consumed it)")
-        if (0, l, m) in run.recovered:
-            raise LifecycleError(f"step {run.step}: R(layer {l}, mb {m}) appears twice")
-        self._check_same_weights("R", l, m)
-        self._need(("F", l, m), f"R(layer {l}, mb {m})", f"F(layer {l}, mb {m}) saving its checkpoint")
+        if (0, layer_index, m) in run.recovered:
+            raise LifecycleError(f"step {run.step}: R(layer {layer_index}, mb {m}) appears twice")
+        self._check_same_weights("R", layer_index, m)
+        self._need(("F", layer_index, m), f"R(layer {layer_index}, mb {m})",
+                   f"F(layer {layer_index}, mb {m}) saving its checkpoint")
         for r in range(self.plan.dp):
-            run.recovered[(r, l, m)] = recompute(self.s.view[l], self.cfg, run.caches[(r, l, m)])
-            self._live(l, 1, r)
+            cache = run.caches[(r, layer_index, m)]
+            run.recovered[(r, layer_index, m)] = recompute(self.s.view[layer_index], self.cfg, cache)
+            self._live(layer_index, 1, r)
         self.stats.recovered_by_r += self.plan.dp
-        self._produce(("R", l, m))
+        self._produce(("R", layer_index, m))
 
-    def backward(self, l: int, m: int) -> None:
+    def backward(self, layer_index: int, m: int) -> None:
         cfg, run, s = self.cfg, self.run, self.s
-        done = run.b_done.setdefault(l, set())
+        done = run.b_done.setdefault(layer_index, set())
         if m in done:
-            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) appears twice")
-        last = l == cfg.layers - 1
-        if last and (l, m) not in run.f_done:
-            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) before its forward produced a loss")
-        if not last and (0, l, m) not in run.douts:
-            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) ran before B(layer {l + 1}, mb {m}) "
+            raise LifecycleError(f"step {run.step}: B(layer {layer_index}, mb {m}) appears twice")
+        last = layer_index == cfg.layers - 1
+        if last and (layer_index, m) not in run.f_done:
+            raise LifecycleError(f"step {run.step}: B(layer {layer_index}, mb {m}) before its forward produced a loss")
+        if not last and (0, layer_index, m) not in run.douts:
+            raise LifecycleError(f"step {run.step}: B(layer {layer_index}, mb {m}) ran before B(layer "
+                                 f"{layer_index + 1}, mb {m}) "
                                  f"produced its output gradient")
-        if (0, l, m) not in run.recovered and (0, l, m) not in run.caches:
-            raise LifecycleError(f"step {run.step}: B(layer {l}, mb {m}) has neither saved nor recovered "
+        if (0, layer_index, m) not in run.recovered and (0, layer_index, m) not in run.caches:
+            raise LifecycleError(f"step {run.step}: B(layer {layer_index}, mb {m}) has neither saved nor recovered "
                                  f"activations (no F ran for it)")
-        self._check_same_weights("B", l, m)
-        who = f"B(layer {l}, mb {m})"
+        self._check_same_weights("B", layer_index, m)
+        who = f"B(layer {layer_index}, mb {m})"
         if last:
-            self._need(("F", l, m), who, f"F(layer {l}, mb {m}) producing the loss")
+            self._need(("F", layer_index, m), who, f"F(layer {layer_index}, mb {m}) producing the loss")
         else:
-            self._need(("B", l + 1, m), who, f"B(layer {l + 1}, mb {m}) producing its output gradient")
-        if (0, l, m) in run.recovered:
-            self._need(("R", l, m), who, f"R(layer {l}, mb {m}) recovering its activations")
+            self._need(("B", layer_index + 1, m), who,
+                       f"B(layer {layer_index + 1}, mb {m}) producing its output gradient")
+        if (0, layer_index, m) in run.recovered:
+            self._need(("R", layer_index, m), who, f"R(layer {layer_index}, mb {m}) recovering its activations")
         else:
-            self._need(("F", l, m), who, f"F(layer {l}, mb {m}) saving its activations")
-        tag = s.grads_step[0][l]
-        if s.grads[0][l] is not None and tag != run.step:
-            self.violation(f"B(layer {l}, mb {m}) would accumulate into step {tag}'s gradients "
-                           f"(GradSync({l}) of step {tag} has not consumed them)")
+            self._need(("F", layer_index, m), who, f"F(layer {layer_index}, mb {m}) saving its activations")
+        tag = s.grads_step[0][layer_index]
+        if s.grads[0][layer_index] is not None and tag != run.step:
+            self.violation(f"B(layer {layer_index}, mb {m}) would accumulate into step {tag}'s gradients "
+                           f"(GradSync({layer_index}) of step {tag} has not consumed them)")
         dloss = microbatch_dloss(s.opt, self.plan.microbatches)
         for r in range(self.plan.dp):
-            cache: LayerCache | None = run.recovered.pop((r, l, m), None)
-            ckpt = run.caches.pop((r, l, m), None)
+            cache: LayerCache | None = run.recovered.pop((r, layer_index, m), None)
+            ckpt = run.caches.pop((r, layer_index, m), None)
             if cache is None:
                 cache = ckpt
                 if not cache.full:   # backward-time recovery: a transient full set
                     self.stats.recomputed_at_backward += 1
-                    self._live(l, 1, r)
-            dout = dloss if last else run.douts.pop((r, l, m))
-            dx, grads = layer_backward(s.view[l], cfg, cache, dout)
-            self._live(l, -1, r)
-            s.grads[r][l] = accumulate(s.grads[r][l], grads)
-            s.grads_step[r][l] = run.step
-            if l > 0:
-                run.douts[(r, l - 1, m)] = dx
+                    self._live(layer_index, 1, r)
+            dout = dloss if last else run.douts.pop((r, layer_index, m))
+            dx, grads = layer_backward(s.view[layer_index], cfg, cache, dout)
+            self._live(layer_index, -1, r)
+            s.grads[r][layer_index] = accumulate(s.grads[r][layer_index], grads)
+            s.grads_step[r][layer_index] = run.step
+            if layer_index > 0:
+                run.douts[(r, layer_index - 1, m)] = dx
         done.add(m)
-        self._produce(("B", l, m))
+        self._produce(("B", layer_index, m))
 
-    def _missing_b(self, l: int) -> list[int]:
-        return sorted(set(range(self.plan.microbatches)) - self.run.b_done.get(l, set()))
+    def _missing_b(self, layer_index: int) -> list[int]:
+        return sorted(set(range(self.plan.microbatches)) - self.run.b_done.get(layer_index, set()))
 
-    def gradsync(self, l: int) -> None:
+    def gradsync(self, layer_index: int) -> None:
         run, s = self.run, self.s
-        if l in run.synced:
-            self.violation(f"GradSync({l}) runs twice")
+        if layer_index in run.synced:
+            self.violation(f"GradSync({layer_index}) runs twice")
             return
-        missing = self._missing_b(l)
+        missing = self._missing_b(layer_index)
         if missing:
-            self.violation(f"GradSync({l}) before the backward of micro-batches {missing} for layer {l}")
+            self.violation(f"GradSync({layer_index}) before the backward of micro-batches {missing} for layer "
+                           f"{layer_index}")
         else:
-            self._need_b_all(l, f"GradSync({l})")
-        bufs = [s.grads[r][l] for r in range(self.plan.dp)]
+            self._need_b_all(layer_index, f"GradSync({layer_index})")
+        bufs = [s.grads[r][layer_index] for r in range(self.plan.dp)]
         if any(b is None for b in bufs):
-            raise LifecycleError(f"step {run.step}: GradSync({l}) has no gradients to average")
-        run.synced[l] = dp_average(bufs)
+            raise LifecycleError(f"step {run.step}: GradSync({layer_index}) has no gradients to average")
+        run.synced[layer_index] = dp_average(bufs)
         for r in range(self.plan.dp):
-            s.grads[r][l] = None
-        self._produce(("GradSync", l))
+            s.grads[r][layer_index] = None
+        self._produce(("GradSync", layer_index))
 
-    def update_shard(self, l: int) -> None:
+    def update_shard(self, layer_index: int) -> None:
         run, s = self.run, self.s
-        if l in run.updated:
-            self.violation(f"UpdateShard({l}) runs twice")
+        if layer_index in run.updated:
+            self.violation(f"UpdateShard({layer_index}) runs twice")
             return
-        missing = self._missing_b(l)
+        missing = self._missing_b(layer_index)
         if missing:
-            self.violation(f"UpdateShard({l}) before the backward of micro-batches {missing} for layer {l}")
-        if l not in run.synced:
+            self.violation(f"UpdateShard({layer_index}) before the backward of micro-batches {missing} for layer "
+                           f"{layer_index}")
+        if layer_index not in run.synced:
             if self.plan.dp > 1:
-                self.violation(f"UpdateShard({l}) before GradSync({l}) with {self.plan.dp} replicas")
-            self.gradsync(l)   # D == 1: the average of one replica is its own gradient
-        self._need(("GradSync", l), f"UpdateShard({l})", f"GradSync({l})")
-        adam_update(s.master[l], run.synced[l], s.opt_state[l], s.opt)
-        s.master_version[l] += 1
-        run.updated.add(l)
-        self._produce(("UpdateShard", l))
+                self.violation(f"UpdateShard({layer_index}) before GradSync({layer_index}) with {self.plan.dp} "
+                               "replicas")
+            self.gradsync(layer_index)   # D == 1: the average of one replica is its own gradient
+        self._need(("GradSync", layer_index), f"UpdateShard({layer_index})", f"GradSync({layer_index})")
+        adam_update(s.master[layer_index], run.synced[layer_index], s.opt_state[layer_index], s.opt)
+        s.master_version[layer_index] += 1
+        run.updated.add(layer_index)
+        self._produce(("UpdateShard", layer_index))
 
-    def prefetch(self, l: int) -> None:
+    def prefetch(self, layer_index: int) -> None:
         run, s = self.run, self.s
-        if l not in run.updated:
-            self.violation(f"PrefetchW({l}) before UpdateShard({l}): it would materialise the old weights")
-        self._need(("UpdateShard", l), f"PrefetchW({l})", f"UpdateShard({l})")
-        s.view[l] = make_view(s.master[l], self.cfg)
-        s.view_version[l] = s.master_version[l]
-        s.view_ready_ms[l] = self.t1
+        if layer_index not in run.updated:
+            self.violation(f"PrefetchW({layer_index}) before UpdateShard({layer_index}): it would materialise the "
+                           "old weights")
+        self._need(("UpdateShard", layer_index), f"PrefetchW({layer_index})", f"UpdateShard({layer_index})")
+        s.view[layer_index] = make_view(s.master[layer_index], self.cfg)
+        s.view_version[layer_index] = s.master_version[layer_index]
+        s.view_ready_ms[layer_index] = self.t1
 
-    def bulk_update(self, l: int) -> None:
-        if l not in self.run.updated:
-            if l not in self.run.synced:
-                self.gradsync(l)
-            self.update_shard(l)
-        if self.s.view_version[l] != self.s.master_version[l]:
-            self.prefetch(l)
+    def bulk_update(self, layer_index: int) -> None:
+        if layer_index not in self.run.updated:
+            if layer_index not in self.run.synced:
+                self.gradsync(layer_index)
+            self.update_shard(layer_index)
+        if self.s.view_version[layer_index] != self.s.master_version[layer_index]:
+            self.prefetch(layer_index)
 
     def execute(self, tasks: list[Task]) -> float:
         for task in order_tasks(tasks):
@@ -486,28 +500,28 @@ class _Executor:
         self.task_keys = set()
         if kind == "F":
             m = self.mb_of(task)
-            for l in self.layers_of(task):
-                self.forward(l, m)
+            for layer_index in self.layers_of(task):
+                self.forward(layer_index, m)
         elif kind == "R":
             m = self.mb_of(task)
-            for l in self.layers_of(task):
-                self.recover(l, m)
+            for layer_index in self.layers_of(task):
+                self.recover(layer_index, m)
         elif kind == "B":
             m = self.mb_of(task)
-            for l in self.layers_of(task, reverse=True):
-                self.backward(l, m)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.backward(layer_index, m)
         elif kind == "GradSync":
-            for l in self.layers_of(task, reverse=True):
-                self.gradsync(l)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.gradsync(layer_index)
         elif kind == "UpdateShard":
-            for l in self.layers_of(task, reverse=True):
-                self.update_shard(l)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.update_shard(layer_index)
         elif kind == "PrefetchW":
-            for l in self.layers_of(task, reverse=True):
-                self.prefetch(l)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.prefetch(layer_index)
         elif kind == "Update":
-            for l in self.layers_of(task, reverse=True):
-                self.bulk_update(l)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.bulk_update(layer_index)
         else:   # Send / Recv: hand-over is implicit, see module docstring
             if not 0 <= task.stage < plan.stages:
                 raise ConfigError(f"task {kind} has stage {task.stage}, plan has {plan.stages} stages")
@@ -515,11 +529,11 @@ class _Executor:
     def finish(self) -> float:
         """Step-end invariants; returns the step loss."""
         s, run, plan = self.s, self.run, self.plan
-        want = {(l, m) for l in range(plan.layers) for m in range(plan.microbatches)}
+        want = {(layer_index, m) for layer_index in range(plan.layers) for m in range(plan.microbatches)}
         if run.f_done != want:
             raise LifecycleError(f"step {run.step}: forward never ran for (layer, mb) "
                                  f"{sorted(want - run.f_done)[:6]}")
-        missing_b = sorted((l, m) for l, m in want if m not in run.b_done.get(l, set()))
+        missing_b = sorted((layer_index, m) for layer_index, m in want if m not in run.b_done.get(layer_index, set()))
         if missing_b:
             raise LifecycleError(f"step {run.step}: backward never ran for (layer, mb) {missing_b[:6]}")
         not_updated = sorted(set(range(plan.layers)) - run.updated)
@@ -634,4 +648,5 @@ def inject_fault(tasks: list[Task], plan: ExecPlan, kind: str, layer: int) -> li
 
 
 __all__ = ["ACTIVATION_POLICIES", "ExecPlan", "FAULTS", "LifecycleError", "ModelState", "StepStats",
-           "accumulate", "dp_average", "execute_step", "execute_steps", "inject_fault", "microbatch_dloss", "order_tasks"]
+           "accumulate", "dp_average", "execute_step", "execute_steps", "inject_fault", "microbatch_dloss",
+           "order_tasks"]

@@ -101,8 +101,8 @@ def format_value(v) -> str:
 
 def format_table(rows: list[dict], cols: list[str]) -> str:
     widths = [max(len(c), *(len(format_value(r.get(c))) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=False)),
              "  ".join("-" * w for w in widths)]
     for r in rows:
-        lines.append("  ".join(format_value(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+        lines.append("  ".join(format_value(r.get(c)).ljust(w) for c, w in zip(cols, widths, strict=False)))
     return "\n".join(lines)

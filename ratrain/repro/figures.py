@@ -40,7 +40,7 @@ def scaleout_figure(rows, path: Path) -> None:
     ax.plot(n, [r["tokens_per_s"] / 1e3 for r in rows], "o-", label="ours (simulated)")
     pts = [(r["clusters"], r["paper_tokens_per_s"] / 1e3) for r in rows if r["paper_tokens_per_s"] is not None]
     if pts:
-        ax.plot(*zip(*pts), "s--", color="grey", label="paper")
+        ax.plot(*zip(*pts, strict=False), "s--", color="grey", label="paper")
     ax.plot(n, [rows[0]["tokens_per_s"] / 1e3 * c / n[0] for c in n], ":", color="k", label="linear")
     for r in rows:
         ax.annotate(f"{100 * r['efficiency']:.1f}%", (r["clusters"], r["tokens_per_s"] / 1e3), fontsize=8,
@@ -73,7 +73,7 @@ def ablation_figure(rows, path: Path) -> None:
 
 def stage_memory_figure(rows, path: Path) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.8), squeeze=False)
-    for ax, r in zip(axes[0], rows):
+    for ax, r in zip(axes[0], rows, strict=False):
         st = r.get("stages") or []
         x = np.arange(len(st))
         bottom = np.zeros(len(st))

@@ -36,13 +36,15 @@ def run_table5(out: Path, progress: Progress, settings=None) -> Experiment:
     rows = table5()
     progress("Table 5: variants without software pipeline / with naive tiles")
     variants = table5_variants()
-    checks = [Check(f"{r.m}x{r.k}x{r.n} utilization", round(100 * r.utilization, 2), round(100 * r.paper_utilization, 2),
+    checks = [Check(f"{r.m}x{r.k}x{r.n} utilization", round(100 * r.utilization, 2),
+                    round(100 * r.paper_utilization, 2),
                     f"±{TABLE5_TOLERANCE_PP} pp", r.ok, "fit row" if r.fit else "held out") for r in rows]
     fig = out / "table5_utilization.png"
     table5_figure(rows, variants, fig)
     return Experiment("table5", "Table 5: FP16 GEMM MAC utilization (M = 2048)", [r.to_json() for r in rows], checks,
                       [str(fig)], format_table5(rows) + "\n\n" + format_variants(variants),
-                      notes=["One fitted platform constant (DMA per-row overhead) on the two fit rows; see docs/CHOICES.md."])
+                      notes=["One fitted platform constant (DMA per-row overhead) on the two fit rows; see "
+                             "docs/CHOICES.md."])
 
 
 # ------------------------------------------------------------------------------------------
@@ -56,7 +58,8 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
         # Our staged kernel is DDR-bound, so its time is its bytes over the rate it achieves; the
         # paper's speedups then fix how many bytes its baseline could have moved.
         rate = r["staged_ddr_bytes"] / r["staged_ms"]
-        r["paper_implied_staged_bytes_ratio"] = [s * r["resident_ms"] * rate / r["resident_ddr_bytes"] for s in (lo, hi)]
+        r["paper_implied_staged_bytes_ratio"] = [s * r["resident_ms"] * rate / r["resident_ddr_bytes"] for s in (lo,
+                                                                                                                 hi)]
     checks = [Check(f"seq {r['seq']}: resident / DDR-staged speedup", r["speedup"], f"{lo}-{hi}",
                     f"within {lo}-{hi}", lo <= r["speedup"] <= hi,
                     f"DDR {r['staged_ddr_bytes'] / max(r['resident_ddr_bytes'], 1):.1f}x the resident bytes; the "
@@ -65,7 +68,8 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
     implied = [x for r in rows for x in r["paper_implied_staged_bytes_ratio"]]
     fig = out / "attention_speedup.png"
     attention_figure(rows, fig, lo, hi)
-    text = "\n".join(f"seq {r['seq']:5d}: resident {r['resident_ms']:8.3f} ms ({100 * r['resident_utilization']:.1f}% util), "
+    text = "\n".join(f"seq {r['seq']:5d}: resident {r['resident_ms']:8.3f} ms "
+                     f"({100 * r['resident_utilization']:.1f}% util), "
                      f"staged {r['staged_ms']:8.3f} ms, speedup {r['speedup']:.2f}x" for r in rows)
     return Experiment("attention", "Fig. 10: memory-resident attention backward vs DDR-staged (head dim 128)", rows,
                       checks, [str(fig)], text,
@@ -130,7 +134,8 @@ def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
     rows, checks, figs = [], [], []
     for i, (k, n, *_r) in enumerate(TABLE5):
         progress(f"Tuner: {TABLE5_M}x{k}x{n} ({i + 1}/{len(TABLE5)})")
-        r = tune_gemm(TABLE5_M, k, n, grid=TUNE_GRID, out_dir=out / "tune", progress=False, emulate_top=TUNE_EMULATE_TOP)
+        r = tune_gemm(TABLE5_M, k, n, grid=TUNE_GRID, out_dir=out / "tune", progress=False,
+                      emulate_top=TUNE_EMULATE_TOP)
         gain = 100 * (r.best.utilization - r.default.utilization)
         rows.append({"shape": f"{TABLE5_M}x{k}x{n}", "default_utilization": r.default.utilization,
                      "best_utilization": r.best.utilization, "gain_pp": gain, "best_tiles": r.best.tiles,

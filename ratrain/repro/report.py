@@ -23,8 +23,9 @@ from rtcommon.progress import Progress
 # ------------------------------------------------------------------------------------------
 def registry() -> dict[str, Callable[..., Experiment]]:
     """Every experiment of the main job, in run order."""
-    return {"table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention, "table2": training.run_table2,
-            "table3": training.run_table3, "table4": training.run_table4, "table6": training.run_table6, "ablation": training.run_ablation,
+    return {"table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention,
+            "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
+            "table6": training.run_table6, "ablation": training.run_ablation,
             "sensitivity": run_sensitivity, "correctness": run_correctness_experiment}
 
 
@@ -75,7 +76,8 @@ def write_report(experiments: list[Experiment], out: Path, settings=None) -> Pat
             ref = f"{c.paper:.4g}" if isinstance(c.paper, float) else str(c.paper)
             parts.append(f"| {c.name} | {ours} | {ref} | {c.tolerance} | {'pass' if c.ok else '**miss**'} | {c.note} |")
         for fig in e.figures:
-            rel = Path(fig).resolve().relative_to(out.resolve()) if Path(fig).resolve().is_relative_to(out.resolve()) else Path(fig)
+            fig_path = Path(fig).resolve()
+            rel = fig_path.relative_to(out.resolve()) if fig_path.is_relative_to(out.resolve()) else Path(fig)
             parts += ["", f"![{e.key}]({rel.as_posix()})"]
         for note in e.notes:
             parts += ["", f"> {note}"]

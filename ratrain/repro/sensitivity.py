@@ -258,7 +258,7 @@ def _figure(rows: list[dict], s: Settings, path) -> None:
     ax1.set_ylabel("scaling efficiency (%)")
     ax1.set_title("Table 6 vs per-message link latency")
     ax1.legend(fontsize=7)
-    for part, style in zip(PARTITIONS, ("-", "--")):
+    for part, style in zip(PARTITIONS, ("-", "--"), strict=False):
         pts = [a for a in by["ablation-tails"]["sweep"] if a["partition"] == part]
         for variant, color in (("no-update-prefetch", "#1f77b4"), ("no-layerwise", "#d62728")):
             ax2.plot([a["link_gb_per_s"] for a in pts], [a["tail_amplification"][variant] for a in pts], style,

@@ -86,7 +86,8 @@ def run_table2(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
         if r["method"] != "ratrain":
             checks.append(Check(f"{label}: slowdown", r["slowdown"], r["paper_slowdown"],
                                 f"±{paper.TOL_TABLE2_SLOWDOWN}",
-                                r["slowdown"] is not None and abs(r["slowdown"] - r["paper_slowdown"]) <= paper.TOL_TABLE2_SLOWDOWN))
+                                r["slowdown"] is not None
+                                and abs(r["slowdown"] - r["paper_slowdown"]) <= paper.TOL_TABLE2_SLOWDOWN))
         checks.append(Check(f"{label}: peak GB", r["peak_gb"], r["paper_peak_gb"], f"±{paper.TOL_TABLE2_PEAK_GB} GB",
                             abs(r["peak_gb"] - r["paper_peak_gb"]) <= paper.TOL_TABLE2_PEAK_GB))
         if r["method"] == "ratrain":
@@ -147,7 +148,8 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
         checks.append(Check(f"{model_name}: P, D", f"{row.get('pp')},{row.get('dp')}", f"{P},{D}", "equal",
                             (row.get("pp"), row.get("dp")) == (P, D)))
         checks.append(Check(f"{model_name}: peak GB (paper layout)", paper_layout_peak, peak,
-                            f"±{paper.TOL_TABLE3_PEAK_GB} GB", abs(paper_layout_peak - peak) <= paper.TOL_TABLE3_PEAK_GB))
+                            f"±{paper.TOL_TABLE3_PEAK_GB} GB",
+                            abs(paper_layout_peak - peak) <= paper.TOL_TABLE3_PEAK_GB))
     figs = []
     fig = out / "table3_memory.png"
     stage_memory_figure(rows, fig)
@@ -182,7 +184,8 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                      "pruned_by_memory": res.pruned_by_memory})
         checks.append(Check(f"{model_name} @{clusters}: |predicted - simulated| / simulated", error, err,
                             f"<= {paper.TOL_TABLE4_ERROR:.0%}", error <= paper.TOL_TABLE4_ERROR))
-    text = format_table(rows, ["model", "clusters", "config", "predicted_s", "simulated_s", "error", "paper_predicted_s",
+    text = format_table(rows, ["model", "clusters", "config", "predicted_s", "simulated_s", "error",
+                               "paper_predicted_s",
                          "paper_measured_s", "paper_error"])
     return Experiment("table4", "Table 4: analytic planner vs event simulator", rows, checks, [], text,
                       notes=[f"Global batch {s.table4_global_batch} sequences for every row (the paper does not "
@@ -309,7 +312,8 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
     figs.append(str(tl))
     tail = out / "timeline_tail.png"
     plot_timeline(sim, tail, stages=list(range(cfg.pp)),
-                  t_range=(max(0.0, sim.last_backward_end_ms - 3 * (sim.step_time_ms - sim.last_backward_end_ms) - 20000),
+                  t_range=(max(0.0,
+                               sim.last_backward_end_ms - 3 * (sim.step_time_ms - sim.last_backward_end_ms) - 20000),
                            sim.step_time_ms),
                   title="End of the step: layer-wise GradSync / UpdateShard / PrefetchW")
     figs.append(str(tail))

@@ -276,13 +276,13 @@ class _Sim:
             for op, m in self.orders[p]:
                 jobs = []
                 layers = list(rng) if op == "F" else list(reversed(rng))
-                for l in layers:
-                    lc = c.stages[p][l - rng.start]
+                for layer_index in layers:
+                    lc = c.stages[p][layer_index - rng.start]
                     if op == "F":
                         dur = lc.forward_ms
                     else:
                         dur = lc.backward_ms + (lc.recompute_ms if policy == "ckpt" else 0.0)
-                    j = self._job(p, op, m, l, "compute", dur, _MAIN)
+                    j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
                     if chain:
                         _edge(chain[-1], j)
                     chain.append(j)
@@ -323,13 +323,14 @@ class _Sim:
                     if m_.fsr_skip_adjacent and m in adjacent:
                         continue
                     gate = self.B[(p, b_ops[bi - m_.fsr_lookahead])][0] if bi >= m_.fsr_lookahead else None
-                    for l in rng:
-                        lc = c.stages[p][l - rng.start]
-                        r = self._job(p, "R", m, l, c.recovery_resource, lc.recompute_ms, _FSR, key=(bi, -l))
-                        _edge(self.F[(p, m)][l - rng.start], r)
+                    for layer_index in rng:
+                        lc = c.stages[p][layer_index - rng.start]
+                        r = self._job(p, "R", m, layer_index, c.recovery_resource, lc.recompute_ms, _FSR, key=(bi,
+                                                                                                               -layer_index))
+                        _edge(self.F[(p, m)][layer_index - rng.start], r)
                         if gate is not None:
                             _edge(gate, r)
-                        b = self.B[(p, m)][l - rng.start]
+                        b = self.B[(p, m)][layer_index - rng.start]
                         b.other = b.npred
                         b.fsr_r = r
                         _edge(r, b)
@@ -342,35 +343,35 @@ class _Sim:
             last_b = [m for op, m in order if op == "B"][-1]
             final = self.main_chain[p][-1]
             gs, us, pw, life = {}, {}, {}, []
-            for l in rng:
-                lc = c.stages[p][l - rng.start]
-                g = self._job(p, "GradSync", None, l, "link", lc.gradsync_ms, _LIFE)
-                g.order_hint = -l
-                _edge(self.B[(p, last_b)][l - rng.start] if m_.layerwise else final, g)
-                gs[l] = g
+            for layer_index in rng:
+                lc = c.stages[p][layer_index - rng.start]
+                g = self._job(p, "GradSync", None, layer_index, "link", lc.gradsync_ms, _LIFE)
+                g.order_hint = -layer_index
+                _edge(self.B[(p, last_b)][layer_index - rng.start] if m_.layerwise else final, g)
+                gs[layer_index] = g
             bulk_update = None
             if not m_.deadline_aware and c.bulk_update_ms is not None:
                 bulk_update = self._job(p, "Update", None, None, c.update_resource, c.bulk_update_ms, _LIFE)
                 for g in gs.values():
                     _edge(g, bulk_update)
-            for l in rng:
-                lc = c.stages[p][l - rng.start]
+            for layer_index in rng:
+                lc = c.stages[p][layer_index - rng.start]
                 if bulk_update is None:
-                    u = self._job(p, "UpdateShard", None, l, c.update_resource, lc.update_ms, _LIFE)
-                    u.order_hint = l
-                    for g in ([gs[l]] if m_.deadline_aware else gs.values()):
+                    u = self._job(p, "UpdateShard", None, layer_index, c.update_resource, lc.update_ms, _LIFE)
+                    u.order_hint = layer_index
+                    for g in ([gs[layer_index]] if m_.deadline_aware else gs.values()):
                         _edge(g, u)
-                    us[l] = u
-            for l in rng:
-                lc = c.stages[p][l - rng.start]
-                w = self._job(p, "PrefetchW", None, l, c.prefetch_resource, lc.prefetch_ms, _LIFE)
-                w.order_hint = l
+                    us[layer_index] = u
+            for layer_index in rng:
+                lc = c.stages[p][layer_index - rng.start]
+                w = self._job(p, "PrefetchW", None, layer_index, c.prefetch_resource, lc.prefetch_ms, _LIFE)
+                w.order_hint = layer_index
                 if bulk_update is not None:
                     _edge(bulk_update, w)
                 else:
-                    for u in ([us[l]] if m_.deadline_aware else us.values()):
+                    for u in ([us[layer_index]] if m_.deadline_aware else us.values()):
                         _edge(u, w)
-                pw[l] = w
+                pw[layer_index] = w
             life = list(gs.values()) + ([bulk_update] if bulk_update else []) + list(us.values()) + list(pw.values())
             self.life.append(life)
             self.prefetch.append(pw)
@@ -658,8 +659,8 @@ def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechan
     stage_first_f = [sim.F[(p, sim.orders[p][0][1])][0].start for p in range(P)]
     for p in range(P):
         if mechanisms.deadline_aware:
-            for l, w in sim.prefetch[p].items():
-                lower = max(lower, w.end - sim.first_f_start[l])
+            for layer_index, w in sim.prefetch[p].items():
+                lower = max(lower, w.end - sim.first_f_start[layer_index])
         else:
             lower = max(lower, max(j.end for j in sim.life[p]) - stage_first_f[p])
     segs = _segments(jobs, P)
@@ -802,22 +803,22 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
         elif t.kind == "R":
             r[(t.layer, t.microbatch)] = t
     events: list[list[tuple[float, int]]] = [[] for _ in range(P)]
-    for (l, m), ft in f.items():
-        bt = b[(l, m)]
-        lc = costs.layer(l)
+    for (layer_index, m), ft in f.items():
+        bt = b[(layer_index, m)]
+        lc = costs.layer(layer_index)
         ev = events[ft.stage]
 
-        def live(a: float, z: float, nbytes: int) -> None:
+        def live(a: float, z: float, nbytes: int, ev: list = ev) -> None:
             if nbytes > 0:
                 ev.append((a, nbytes))
                 ev.append((z, -nbytes))
 
-        if policy == "full" or (policy == "fsr" and (l, m) not in r):
+        if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
             live(ft.start_ms, bt.end_ms, lc.act_full_bytes)
             continue
         live(ft.start_ms, bt.end_ms, lc.act_ckpt_bytes)
         live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
-        rec_start = r[(l, m)].start_ms if policy == "fsr" else bt.start_ms
+        rec_start = r[(layer_index, m)].start_ms if policy == "fsr" else bt.start_ms
         live(rec_start, bt.end_ms, lc.recovery_bytes)
     out = []
     for ev in events:
