@@ -1,6 +1,6 @@
 """Platform spec of one MT-3000 acceleration cluster.
 
-Defaults come from ../shared/reference/mt3000-facts.md and the RATrain paper; every field can be
+Defaults come from docs/reference/mt3000-facts.md and the RATrain paper; every field can be
 overridden from a TOML/JSON file or keyword arguments ("what if AM were 1 MB").
 
 Peak derivation (docs/CHOICES.md, "mtemu platform"): the paper's Table 5 implies 8.1 T MAC/s per

@@ -1,6 +1,6 @@
 """The paper's published figures (arXiv 2606.10415), used only as targets beside our results.
 
-Copied from ../shared/reference/paper-targets.md. Nothing in the library computes with these
+Copied from docs/reference/paper-targets.md. Nothing in the library computes with these
 numbers except to compare and to report.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training platform as the planner sees one MT-3000 acceleration cluster.
 
-Defaults are the paper's measured figures (see /work/shared/reference/paper-targets.md):
+Defaults are the paper's measured figures (see docs/reference/paper-targets.md):
 20 GB usable DDR for training, about 30 GB/s effective DDR bandwidth, about 3.7 GB/s
 inter-cluster point-to-point bandwidth, 8.1 T FP16 MAC/s.  "GB" for the memory budget is
 2**30 bytes (docs/CHOICES.md explains why).  The link latency is our assumption: the paper
