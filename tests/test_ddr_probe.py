@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mtemu import cli_probe
+from mtemu import cli_probe, ddr_probe
 from mtemu.ddr_probe import (
     PATTERNS,
     PATTERNS_BY_NAME,
@@ -90,7 +90,9 @@ def test_training_terms_map_to_patterns_and_are_cached():
     assert bw == run_pattern(PATTERNS_BY_NAME["adam"], raw).effective_bandwidth
     assert effective_bandwidth(raw, "optimizer_update") == bw
     # an equal platform built separately hits the same cache entry; a changed field does not
+    hits = ddr_probe._pattern_bandwidth.cache_info().hits
     assert effective_bandwidth(load_platform(RAW), "optimizer_update") == bw
+    assert ddr_probe._pattern_bandwidth.cache_info().hits == hits + 1
     assert effective_bandwidth(raw.with_overrides(ddr_bandwidth=20e9), "optimizer_update") < bw
     with pytest.raises(MtemuError, match="unknown training term 'adam_update'"):
         effective_bandwidth(raw, "adam_update")
