@@ -26,7 +26,7 @@ from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
 from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
 from .kernels.gemm_bound import a_resident_bound, gemm_bound
 from .platform import DEFAULT, Platform
-from .validate import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
+from .validate.table5 import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
 
 # shapes (k, n) and paper utilization in percent, in Table 5's order
 SHAPES = tuple((k, n) for k, n, *_ in TABLE5)

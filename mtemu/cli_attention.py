@@ -6,8 +6,9 @@ import numpy as np
 
 from .cli_commands import add_platform_args, platform_from_args
 from .errors import MtemuError
-from .kernels.attention import (PAPER_SPEEDUP, SCHEDULES, VARIANTS, attention_backward_timing, default_tiles,
-                                run_attention, run_attention_backward, validate_attention)
+from .kernels.attention import (SCHEDULES, VARIANTS, attention_backward_timing, default_tiles, run_attention,
+                                run_attention_backward)
+from .validate.attention import PAPER_SPEEDUP, validate_attention
 from .kernels.attention_ref import attention_forward_ref
 from .kernels.capacity import AttentionTiles
 

@@ -9,12 +9,19 @@ import pytest
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.cli import main as cli_main
 from mtemu.errors import AssemblyError, CapacityError, MtemuError
-from mtemu.kernels.attention import (attention_backward_timing, default_tiles, plan_attention, run_attention,
-                                     run_attention_backward, validate_attention)
+from mtemu.kernels.attention import (
+    attention_backward_timing,
+    default_tiles,
+    plan_attention,
+    run_attention,
+    run_attention_backward,
+)
+from mtemu.kernels.attention.backward import _phases
 from mtemu.kernels.attention_ref import attention_backward_ref, attention_backward_tiled, attention_forward_ref
 from mtemu.kernels.capacity import AttentionTiles
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT
+from mtemu.validate import validate_attention
 
 # a small cluster so functional runs take well under a second
 SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
@@ -181,7 +188,6 @@ def test_schedules_and_gsm_phases(variant, schedule, mode, phases):
     # head's FP32 accumulators and FP16 K/V, forcing one phase per head (and GSM zeroing)
     seq, d = 40, 16
     plat = SMALL.with_overrides(gsm_bytes=2 * seq * d * 4 + 2 * seq * d * 2)
-    from mtemu.kernels.attention import _phases
     tiles = AttentionTiles(32, 16, d, 8, 8)
     plan = plan_attention(3, 3, seq, d, tiles=tiles, variant=variant, platform=plat, schedule=schedule)
     assert _phases(plan, plat) == (mode, phases)
