@@ -8,6 +8,7 @@ import pytest
 
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.cli import main as cli_main
+from mtemu.cli import validate as cli_validate
 from mtemu.errors import AssemblyError, CapacityError, MtemuError
 from mtemu.kernels.attention import (
     attention_backward_timing,
@@ -340,8 +341,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
 
 
 def test_cli_validate_attention_json(capsys, monkeypatch):
-    import mtemu.cli_attention as cli_attention
-    monkeypatch.setattr(cli_attention, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
+    monkeypatch.setattr(cli_validate, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
     assert cli_main(["validate", "attention", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (row,) = out["rows"]
