@@ -154,12 +154,12 @@ def test_matches_float64_reference_and_tiled_order(heads, kv_heads, seq, d, caus
         assert x.dtype == np.float16 and x.shape == shape
     # exact gradient at the FP16 inputs: FP16 tolerance (saved P and O are FP16-rounded)
     exact = attention_backward_ref(q, k, v, o, do, saved, causal=causal)
-    for got, ref in zip((r.dq, r.dk, r.dv), exact):
+    for got, ref in zip((r.dq, r.dk, r.dv), exact, strict=True):
         err = np.abs(got.astype(np.float64) - ref)
         assert err.max() <= 2e-2 * np.abs(ref).max(), err.max() / np.abs(ref).max()
     # the same inputs the kernel sees (saved P, given O): only FP32/FP16 rounding remains
     same = attention_backward_ref(q, k, v, o, do, saved, causal=causal, use_saved=True)
-    for got, ref in zip((r.dq, r.dk, r.dv), same):
+    for got, ref in zip((r.dq, r.dk, r.dv), same, strict=True):
         assert np.all(np.abs(got.astype(np.float64) - ref) <= 2.0 ** -9 * np.abs(ref) + 2e-3 * np.abs(ref).max())
     # Algorithm 1's FP32 operation order: dq bit for bit
     tq, tk, tv = attention_backward_tiled(q, k, v, o, do, saved, tl[0], tl[1], causal=causal)
@@ -174,7 +174,7 @@ def test_single_dsp_is_bit_exact_for_all_gradients(variant):
     tiles = AttentionTiles(br=32, bc=16, d=16, br_prime=8, bc_prime=8)
     r = run_attention_backward(q, k, v, o, do, saved, tiles=tiles, platform=ONE, variant=variant)
     tq, tk, tv = attention_backward_tiled(q, k, v, o, do, saved, 32, 16)
-    for got, ref in zip((r.dq, r.dk, r.dv), (tq, tk, tv)):
+    for got, ref in zip((r.dq, r.dk, r.dv), (tq, tk, tv), strict=True):
         assert np.array_equal(_bits(got), _bits(ref.astype(np.float16)))
 
 
@@ -331,7 +331,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
     do = rng.standard_normal(q.shape).astype(np.float16)
     b = run_attention_backward(q, k, v, r.o, do, r.saved, causal=causal, tiles=tiles, platform=SMALL)
     exact = attention_backward_ref(q, k, v, o, do, saved, causal=causal)
-    for got, ref in zip((b.dq, b.dk, b.dv), exact):
+    for got, ref in zip((b.dq, b.dk, b.dv), exact, strict=True):
         assert np.abs(got.astype(np.float64) - ref).max() <= 2e-2 * np.abs(ref).max()
     t = run_attention(q, k, v, causal=causal, tiles=tiles, platform=SMALL, mode="timing", schedule=schedule)
     assert t.cycles == r.cycles and t.o is None
