@@ -316,7 +316,7 @@ class TrackAttention:
     timeout = 900
 
     def setup_cache(self):
-        from mtemu.kernels.attention import validate_attention
+        from mtemu.validate import validate_attention
         warm_numba()
         return {r["seq"]: r["speedup"] for r in validate_attention()}
 

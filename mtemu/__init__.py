@@ -1,14 +1,45 @@
-"""mtemu: an instruction-level emulator of one MT-3000 acceleration cluster."""
+"""mtemu: an instruction-level emulator of one MT-3000 acceleration cluster.
+
+The kernel entry points are loaded on first use (PEP 562), so ``import mtemu``, ``mtemu.errors``
+and ``mtemu.platform`` stay free of numba and the kernel generators.
+"""
+from __future__ import annotations
+
+import importlib
+
+from ._version import __version__ as __version__
 from .errors import AssemblyError, CapacityError, MachineError, MtemuError, PlatformError
-from .kernels.gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing, reference_gemm, run_gemm
-from .kernels.attention import (attention_backward_timing, attention_forward_timing, run_attention,
-                                run_attention_backward)
 from .platform import DEFAULT as DEFAULT_PLATFORM
 from .platform import Platform, load_platform
 
-__version__ = "0.1.0"
+# public name -> module that defines it, imported on first access
+_LAZY = {
+    "DEFAULT_TILES": "mtemu.kernels.gemm",
+    "GemmResult": "mtemu.kernels.gemm",
+    "GemmTiles": "mtemu.kernels.gemm",
+    "gemm_timing": "mtemu.kernels.gemm",
+    "reference_gemm": "mtemu.kernels.gemm",
+    "run_gemm": "mtemu.kernels.gemm",
+    "run_attention": "mtemu.kernels.attention",
+    "run_attention_backward": "mtemu.kernels.attention",
+    "attention_forward_timing": "mtemu.kernels.attention",
+    "attention_backward_timing": "mtemu.kernels.attention",
+}
 
 __all__ = ["AssemblyError", "CapacityError", "MachineError", "MtemuError", "PlatformError",
            "DEFAULT_TILES", "GemmResult", "GemmTiles", "gemm_timing", "reference_gemm", "run_gemm",
            "DEFAULT_PLATFORM", "Platform", "load_platform", "run_attention", "run_attention_backward",
            "attention_forward_timing", "attention_backward_timing"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mtemu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value          # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

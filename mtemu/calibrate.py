@@ -21,12 +21,14 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable, Sequence
 
+from rtcommon.fileio import atomic_write_figure
+
 from .errors import CapacityError, MtemuError
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
 from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
 from .kernels.gemm_bound import a_resident_bound, gemm_bound
 from .platform import DEFAULT, Platform
-from .validate import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
+from .validate.table5 import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
 
 # shapes (k, n) and paper utilization in percent, in Table 5's order
 SHAPES = tuple((k, n) for k, n, *_ in TABLE5)
@@ -313,8 +315,6 @@ def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from rtcommon.fileio import atomic_write_figure
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5.2))
     gbs = [r.ddr_bandwidth / 1e9 for r in rows]

@@ -15,12 +15,18 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import as_completed as done_order
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .errors import AssemblyError, CapacityError, MtemuError
+import numpy as np
+
 from rtcommon.fileio import atomic_write_figure, atomic_write_json
+
+from .errors import AssemblyError, CapacityError, MtemuError
+from .kernels.attention import attention_backward_timing, default_tiles, plan_attention
+from .kernels.capacity import AttentionTiles
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
 from .kernels.gemm_bound import gemm_bound
 from .platform import DEFAULT, Platform
@@ -209,7 +215,7 @@ def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar, fn=N
     if not args:
         return []
     if scheduler:
-        try:
+        try:   # optional and slow to import (~1 s): only when a Dask scheduler is asked for
             from dask.distributed import Client, as_completed
         except ImportError:
             raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
@@ -227,7 +233,6 @@ def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar, fn=N
         return out
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(fn, a) for a in args]
-        from concurrent.futures import as_completed as done_order
         for _f in done_order(futures):
             bar.step()
         return [f.result() for f in futures]
@@ -239,7 +244,6 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     g = {**(base_grid or GEMM_GRID), **(grid or {})}
     ya, xa = axes
@@ -315,8 +319,6 @@ ATTENTION_GRID = {"br": (64, 96, 128, 192), "bc": (64, 128, 192, 256, 384), "br_
 
 
 def _emulate_attention(args: tuple) -> dict:
-    from .kernels.attention import attention_backward_timing
-    from .kernels.capacity import AttentionTiles
     heads, kv_heads, seq, d, tiles_dict, platform = args
     r = attention_backward_timing(heads, kv_heads, seq, d, tiles=AttentionTiles(**tiles_dict), platform=platform)
     return {"utilization": r.utilization, "cycles": r.cycles, "latency_ms": r.latency_ms, "stalls": r.stalls}
@@ -324,8 +326,6 @@ def _emulate_attention(args: tuple) -> dict:
 
 def attention_candidates(heads: int, kv_heads: int, seq: int, d: int, grid: dict | None = None,
                          platform: Platform = DEFAULT) -> tuple[list, list[Candidate]]:
-    from .kernels.attention import plan_attention
-    from .kernels.capacity import AttentionTiles
     grid = {**ATTENTION_GRID, **(grid or {})}
     feasible, pruned = [], []
     for br, bc, brp, bcp in itertools.product(grid["br"], grid["bc"], grid["br_prime"], grid["bc_prime"]):
@@ -346,7 +346,6 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
                    out_dir: str | Path | None = "results/tune", progress: bool = True,
                    cache: bool = True) -> TuneResult:
     """Tile sweep of the resident Algorithm-1 backward (causal), ranked by emulated utilization."""
-    from .kernels.attention import default_tiles, plan_attention
     feasible, pruned = attention_candidates(heads, kv_heads, seq, head_dim, grid, platform)
     default = default_tiles(head_dim, platform)
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit

@@ -12,21 +12,26 @@ import functools
 import hashlib
 from pathlib import Path
 
+from ._version import __version__
+
+_ROOT = Path(__file__).parent
+
 # Bump when the machine's timing semantics change (DMA model, branch cost, scheduling...).
 TIMING_VERSION = 1
 
-# Sources whose change can alter a kernel's emulated cycles, per kernel family.
+# Sources whose change can alter a kernel's emulated cycles, per kernel family (paths relative to
+# the package; the attention family is every module of its package).
 _SOURCES = {
     "gemm": ("platform.py", "kernels/gemm.py", "kernels/schedule.py"),
-    "attention": ("platform.py", "kernels/attention.py", "kernels/schedule.py", "kernels/capacity.py"),
+    "attention": ("platform.py",
+                  *sorted(p.relative_to(_ROOT).as_posix() for p in (_ROOT / "kernels/attention").glob("*.py")),
+                  "kernels/schedule.py", "kernels/capacity.py"),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def emulator_version(kernel: str = "gemm") -> str:
     """Version of the emulated timing of one kernel family ('gemm' or 'attention'), or 'all'."""
-    from . import __version__
-    root = Path(__file__).parent
     h = hashlib.sha256(f"{__version__}|timing{TIMING_VERSION}".encode())
     if kernel == "all":
         for name in sorted(_SOURCES):
@@ -34,5 +39,5 @@ def emulator_version(kernel: str = "gemm") -> str:
         return h.hexdigest()[:16]
     for rel in _SOURCES[kernel]:
         h.update(rel.encode())
-        h.update((root / rel).read_bytes())
+        h.update((_ROOT / rel).read_bytes())
     return h.hexdigest()[:16]

@@ -8,6 +8,7 @@ import pytest
 
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.cli import main as cli_main
+from mtemu.cli import validate as cli_validate
 from mtemu.errors import AssemblyError, CapacityError, MtemuError
 from mtemu.kernels.attention import (
     attention_backward_timing,
@@ -15,12 +16,13 @@ from mtemu.kernels.attention import (
     plan_attention,
     run_attention,
     run_attention_backward,
-    validate_attention,
 )
+from mtemu.kernels.attention.backward import _phases
 from mtemu.kernels.attention_ref import attention_backward_ref, attention_backward_tiled, attention_forward_ref
 from mtemu.kernels.capacity import AttentionTiles
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT
+from mtemu.validate import validate_attention
 
 # a small cluster so functional runs take well under a second
 SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
@@ -152,12 +154,12 @@ def test_matches_float64_reference_and_tiled_order(heads, kv_heads, seq, d, caus
         assert x.dtype == np.float16 and x.shape == shape
     # exact gradient at the FP16 inputs: FP16 tolerance (saved P and O are FP16-rounded)
     exact = attention_backward_ref(q, k, v, o, do, saved, causal=causal)
-    for got, ref in zip((r.dq, r.dk, r.dv), exact, strict=False):
+    for got, ref in zip((r.dq, r.dk, r.dv), exact, strict=True):
         err = np.abs(got.astype(np.float64) - ref)
         assert err.max() <= 2e-2 * np.abs(ref).max(), err.max() / np.abs(ref).max()
     # the same inputs the kernel sees (saved P, given O): only FP32/FP16 rounding remains
     same = attention_backward_ref(q, k, v, o, do, saved, causal=causal, use_saved=True)
-    for got, ref in zip((r.dq, r.dk, r.dv), same, strict=False):
+    for got, ref in zip((r.dq, r.dk, r.dv), same, strict=True):
         assert np.all(np.abs(got.astype(np.float64) - ref) <= 2.0 ** -9 * np.abs(ref) + 2e-3 * np.abs(ref).max())
     # Algorithm 1's FP32 operation order: dq bit for bit
     tq, tk, tv = attention_backward_tiled(q, k, v, o, do, saved, tl[0], tl[1], causal=causal)
@@ -172,7 +174,7 @@ def test_single_dsp_is_bit_exact_for_all_gradients(variant):
     tiles = AttentionTiles(br=32, bc=16, d=16, br_prime=8, bc_prime=8)
     r = run_attention_backward(q, k, v, o, do, saved, tiles=tiles, platform=ONE, variant=variant)
     tq, tk, tv = attention_backward_tiled(q, k, v, o, do, saved, 32, 16)
-    for got, ref in zip((r.dq, r.dk, r.dv), (tq, tk, tv), strict=False):
+    for got, ref in zip((r.dq, r.dk, r.dv), (tq, tk, tv), strict=True):
         assert np.array_equal(_bits(got), _bits(ref.astype(np.float16)))
 
 
@@ -187,7 +189,6 @@ def test_schedules_and_gsm_phases(variant, schedule, mode, phases):
     # head's FP32 accumulators and FP16 K/V, forcing one phase per head (and GSM zeroing)
     seq, d = 40, 16
     plat = SMALL.with_overrides(gsm_bytes=2 * seq * d * 4 + 2 * seq * d * 2)
-    from mtemu.kernels.attention import _phases
     tiles = AttentionTiles(32, 16, d, 8, 8)
     plan = plan_attention(3, 3, seq, d, tiles=tiles, variant=variant, platform=plat, schedule=schedule)
     assert _phases(plan, plat) == (mode, phases)
@@ -330,7 +331,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
     do = rng.standard_normal(q.shape).astype(np.float16)
     b = run_attention_backward(q, k, v, r.o, do, r.saved, causal=causal, tiles=tiles, platform=SMALL)
     exact = attention_backward_ref(q, k, v, o, do, saved, causal=causal)
-    for got, ref in zip((b.dq, b.dk, b.dv), exact, strict=False):
+    for got, ref in zip((b.dq, b.dk, b.dv), exact, strict=True):
         assert np.abs(got.astype(np.float64) - ref).max() <= 2e-2 * np.abs(ref).max()
     t = run_attention(q, k, v, causal=causal, tiles=tiles, platform=SMALL, mode="timing", schedule=schedule)
     assert t.cycles == r.cycles and t.o is None
@@ -340,8 +341,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
 
 
 def test_cli_validate_attention_json(capsys, monkeypatch):
-    import mtemu.cli_attention as cli_attention
-    monkeypatch.setattr(cli_attention, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
+    monkeypatch.setattr(cli_validate, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
     assert cli_main(["validate", "attention", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (row,) = out["rows"]

@@ -3,26 +3,27 @@
 Each command lives in its own module exposing ``register(subparsers)``; the
 registered handler returns a JSON-able dict (printed with --json) and a text
 rendering. Bad input raises MtemuError and becomes a one-line
-error with exit status 2.
+error with exit status 2. Shared argument helpers live in ``mtemu.cli.args``.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
+from types import ModuleType
 
-from mtemu.errors import MtemuError
+from ..errors import MtemuError
+from . import attention_bwd, attention_fwd, gemm, platform, tune, validate
 
 # Modules that register subcommands, in help order.
-COMMAND_MODULES: list[str] = ["mtemu.cli_commands", "mtemu.cli_attention"]
+COMMAND_MODULES: list[ModuleType] = [platform, gemm, tune, validate, attention_bwd, attention_fwd]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtemu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
@@ -47,7 +48,3 @@ def main(argv: list[str] | None = None) -> int:
         # the reader (e.g. `| head`) went away: not an error of ours
         sys.stdout = None
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

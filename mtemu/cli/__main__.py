@@ -1,0 +1,6 @@
+"""`python -m mtemu.cli`."""
+import sys
+
+from . import main
+
+sys.exit(main())

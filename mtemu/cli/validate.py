@@ -1,0 +1,83 @@
+"""`mtemu validate`: the emulated kernels against the paper (Table 5, the Table 5 calibration
+study, Fig. 10)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..calibrate import bandwidth_study, emulate_a_resident, emulate_fit, format_study, plot_study
+from ..errors import MtemuError
+from ..kernels.gemm import GemmTiles
+from ..platform import Platform
+from ..validate import (
+    format_attention,
+    format_table5,
+    format_table5_summary,
+    format_variants,
+    table5,
+    table5_variants,
+    validate_attention,
+)
+from .args import (
+    add_loop_order_args,
+    add_platform_args,
+    add_tile_args,
+    any_tiles_from_args,
+    parse_floats,
+    platform_from_args,
+)
+
+
+def _validate(args: argparse.Namespace) -> tuple[dict, str]:
+    plat = platform_from_args(args)
+    if args.what == "table5":
+        return _table5(args, plat)
+    if args.what == "table5-study":
+        return _table5_study(args, plat)
+    if args.what == "attention":
+        rows = validate_attention(plat)
+        return {"rows": rows, "platform_hash": plat.digest()}, format_attention(rows)
+    raise MtemuError(f"unknown validation {args.what!r}")
+
+
+def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
+    tiles = any_tiles_from_args(args)
+    rows = table5(plat, tiles, progress=not args.json)
+    variants = table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
+    text = (f"tiles: {tiles.describe()}\n" + format_table5(rows) + "\n" + format_table5_summary(rows)
+            + (f"\n\n{format_variants(variants)}" if variants else ""))
+    return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
+
+
+def _table5_study(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
+    rows = bandwidth_study([1e9 * x for x in parse_floats(args.bandwidths, "--bandwidths")], plat)
+    note = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    emulated = [emulate_fit(getattr(r, strategy), plat, progress=note)
+                for strategy in args.emulate or () if strategy != "a-resident" for r in rows]
+    if "a-resident" in (args.emulate or ()):
+        emulated.append(emulate_a_resident(base=plat, progress=note))
+    if args.plot:
+        plot_study(rows, args.plot, emulated)
+    text = format_study(rows, emulated) + (f"\nplot: {args.plot}" if args.plot else "")
+    return {"rows": [r.to_json() for r in rows], "emulated": [e.to_json() for e in emulated],
+            "platform_hash": plat.digest()}, text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="compare emulated kernels with the paper")
+    p.add_argument("what", choices=("table5", "table5-study", "attention"),
+                   help="table5: FP16 GEMM utilization; table5-study: which DDR rate and calibration could "
+                        "meet Table 5 (closed-form, optionally emulated); attention: resident vs DDR-staged "
+                        "backward (Fig. 10)")
+    add_loop_order_args(p)
+    study = p.add_argument_group("table5-study")
+    study.add_argument("--bandwidths", default="30,35,40,45,51", metavar="GBS",
+                       help="comma-separated DDR server rates in GB/s (default: 30,35,40,45,51)")
+    study.add_argument("--emulate", action="append", choices=("fixed", "protocol", "oracle", "a-resident"),
+                       help="also emulate this strategy's fit at every rate (repeatable; ~35 s per rate); "
+                            "a-resident: the emulated Fig. 4 loop order at the raw 51 GB/s, no fitted constant")
+    study.add_argument("--plot", metavar="FILE", help="write the study figure (PNG)")
+    add_tile_args(p)
+    add_platform_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=_validate)

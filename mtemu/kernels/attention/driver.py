@@ -1,0 +1,102 @@
+"""Per-DSP driver programs of the attention kernels: straight-line DMAs, waits, barriers and calls
+into one micro-kernel library appended after every DSP's driver code."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ... import isa
+from ...assembler import Program, ProgramBuilder, ins
+from ...platform import Platform
+from .microkernels import mk_gemm, mk_round
+from .plan import AttentionPlan
+
+# DMA channels
+CH_KV, CH_PT, CH_SVK, CH_SP, CH_SG, CH_RED, CH_IN, CH_CONV = range(8)
+
+# micro-kernel makers by call-key kind; a kernel adds its own (see Library). "gemm32" is mk_gemm
+# with an FP32 right operand.
+SHARED_KERNELS: dict[str, Callable[..., np.ndarray]] = {"gemm": mk_gemm, "round": mk_round}
+
+
+class Library:
+    """The micro-kernels the drivers call, assembled once in first-use order."""
+
+    def __init__(self, platform: Platform, kernels: dict[str, Callable[..., np.ndarray]]):
+        self.platform = platform
+        self.kernels = {**SHARED_KERNELS, **kernels}
+        self.keys: dict[tuple, None] = {}
+
+    def need(self, key: tuple) -> None:
+        self.keys.setdefault(key, None)
+
+    def build(self) -> tuple[np.ndarray, dict]:
+        parts, offsets, off = [], {}, 0
+        for key in self.keys:
+            kind, args = key[0], key[1:]
+            if kind == "gemm32":
+                code = mk_gemm(*args, self.platform, 2, True)
+            else:
+                code = self.kernels[kind](*args, self.platform)
+            offsets[key] = off
+            off += code.shape[0]
+            parts.append(code)
+        if not parts:
+            return np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64), offsets
+        return np.concatenate(parts), offsets
+
+
+class Driver:
+    """Straight-line driver of one DSP: DMAs, waits, barriers and calls into a shared library."""
+
+    def __init__(self, platform: Platform, library: Library):
+        self.b = ProgramBuilder(platform)
+        self.lib = library
+        self.calls: list[tuple[int, tuple]] = []
+
+    def dma(self, ch: int, src_sp: str, dst_sp: str, rows: int, row_bytes: int, sstr: int, dstr: int,
+            src: int, dst: int, mode: str = "copy") -> None:
+        if rows <= 0:
+            return
+        desc = self.b.descriptor(src_sp, dst_sp, rows, row_bytes, sstr, dstr, mode)
+        self.b.bundle(ins("dma", ch, desc, (0, src), (0, dst)))
+
+    def wait(self, ch: int) -> None:
+        self.b.bundle(ins("dmawait", ch))
+
+    def barrier(self) -> None:
+        self.b.bundle(ins("barrier"))
+
+    def call(self, key: tuple, regs: dict[int, int]) -> None:
+        self.lib.need(key)
+        movs = [ins("smovi", r, v) for r, v in regs.items()]
+        while len(movs) > 2:
+            self.b.bundle(*movs[:3])
+            movs = movs[3:]
+        self.calls.append((self.b.bundle(*movs, ins("call", 0)), key))
+
+    def finish(self, lib_code: np.ndarray, lib_offsets: dict) -> Program:
+        self.b.bundle(ins("halt"))
+        prog = self.b.assemble()
+        n = prog.bundles
+        code = np.concatenate([prog.code, lib_code])
+        for bundle, key in self.calls:
+            code[bundle, isa.SBR, isa.F_IMM0] = n + lib_offsets[key]
+        return Program(code, prog.descriptors, {"main": 0}, prog.descriptor_names)
+
+
+def link(drivers: list[Driver], library: Library) -> list[Program]:
+    """Every DSP's program: its driver code followed by the library its calls jump into."""
+    lib_code, offsets = library.build()
+    return [drv.finish(lib_code, offsets) for drv in drivers]
+
+
+@dataclass
+class AttentionProgram:
+    plan: AttentionPlan
+    programs: list[Program]
+    useful_macs: int
+    tile_pairs: int
+    schedule: str = ""

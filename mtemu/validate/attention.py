@@ -1,0 +1,48 @@
+"""Paper Fig. 10: the resident Algorithm-1 attention backward over its DDR-staged baseline, from
+emulated cycles only."""
+from __future__ import annotations
+
+from ..kernels.attention import attention_backward_timing
+from ..platform import DEFAULT, Platform
+
+PAPER_SPEEDUP = (1.24, 1.54)     # Fig. 10 range; a target only
+VALIDATE_SEQS = (512, 1024, 2048, 4096)
+
+
+def validate_heads(seq: int, platform: Platform = DEFAULT) -> int:
+    """Query heads (one shared KV head) giving about two full rounds of work items: enough to
+    show the steady state while every sequence length emulates in seconds."""
+    n_qt = -(-seq // platform.vector_lanes)
+    return max(1, round(2 * platform.dsps / n_qt))
+
+
+def validate_attention(platform: Platform | None = None, seqs: tuple[int, ...] = VALIDATE_SEQS,
+                       head_dim: int = 128, causal: bool = True) -> list[dict]:
+    """Resident (Algorithm 1) vs DDR-staged backward in timing mode, one row per sequence length."""
+    platform = platform or DEFAULT
+    rows = []
+    for seq in seqs:
+        heads = validate_heads(seq, platform)
+        res = attention_backward_timing(heads, 1, seq, head_dim, causal=causal, variant="resident", platform=platform)
+        stg = attention_backward_timing(heads, 1, seq, head_dim, causal=causal, variant="ddr-staged", platform=platform)
+        rows.append({"seq": seq, "heads": heads, "kv_heads": 1, "head_dim": head_dim, "causal": causal,
+                     "schedule": res.schedule, "speedup": stg.cycles / res.cycles,
+                     "resident_ms": res.latency_ms, "staged_ms": stg.latency_ms,
+                     "resident_utilization": res.utilization, "staged_utilization": stg.utilization,
+                     "resident_ddr_bytes": res.ddr_bytes, "staged_ddr_bytes": stg.ddr_bytes,
+                     "paper_speedup_range": list(PAPER_SPEEDUP)})
+    return rows
+
+
+def format_attention(rows: list[dict]) -> str:
+    """The rows of ``validate_attention`` as a table, headed by the paper's range."""
+    lo, hi = PAPER_SPEEDUP
+    lines = [f"attention backward, resident (Algorithm 1) over DDR-staged; paper Fig. 10: {lo}x-{hi}x",
+             f"{'seq':>6} {'heads':>5} {'resident ms':>12} {'staged ms':>10} {'speedup':>8} "
+             f"{'util res':>9} {'util stg':>9} {'DDR MB res':>11} {'DDR MB stg':>11}"]
+    for r in rows:
+        lines.append(f"{r['seq']:>6} {r['heads']:>5} {r['resident_ms']:>12.3f} {r['staged_ms']:>10.3f} "
+                     f"{r['speedup']:>7.2f}x {100 * r['resident_utilization']:>8.1f}% "
+                     f"{100 * r['staged_utilization']:>8.1f}% {r['resident_ddr_bytes'] / 1e6:>11.1f} "
+                     f"{r['staged_ddr_bytes'] / 1e6:>11.1f}")
+    return "\n".join(lines)

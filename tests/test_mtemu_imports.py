@@ -1,0 +1,39 @@
+"""`import mtemu` stays light: the kernels (and numba) load on first use of a kernel name."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mtemu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_light_imports_do_not_load_numba():
+    out = _python("import mtemu, mtemu.platform, mtemu.errors, mtemu.version, sys; "
+                  "assert 'numba' not in sys.modules, 'numba'; assert 'mtemu.kernels' not in sys.modules; "
+                  "print(mtemu.__version__, mtemu.DEFAULT_PLATFORM.dsps)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [mtemu.__version__, str(mtemu.DEFAULT_PLATFORM.dsps)]
+
+
+def test_kernel_names_load_on_first_use():
+    out = _python("import mtemu, sys; f = mtemu.run_gemm; assert 'numba' in sys.modules; "
+                  "from mtemu import attention_backward_timing, DEFAULT_TILES; "
+                  "import mtemu.kernels.gemm as g; assert f is g.run_gemm and DEFAULT_TILES is g.DEFAULT_TILES")
+    assert out.returncode == 0, out.stderr
+
+
+def test_public_names_listed_and_resolvable():
+    for name in mtemu.__all__:
+        assert name in dir(mtemu)
+        assert getattr(mtemu, name) is not None
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = mtemu.no_such_name
