@@ -494,9 +494,9 @@ def _load_npy(path: str, name: str) -> np.ndarray:
 
 
 def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (), outputs: list[str] = (),
-                out_dir: str | Path = ".", mode: str = "functional", dsps: int | None = None,
+                out_dir: str | Path | None = ".", mode: str = "functional", dsps: int | None = None,
                 max_cycles: int | None = None, trace: TraceOptions | None = None) -> RunResult:
-    """``mtemu run``: load, check, run, then write each output as ``out_dir/NAME.npy``."""
+    """``mtemu run``: load, check, run, then write each output as ``out_dir/NAME.npy`` (None: write none)."""
     if mode not in ("functional", "timing"):
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
     kernel, plat = load_kernel(path, platform, dsps)
@@ -515,7 +515,7 @@ def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (),
     if not outputs:
         requested = {n: None for n in kernel.outputs}
     result = _run(kernel, plat, given, requested, mode == "functional", max_cycles, trace, str(path))
-    if result.outputs:
+    if result.outputs and out_dir is not None:
         out = Path(out_dir)
         blobs = {}
         for name, arr in result.outputs.items():
