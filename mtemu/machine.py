@@ -256,7 +256,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         time[d] = t
                         return
                     if (half and (a & 1)) or ((not half) and (a & 3)):
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, size)
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 2 if half else 4)
                         time[d] = t
                         return
                     if functional:
