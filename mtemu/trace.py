@@ -183,8 +183,8 @@ def coarsen(start: np.ndarray, end: np.ndarray, category: np.ndarray, ncat: int,
     ng = int(gid[-1]) + 1 if n else 0
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, n - 1) if n else first
-    weights = np.zeros((ng, ncat), np.float64)
-    np.add.at(weights, (gid, category), length)
+    weights = np.bincount(gid * ncat + category, weights=length, minlength=ng * ncat).reshape(ng, ncat) if n \
+        else np.zeros((0, ncat))
     return Groups(start[first], np.maximum.accumulate(end)[last] if n else end[:0], np.diff(np.append(first, n)),
                   first, weights)
 
@@ -296,8 +296,8 @@ def chrome_trace(trace: Trace, window: tuple[int, int] | None = None,
     resolution, groups = _resolve(tracks, window, max_events)
     ns_per_cycle = 1e9 / trace.clock_hz
 
-    def ts(cycle) -> float:
-        return round(float(cycle) * ns_per_cycle) / 1000.0
+    def ts(cycle: float) -> float:
+        return round(cycle * ns_per_cycle) / 1000.0
 
     events: list[dict] = []
 
@@ -318,16 +318,18 @@ def chrome_trace(trace: Trace, window: tuple[int, int] | None = None,
     meta(PID_DSPS, None, "DSPs", 0)
     for d, g in enumerate(groups["dsp"]):
         meta(PID_DSPS, d, f"DSP {d}", d)
-        spans = tracks.dsp[d]
-        for j in range(g.start.size):
-            if g.members[j] == 1:
-                st = int(spans[g.first[j], 2])
-                span(PID_DSPS, d, TRACE_STATES[st], g.start[j], g.end[j], {"cycles": int(g.end[j] - g.start[j])})
+        # plain lists: per-element NumPy scalars would dominate the writer's time
+        starts, ends, members = g.start.tolist(), g.end.tolist(), g.members.tolist()
+        state = tracks.dsp[d][g.first, 2].tolist()
+        dominant = g.weights.argmax(axis=1).tolist() if len(starts) else []
+        weights = g.weights.astype(np.int64).tolist()
+        for j, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            if members[j] == 1:
+                span(PID_DSPS, d, TRACE_STATES[state[j]], start, end, {"cycles": end - start})
             else:
-                w = g.weights[j]
-                args = {TRACE_STATES[k]: int(w[k]) for k in range(len(TRACE_STATES)) if w[k]}
-                args["merged_spans"] = int(g.members[j])
-                span(PID_DSPS, d, TRACE_STATES[int(np.argmax(w))], g.start[j], g.end[j], args)
+                args = {TRACE_STATES[k]: w for k, w in enumerate(weights[j]) if w}
+                args["merged_spans"] = members[j]
+                span(PID_DSPS, d, TRACE_STATES[dominant[j]], start, end, args)
     meta(PID_DMA, None, "DMA servers", 1)
     for srv in sorted(groups["dma"]):
         g = groups["dma"][srv]
