@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -287,6 +288,7 @@ def _import(path: Path):
     if spec is None or spec.loader is None:
         raise MtemuError(f"{path}: cannot load as a Python module")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module            # dataclasses and pickling look modules up by name
     try:
         spec.loader.exec_module(module)
     except MtemuError:
