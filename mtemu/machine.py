@@ -18,6 +18,12 @@ Model
 
 Errors come back from the jitted loop as codes and become :class:`MachineError` naming DSP, PC,
 unit and address.
+
+Tracing (``Cluster.run(trace=TraceOptions(...))``) records into preallocated arrays: per DSP the
+cycles where its state changes (issuing, latency, branch, DMA wait, barrier; equal consecutive
+states extend one span), every DMA transfer and every barrier release. A full buffer keeps
+counting and the :class:`~mtemu.trace.Trace` reports the truncation. Tracing off passes
+zero-length arrays (one compiled signature) and costs one test per bundle.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from .assembler import Program
 from .errors import MachineError
 from .fp16 import f16_to_f32_array, f32_to_f16_bits
 from .platform import DEFAULT, Platform
+from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
 
 # error codes
 E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL = 0, 1, 2, 3, 4, 5, 6
@@ -41,6 +48,10 @@ S_BUSY0 = S_STALL0 + len(isa.STALLS)
 N_STATS = S_BUSY0 + isa.N_UNITS
 # server indices
 SRV_DDR, SRV_GSM, SRV_LOCAL = 0, 1, 2
+# DMA trace record columns (mtemu.trace.DMA_FIELDS)
+TD_ISSUE, TD_SERVER, TD_SRC, TD_DST, TD_BYTES, TD_ROWS, TD_DSP, TD_CHANNEL, TD_MODE = range(N_DMA_FIELDS)
+assert DMA_FIELDS[TD_MODE] == "mode"
+ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, then PCs (deadlock)
 
 
 # FP16 -> FP32 for every bit pattern: the hot loop widens by table lookup (exact by construction).
@@ -70,9 +81,26 @@ def _fail(err, code, d, pc, unit, space, addr, size):
 
 
 @njit(cache=True)
+def _tr_state(ev, nev, last, cut, d, t, st):
+    """Record that DSP d is in state ``st`` from cycle t; equal consecutive states extend one span."""
+    if last[d] == st:
+        return
+    last[d] = st
+    k = nev[d]
+    if k < ev.shape[1]:
+        ev[d, k, 0] = t
+        ev[d, k, 1] = st
+    elif k == ev.shape[1]:
+        cut[d] = t             # the recorded timeline of DSP d is exact up to this cycle
+    nev[d] = k + 1
+
+
+@njit(cache=True)
 def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
-         max_cycles, f16tab, stats, err, server_bytes):
+         max_cycles, f16tab, stats, err, server_bytes, server_busy,
+         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts):
+    tracing = tr_nev.shape[0] > 0
     time = np.zeros(dsps, np.int64)
     pc = lo.copy()
     state = np.zeros(dsps, np.int64)          # 0 running, 1 at barrier, 2 halted
@@ -106,10 +134,26 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         first = i
                         break
                 _fail(err, E_DEADLOCK, first, pc[first], isa.SBR, waiting, halted, 0)
+                for i in range(dsps):
+                    err[ERR_FIELDS + i] = state[i]
+                    err[ERR_FIELDS + dsps + i] = pc[i]
                 return
+            if tracing:
+                k = tr_counts[1]
+                if k < tr_bar.shape[0]:
+                    first_arrival = release
+                    for i in range(dsps):
+                        if state[i] == 1 and time[i] < first_arrival:
+                            first_arrival = time[i]
+                    tr_bar[k, 0] = first_arrival
+                    tr_bar[k, 1] = release
+                    tr_bar[k, 2] = waiting
+                tr_counts[1] = k + 1
             for i in range(dsps):
                 if state[i] == 1:
                     stats[i, S_STALL0 + isa.ST_BARRIER] += release - time[i]
+                    if tracing and release > time[i]:
+                        _tr_state(tr_ev, tr_nev, tr_last, tr_cut, i, time[i], TS_BARRIER)
                     time[i] = release
                     state[i] = 0
                     pc[i] += 1
@@ -136,6 +180,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 break
             next_p = p + 1
             extra = np.int64(0)
+            extra_state = TS_BRANCH
             useful = False
             stop = False
             for u in range(nunits):
@@ -211,7 +256,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         time[d] = t
                         return
                     if (half and (a & 1)) or ((not half) and (a & 3)):
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, size)
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 2 if half else 4)
                         time[d] = t
                         return
                     if functional:
@@ -309,6 +354,22 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     srv_free[srv] = start + dur
                     chan[d, ch] = np.int64(np.ceil(start + dur))
                     server_bytes[min(srv, 2)] += nbytes
+                    server_busy[srv] += dur
+                    if tracing:
+                        k = tr_counts[0]
+                        if k < tr_dma.shape[0]:
+                            tr_dma[k, TD_ISSUE] = t
+                            tr_dma[k, TD_SERVER] = srv
+                            tr_dma[k, TD_SRC] = src_sp
+                            tr_dma[k, TD_DST] = dst_sp
+                            tr_dma[k, TD_BYTES] = nbytes
+                            tr_dma[k, TD_ROWS] = rows
+                            tr_dma[k, TD_DSP] = d
+                            tr_dma[k, TD_CHANNEL] = ch
+                            tr_dma[k, TD_MODE] = mode
+                            tr_dma_t[k, 0] = start
+                            tr_dma_t[k, 1] = start + dur
+                        tr_counts[0] = k + 1
                     stats[d, S_DMA_BYTES] += nbytes
                     stats[d, S_DMAS] += 1
                 elif op == isa.OP_DMAWAIT:
@@ -316,6 +377,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if chan[d, ch] > t + 1:
                         stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
                         extra += chan[d, ch] - (t + 1)
+                        extra_state = TS_DMA
                 elif op == isa.OP_BARRIER:
                     stop = True
                 elif op == isa.OP_BR:
@@ -354,6 +416,13 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         reason = code[p, u, 5]
                         break
                 stats[d, S_STALL0 + reason] += 1
+                # (the state test is inlined: a call per bundle would cost more than the bundle)
+                if tracing and tr_last[d] != 1 + reason:
+                    _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, 1 + reason)
+            elif tracing and tr_last[d] != TS_ISSUE:
+                _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, TS_ISSUE)
+            if tracing and extra > 0:
+                _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t + 1, extra_state)
             stats[d, S_BUNDLES] += 1
             t += 1 + extra
             if stop:
@@ -383,6 +452,10 @@ class RunStats:
     server_bytes: dict[str, int]
     platform: Platform
     lanes: int
+    # cycles each DMA server was busy: "ddr", "gsm", then "local0".."local{dsps-1}" (fractional:
+    # a transfer holds its server bytes / (bandwidth / clock) + rows x row overhead cycles)
+    server_busy: dict[str, float] = field(default_factory=dict)
+    trace: Trace | None = None
 
     @property
     def vfma(self) -> int:
@@ -401,6 +474,10 @@ class RunStats:
     @property
     def dma_bytes(self) -> int:
         return int(self.per_dsp[:, S_DMA_BYTES].sum())
+
+    @property
+    def bundles(self) -> int:
+        return int(self.per_dsp[:, S_BUNDLES].sum())
 
     def seconds(self) -> float:
         return self.cycles / self.platform.clock_hz
@@ -466,14 +543,31 @@ class Cluster:
         start = (int(self.bases[2]) + addr) // 2
         return self.mem[start:start + count * 2].view(np.float32).copy()
 
+    def region(self, space: str, addr: int, nbytes: int, dsp: int = 0) -> np.ndarray:
+        """Writable byte view of ``nbytes`` at ``addr`` in SM/AM (of ``dsp``), GSM or DDR."""
+        if not self.functional:
+            raise MachineError("timing-only cluster holds no data")
+        if space not in isa.SPACES:
+            raise MachineError(f"unknown memory space {space!r} (known: {', '.join(isa.SPACES)})")
+        sp = isa.SPACES.index(space)
+        if not 0 <= dsp < self.platform.dsps:
+            raise MachineError(f"{space}: DSP {dsp} outside 0..{self.platform.dsps - 1}")
+        cap = int(self.caps[sp])
+        if addr < 0 or nbytes < 0 or addr + nbytes > cap:
+            raise MachineError(f"host access to {space} [{addr}, {addr + nbytes}) outside 0..{cap}")
+        base = int(self.bases[sp]) + (dsp * cap if sp in (isa.SP_SM, isa.SP_AM) else 0)
+        return self.mem.view(np.uint8)[base + addr:base + addr + nbytes]
+
     # running ----------------------------------------------------------------------------
     def run(self, programs: list[Program], dsp_program: list[int] | None = None,
             init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = 10**13,
-            dsp_descriptors: dict[int, np.ndarray] | None = None) -> RunStats:
+            dsp_descriptors: dict[int, np.ndarray] | None = None,
+            trace: TraceOptions | None = None) -> RunStats:
         """Run ``programs[dsp_program[d]]`` on DSP d (default: program 0 everywhere).
 
         ``dsp_descriptors`` gives a DSP its own DMA descriptor table (same length as its
         program's), so one code array can serve DSPs whose transfers differ in size.
+        ``trace`` records the run (``RunStats.trace``); the counters are the same either way.
         """
         p = self.platform
         if dsp_program is None:
@@ -490,7 +584,8 @@ class Cluster:
                 own = programs[dsp_program[d]].descriptors
                 table = np.asarray(table, dtype=np.int64)
                 if table.shape != own.shape:
-                    raise MachineError(f"DSP {d}: descriptor table shape {table.shape} differs from its program's {own.shape}")
+                    raise MachineError(f"DSP {d}: descriptor table shape {table.shape} differs from its "
+                                       f"program's {own.shape}")
                 _check_descriptor_table(table, f"DSP {d}")
                 desc_off[d] = base
                 base += table.shape[0]
@@ -500,22 +595,41 @@ class Cluster:
         for d, regs in (init_sregs or {}).items():
             for r, v in regs.items():
                 if not 0 < r < p.scalar_registers:
-                    raise MachineError(f"DSP {d}: initial scalar register s{r} out of range 1..{p.scalar_registers - 1}")
+                    raise MachineError(f"DSP {d}: initial scalar register s{r} out of range "
+                                       f"1..{p.scalar_registers - 1}")
                 self.sregs[d, r] = v
         stats = np.zeros((p.dsps, N_STATS), dtype=np.int64)
-        err = np.zeros(8, dtype=np.int64)
+        err = np.zeros(ERR_FIELDS + 2 * p.dsps, dtype=np.int64)
         server_bytes = np.zeros(3, dtype=np.int64)
+        server_busy = np.zeros(3 + p.dsps, dtype=np.float64)
+        buf = _trace_buffers(trace, p.dsps)
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
         _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
              self.functional, p.dsps, p.vector_lanes if self.functional else 1, p.latencies.branch_delay,
              p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-             stats, err, server_bytes)
+             stats, err, server_bytes, server_busy, *buf)
         if err[0] != E_OK:
-            raise MachineError(_describe_error(err, lo))
+            raise MachineError(_describe_error(err, lo, p.dsps))
         cycles = int(stats[:, S_END].max())
+        busy = {"ddr": float(server_busy[0]), "gsm": float(server_busy[1])}
+        busy.update({f"local{d}": float(server_busy[2 + d]) for d in range(p.dsps)})
+        recorded = None
+        if trace is not None:
+            ev, nev, _last, cut, dma, dma_t, bar, counts = buf
+            recorded = Trace(p.clock_hz, p.dsps, cycles, stats[:, S_CYCLES].copy(), ev, nev, cut,
+                             dma, dma_t, int(counts[0]), bar, int(counts[1]))
         return RunStats(cycles, stats, {"ddr": int(server_bytes[0]), "gsm": int(server_bytes[1]),
-                                        "local": int(server_bytes[2])}, p, p.vector_lanes)
+                                        "local": int(server_bytes[2])}, p, p.vector_lanes, busy, recorded)
+
+
+def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ...]:
+    """Recording arrays for ``_run``; zero-length when tracing is off (same compiled signature)."""
+    cap, dcap, bcap, n = (0, 0, 0, 0) if opts is None else (opts.capacity, opts.dma_capacity,
+                                                              opts.barrier_capacity, dsps)
+    return (np.zeros((n, cap, 2), np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64),
+            np.full(n, -1, np.int64), np.zeros((dcap, N_DMA_FIELDS), np.int64), np.zeros((dcap, 2), np.float64),
+            np.zeros((bcap, 3), np.int64), np.zeros(2, np.int64))
 
 
 def _link(programs: list[Program], dsp_program: list[int], p: Platform):
@@ -606,16 +720,25 @@ def _validate_raw(prog: Program, p: Platform) -> None:
 
 
 def _check_descriptor_table(table: np.ndarray, who: str) -> None:
-    spaces_ok = (table[:, isa.D_SRC] >= 0) & (table[:, isa.D_SRC] < 4) & (table[:, isa.D_DST] >= 0) & (table[:, isa.D_DST] < 4)
+    spaces_ok = (table[:, isa.D_SRC] >= 0) & (table[:, isa.D_SRC] < 4) \
+        & (table[:, isa.D_DST] >= 0) & (table[:, isa.D_DST] < 4)
     sizes_ok = (table[:, isa.D_ROWS] >= 0) & (table[:, isa.D_ROWB] > 0) & (table[:, isa.D_ROWB] % 2 == 0) \
         & (table[:, isa.D_SSTR] >= 0) & (table[:, isa.D_DSTR] >= 0)
     mode_ok = (table[:, isa.D_MODE] >= 0) & (table[:, isa.D_MODE] < len(isa.DMA_MODES))
     bad = ~(spaces_ok & sizes_ok & mode_ok)
     if bad.any():
-        raise MachineError(f"{who}: DMA descriptor {int(np.argmax(bad))} is malformed: {table[np.argmax(bad)].tolist()}")
+        raise MachineError(f"{who}: DMA descriptor {int(np.argmax(bad))} is malformed: "
+                           f"{table[np.argmax(bad)].tolist()}")
 
 
-def _describe_error(err: np.ndarray, lo: np.ndarray) -> str:
+def _dsp_list(ids: list[int]) -> str:
+    """'3' / '0, 2' / '4-23': short, exact."""
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def _describe_error(err: np.ndarray, lo: np.ndarray, dsps: int) -> str:
     code, d, pc, unit, space, addr, size = (int(x) for x in err[:7])
     rel = pc - int(lo[d]) if 0 <= d < len(lo) else pc
     where = f"DSP {d}, PC {rel}, unit {isa.UNITS[unit]}"
@@ -626,7 +749,13 @@ def _describe_error(err: np.ndarray, lo: np.ndarray) -> str:
     if code == E_PC:
         return f"{where}: PC left the program (jumped to {addr - int(lo[d])})"
     if code == E_DEADLOCK:
-        return f"{where}: deadlock: {space} DSP(s) wait at a barrier that {addr} halted DSP(s) will never reach"
+        states = err[ERR_FIELDS:ERR_FIELDS + dsps]
+        pcs = err[ERR_FIELDS + dsps:ERR_FIELDS + 2 * dsps]
+        waiting = [i for i in range(dsps) if states[i] == 1]
+        halted = [i for i in range(dsps) if states[i] == 2]
+        at = sorted({int(pcs[i] - lo[i]) for i in waiting})
+        return (f"{where}: deadlock: DSP(s) {_dsp_list(waiting)} wait at a barrier (PC {', '.join(map(str, at))}) "
+                f"that halted DSP(s) {_dsp_list(halted)} will never reach")
     if code == E_CYCLES:
         return f"{where}: cycle limit {size} exceeded (infinite loop?)"
     return f"{where}: machine error {code}"

@@ -146,7 +146,7 @@ def test_deadlock_is_reported():
     text = "{ bnz s3, out }\n{ barrier }\nout:\n{ halt }"
     prog = parse(text, SMALL)
     c = Cluster(SMALL, ddr_bytes=0)
-    with pytest.raises(MachineError, match="deadlock: 1 DSP\\(s\\) wait at a barrier that 1 halted"):
+    with pytest.raises(MachineError, match=r"deadlock: DSP\(s\) 0 wait at a barrier \(PC 1\) that halted DSP\(s\) 1 "):
         c.run([prog], init_sregs={1: {3: 1}})
 
 
