@@ -138,12 +138,14 @@ def _reg(kind: str, value, where: str, limit: int) -> int:
     if isinstance(value, str):
         m = _REG_RE.match(value.strip())
         if not m or m.group(1) != kind:
-            raise AssemblyError(f"{where}: expected a {'scalar' if kind == 's' else 'vector'} register ({kind}N), got {value!r}")
+            raise AssemblyError(f"{where}: expected a {'scalar' if kind == 's' else 'vector'} register ({kind}N), "
+                                f"got {value!r}")
         value = int(m.group(2))
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise AssemblyError(f"{where}: expected a register number, got {value!r}")
     if not 0 <= int(value) < limit:
-        raise AssemblyError(f"{where}: {'scalar' if kind == 's' else 'vector'} register {kind}{value} out of range {kind}0..{kind}{limit - 1}")
+        raise AssemblyError(f"{where}: {'scalar' if kind == 's' else 'vector'} register {kind}{value} out of "
+                            f"range {kind}0..{kind}{limit - 1}")
     return int(value)
 
 
@@ -164,7 +166,8 @@ def _addr(value, where: str, space: int, nsregs: int) -> tuple[int, int]:
         if sp not in isa.SPACES:
             raise AssemblyError(f"{where}: unknown memory space {sp!r} (known: {', '.join(isa.SPACES)})")
         if isa.SPACES.index(sp) != space:
-            raise AssemblyError(f"{where}: operand in the wrong memory space: {sp} given, this unit addresses {isa.SPACES[space]}")
+            raise AssemblyError(f"{where}: operand in the wrong memory space: {sp} given, this unit addresses "
+                                f"{isa.SPACES[space]}")
     return _reg("s", value[0], where, nsregs), _imm(value[1], where)
 
 
@@ -194,21 +197,25 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
 def _pick_unit(spec: isa.OpSpec, instr: Instr, used: dict[int, Instr], b: int) -> int:
     if instr.unit is not None:
         if instr.unit not in isa.UNITS:
-            raise AssemblyError(f"bundle {b}: unknown unit '{instr.unit}' for {spec.name} (units: {', '.join(isa.UNITS)})")
+            raise AssemblyError(f"bundle {b}: unknown unit '{instr.unit}' for {spec.name} (units: "
+                                f"{', '.join(isa.UNITS)})")
         unit = isa.UNITS.index(instr.unit)
         if unit not in spec.units:
             raise AssemblyError(f"bundle {b}, unit {instr.unit}: {spec.name} cannot run on {instr.unit} "
                                 f"(allowed: {', '.join(isa.UNITS[u] for u in spec.units)})")
         if unit in used:
-            raise AssemblyError(f"bundle {b}, unit {instr.unit}: two instructions on one unit ({used[unit]!r} and {instr!r})")
+            raise AssemblyError(f"bundle {b}, unit {instr.unit}: two instructions on one unit ({used[unit]!r} and "
+                                f"{instr!r})")
         return unit
     for unit in spec.units:
         if unit not in used:
             return unit
     if len(spec.units) == 1:
         u = spec.units[0]
-        raise AssemblyError(f"bundle {b}, unit {isa.UNITS[u]}: two instructions on one unit ({used[u]!r} and {instr!r})")
-    raise AssemblyError(f"bundle {b}: no free unit for {instr!r} (all of {', '.join(isa.UNITS[u] for u in spec.units)} busy)")
+        raise AssemblyError(f"bundle {b}, unit {isa.UNITS[u]}: two instructions on one unit ({used[u]!r} and "
+                            f"{instr!r})")
+    raise AssemblyError(f"bundle {b}: no free unit for {instr!r} (all of "
+                        f"{', '.join(isa.UNITS[u] for u in spec.units)} busy)")
 
 
 def _label(value, where: str, labels: dict[str, int], n: int) -> int:

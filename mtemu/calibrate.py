@@ -78,10 +78,10 @@ class Table5Fit:
 
     @property
     def errors_pp(self) -> tuple[float, ...]:
-        return tuple(u - p for u, p in zip(self.utilization_pp, PAPER_PP))
+        return tuple(u - p for u, p in zip(self.utilization_pp, PAPER_PP, strict=False))
 
     def _worst(self, fitted: bool) -> float:
-        errs = [abs(e) for s, e in zip(SHAPES, self.errors_pp) if (s in self.fitted_on) == fitted]
+        errs = [abs(e) for s, e in zip(SHAPES, self.errors_pp, strict=False) if (s in self.fitted_on) == fitted]
         return max(errs) if errs else 0.0
 
     @property
@@ -114,7 +114,7 @@ class Table5Fit:
                 "tiles": asdict(self.tiles), "row_overhead_cycles": self.row_overhead_cycles,
                 "fitted_on": [list(s) for s in self.fitted_on],
                 "rows": [{"k": k, "n": n, "utilization_pp": u, "paper_pp": p, "delta_pp": u - p}
-                         for (k, n), u, p in zip(SHAPES, self.utilization_pp, PAPER_PP)],
+                         for (k, n), u, p in zip(SHAPES, self.utilization_pp, PAPER_PP, strict=False)],
                 "fit_error_pp": self.fit_error_pp, "held_out_error_pp": self.held_out_error_pp,
                 "worst_error_pp": self.worst_error_pp, "rows_within_tolerance": self.rows_within}
 
@@ -171,7 +171,7 @@ def tile_grid(grid: dict[str, Sequence[int]] = TILE_GRID, base: GemmTiles = DEFA
     out = []
     names = sorted(grid)
     for values in itertools.product(*(grid[n] for n in names)):
-        t = replace(base, **dict(zip(names, values)))
+        t = replace(base, **dict(zip(names, values, strict=False)))
         try:
             for k, n in SHAPES:
                 gemm_bound(TABLE5_M, k, n, t, platform)
@@ -227,7 +227,7 @@ def a_resident_fit(platform: Platform, strategy: str = "oracle",
     for mg, kg, n2, pb in itertools.product(grid["mg"], grid["kg"], grid["n2"], grid["partial_bytes"]):
         t = AResidentTiles(mg, kg, n2, pb)
 
-        def pp(p: Platform, shapes) -> list[float]:
+        def pp(p: Platform, shapes, t: AResidentGemmTiles = t) -> list[float]:
             return [100 * a_resident_bound(TABLE5_M, k, n, t.mg, t.kg, t.n2, p, t.partial_bytes) for k, n in shapes]
 
         try:
@@ -237,7 +237,7 @@ def a_resident_fit(platform: Platform, strategy: str = "oracle",
 
         def errors(ov: float) -> list[float]:
             p = replace(platform, dma_row_overhead_cycles=ov)
-            return [u - PAPER_PP[SHAPES.index(s)] for u, s in zip(pp(p, rows), rows)]
+            return [u - PAPER_PP[SHAPES.index(s)] for u, s in zip(pp(p, rows), rows, strict=False)]
 
         ov = _minimax_overhead(errors, 0.0, OVERHEAD_MAX)
         f = Table5Fit(strategy, platform.ddr_bandwidth, t, ov, rows,
@@ -257,7 +257,8 @@ def emulate_a_resident(tiles: AResidentGemmTiles = A_RESIDENT_TABLE5_TILES, base
     utils = []
     for i, (k, n) in enumerate(SHAPES):
         if progress:
-            progress(f"emulating the A-resident GEMM {TABLE5_M}x{k}x{n} ({i + 1}/{len(SHAPES)}) at {bandwidth / 1e9:g} GB/s")
+            progress(f"emulating the A-resident GEMM {TABLE5_M}x{k}x{n} ({i + 1}/{len(SHAPES)}) at "
+                     f"{bandwidth / 1e9:g} GB/s")
         utils.append(100 * a_resident_timing(TABLE5_M, k, n, tiles=tiles, platform=p).utilization)
     return Table5Fit("raw-ddr", p.ddr_bandwidth, tiles, p.dma_row_overhead_cycles, (), tuple(utils), "emulated")
 
@@ -300,7 +301,8 @@ def format_study(rows: Sequence[StudyRow], emulated: Sequence[Table5Fit] = ()) -
         lines.append(f"{r.ddr_bandwidth / 1e9:8.1f}  {f.row_overhead_cycles:15.2f} {f.held_out_error_pp:8.2f} | "
                      f"{p.tiles.describe():34s} {p.row_overhead_cycles:5.2f} {p.held_out_error_pp:8.2f} | "
                      f"{o.tiles.describe():30s} {o.row_overhead_cycles:5.2f} {o.worst_error_pp:7.2f} | "
-                     f"{a.tiles.describe()[len('A-resident '):]:34s} {a.row_overhead_cycles:5.2f} {a.worst_error_pp:7.2f}")
+                     f"{a.tiles.describe()[len('A-resident '):]:34s} {a.row_overhead_cycles:5.2f} "
+                     f"{a.worst_error_pp:7.2f}")
     for e in emulated:
         lines.append(f"emulated {e.strategy} at {e.ddr_bandwidth / 1e9:g} GB/s ({e.tiles.describe()}, "
                      f"ov {e.row_overhead_cycles:.2f}): " + " ".join(f"{d:+.2f}" for d in e.errors_pp)
@@ -318,9 +320,11 @@ def plot_study(rows: Sequence[StudyRow], path: str, emulated: Sequence[Table5Fit
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5.2))
     gbs = [r.ddr_bandwidth / 1e9 for r in rows]
-    ax.plot(gbs, [r.fixed.worst_error_pp for r in rows], "o-", label="emulated GEMM: default tiles, overhead fit on 2 rows")
+    ax.plot(gbs, [r.fixed.worst_error_pp for r in rows], "o-", label="emulated GEMM: default tiles, overhead fit "
+                                                                     "on 2 rows")
     ax.plot(gbs, [r.protocol.worst_error_pp for r in rows], "s-", label="emulated GEMM: tiles + overhead fit on 2 rows")
-    ax.plot(gbs, [r.oracle.worst_error_pp for r in rows], "^-", label="emulated GEMM: tiles + overhead fit on all 5 rows")
+    ax.plot(gbs, [r.oracle.worst_error_pp for r in rows], "^-", label="emulated GEMM: tiles + overhead fit on all "
+                                                                      "5 rows")
     ax.plot(gbs, [r.a_resident.worst_error_pp for r in rows], "v:",
             label="Fig. 4 loop order (A_g in GSM), closed form, fit on all 5 rows")
     ax.axhline(TABLE5_TOLERANCE_PP, color="k", ls="--", lw=1, label=f"target {TABLE5_TOLERANCE_PP} pp")

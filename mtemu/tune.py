@@ -99,7 +99,8 @@ class _Bar:
         fill = int(width * self.done / max(self.total, 1))
         el = time.time() - self.t0
         eta = el / self.done * (self.total - self.done) if self.done else 0
-        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {el:5.0f}s eta {eta:4.0f}s {note:30.30s}",
+        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {el:5.0f}s eta {eta:4.0f}s "
+              f"{note:30.30s}",
               end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
 
 
@@ -147,7 +148,7 @@ def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Cand
     for _ in results:
         bar.step("cached")
     args = [(*shape, asdict(t), platform) for t, _ in todo]
-    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, emulate)):
+    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, emulate), strict=False):
         results[t] = Candidate(asdict(t), True, **res)
         if cache:
             atomic_write_json(path, res)
@@ -298,7 +299,8 @@ def format_tune(result: TuneResult, top: int = 5) -> str:
              + (f", {len(result.screened)} screened out by the closed-form bound" if result.screened else ""),
              f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
     for i, c in enumerate(result.candidates[:top]):
-        lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%" + ("  (cached)" if c.cached else ""))
+        lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%"
+                     + ("  (cached)" if c.cached else ""))
     gain = 100 * (result.best.utilization - d.utilization)
     lines.append(f"  best is {gain:+.2f} pp over the defaults (the defaults stay the paper-matching validation tiles)")
     if result.heatmap:

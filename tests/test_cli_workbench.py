@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtemu import cli_explain, cli_run
+from mtemu.cli import explain as cli_explain
+from mtemu.cli import run as cli_run
 from mtemu.errors import MtemuError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from mtemu import cli_probe, ddr_probe
+from mtemu import ddr_probe
+from mtemu.cli import probe as cli_probe
 from mtemu.ddr_probe import (
     PATTERNS,
     PATTERNS_BY_NAME,

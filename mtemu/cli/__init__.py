@@ -13,10 +13,11 @@ import sys
 from types import ModuleType
 
 from ..errors import MtemuError
-from . import attention_bwd, attention_fwd, gemm, platform, tune, validate
+from . import attention_bwd, attention_fwd, explain, gemm, platform, probe, run, tune, validate
 
 # Modules that register subcommands, in help order.
-COMMAND_MODULES: list[ModuleType] = [platform, gemm, tune, validate, attention_bwd, attention_fwd]
+COMMAND_MODULES: list[ModuleType] = [platform, gemm, tune, validate, attention_bwd, attention_fwd, run, explain,
+                                     probe]
 
 
 def build_parser() -> argparse.ArgumentParser:

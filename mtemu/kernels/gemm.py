@@ -62,7 +62,8 @@ class GemmTiles:
     pipelined: bool = True
 
     def describe(self) -> str:
-        return f"mg={self.mg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}" + ("" if self.pipelined else " (no pipeline)")
+        return (f"mg={self.mg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
+                + ("" if self.pipelined else " (no pipeline)"))
 
 
 DEFAULT_TILES = GemmTiles()
@@ -147,13 +148,15 @@ def plan_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platform
     am_used = 2 * b_slot + c_bytes + wb_bytes
     if am_used > platform.am_bytes:
         raise CapacityError(f"AM: two B tiles (k2={k2} x {n2p}) + FP32 C and FP16 write-back ({rows_max} x {n2p}) "
-                            f"need {am_used} bytes, {am_used - platform.am_bytes} more than the {platform.am_bytes}-byte AM")
+                            f"need {am_used} bytes, {am_used - platform.am_bytes} more than the "
+                            f"{platform.am_bytes}-byte AM")
     a_addr = 0
     b_addr = _round_up(m * k * 2, ALIGN)
     c_addr = _round_up(b_addr + k * n * 2, ALIGN)
     ddr = _round_up(c_addr + m * n * 2, ALIGN)
     if ddr > platform.ddr_bytes:
-        raise CapacityError(f"DDR: A, B and C need {ddr} bytes, {ddr - platform.ddr_bytes} more than the platform's {platform.ddr_bytes}")
+        raise CapacityError(f"DDR: A, B and C need {ddr} bytes, {ddr - platform.ddr_bytes} more than the "
+                            f"platform's {platform.ddr_bytes}")
     eff = replace(t, mg=mg, k2=k2, n2=n2, mr=mr, nv=nv)
     return GemmPlan(m, k, n, eff, rows_max, n2p, a_addr, b_addr, c_addr, ddr,
                     (0, sm_slot), (0, gsm_slot, 2 * gsm_slot), (0, b_slot), 2 * b_slot, 2 * b_slot + c_bytes,

@@ -24,14 +24,33 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import isa
 from ..assembler import Instr, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
-from .gemm import (ALIGN, R_AROW, R_AROW2, R_CROW, R_CROW2, R_GROW, R_GROW2, GemmProgram, GemmResult, GemmTiles,
-                   _call_tiles, _Descriptors, _dsp_tables, _emit_microkernels, _leader_only, _partition, _result,
-                   _round_up, _run, plan_gemm)
+from .gemm import (
+    ALIGN,
+    R_AROW,
+    R_AROW2,
+    R_CROW,
+    R_CROW2,
+    R_GROW,
+    R_GROW2,
+    GemmProgram,
+    GemmResult,
+    GemmTiles,
+    _call_tiles,
+    _Descriptors,
+    _dsp_tables,
+    _emit_microkernels,
+    _leader_only,
+    _partition,
+    _result,
+    _round_up,
+    _run,
+    plan_gemm,
+)
 from .schedule import Op, schedule
-from .. import isa
 
 CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN, CH_B2 = 0, 1, 2, 3, 4, 5
 

@@ -79,4 +79,5 @@ def check_registers(needed_s: int, needed_v: int, platform: Platform, what: str)
     if needed_v > platform.vector_registers:
         raise AssemblyError(f"{what}: needs {needed_v} vector registers, the platform has {platform.vector_registers}")
     if needed_s > platform.scalar_registers - 1:
-        raise AssemblyError(f"{what}: needs {needed_s} scalar registers, the platform has {platform.scalar_registers - 1} free")
+        raise AssemblyError(f"{what}: needs {needed_s} scalar registers, the platform has "
+                            f"{platform.scalar_registers - 1} free")

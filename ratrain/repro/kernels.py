@@ -11,7 +11,6 @@ from mtemu.calibrate import (
     format_study,
     plot_study,
 )
-from mtemu.kernels.attention import validate_attention
 from mtemu.tune import tune_gemm
 from mtemu.validate import (
     TABLE5,
@@ -21,6 +20,7 @@ from mtemu.validate import (
     format_variants,
     table5,
     table5_variants,
+    validate_attention,
 )
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import Check, Experiment

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .cli_run import add_program_args, add_trace_args, report_extras, trace_line, trace_options
-from .errors import MtemuError
-from .explain import explain_gemm, plot_roofline
-from .kernels.gemm import DEFAULT_TILES, GemmTiles
-from .platform import load_platform
-from .program_runner import run_program
-from .trace import write_chrome_trace
+from ..errors import MtemuError
+from ..explain import explain_gemm, plot_roofline
+from ..kernels.gemm import DEFAULT_TILES, GemmTiles
+from ..platform import load_platform
+from ..program_runner import run_program
+from ..trace import write_chrome_trace
+from .run import add_program_args, add_trace_args, report_extras, trace_line, trace_options
 
 _TILE_FIELDS = [f.name for f in fields(GemmTiles) if f.name != "pipelined"]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .ddr_probe import PAPER_EFFECTIVE_DDR, TRAINING_PATTERNS, format_probe, probe
-from .errors import MtemuError
-from .platform import load_platform
+from ..ddr_probe import PAPER_EFFECTIVE_DDR, TRAINING_PATTERNS, format_probe, probe
+from ..errors import MtemuError
+from ..platform import load_platform
 
 
 def run_probe_command(args: argparse.Namespace) -> tuple[dict, str]:

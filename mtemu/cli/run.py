@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import MtemuError
-from .explain import explain, plot_roofline
-from .machine import RunStats
-from .platform import load_platform
-from .program_runner import run_program
-from .trace import DEFAULT_MAX_EVENTS, TraceOptions, parse_window, write_chrome_trace
+from ..errors import MtemuError
+from ..explain import explain, plot_roofline
+from ..machine import RunStats
+from ..platform import load_platform
+from ..program_runner import run_program
+from ..trace import DEFAULT_MAX_EVENTS, TraceOptions, parse_window, write_chrome_trace
 
 
 def add_trace_args(p: argparse.ArgumentParser, explain_flag: bool = True) -> None:
