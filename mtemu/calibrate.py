@@ -227,7 +227,7 @@ def a_resident_fit(platform: Platform, strategy: str = "oracle",
     for mg, kg, n2, pb in itertools.product(grid["mg"], grid["kg"], grid["n2"], grid["partial_bytes"]):
         t = AResidentTiles(mg, kg, n2, pb)
 
-        def pp(p: Platform, shapes, t: AResidentGemmTiles = t) -> list[float]:
+        def pp(p: Platform, shapes, t: AResidentTiles = t) -> list[float]:
             return [100 * a_resident_bound(TABLE5_M, k, n, t.mg, t.kg, t.n2, p, t.partial_bytes) for k, n in shapes]
 
         try:
