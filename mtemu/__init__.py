@@ -24,12 +24,17 @@ _LAZY = {
     "run_attention_backward": "mtemu.kernels.attention",
     "attention_forward_timing": "mtemu.kernels.attention",
     "attention_backward_timing": "mtemu.kernels.attention",
+    "GEMM_VARIANTS": "mtemu.kernels.registry",
+    "gemm_variant": "mtemu.kernels.registry",
+    "choose_tiles": "mtemu.kernels.registry",
+    "effective_bandwidth": "mtemu.ddr_probe",
 }
 
 __all__ = ["AssemblyError", "CapacityError", "MachineError", "MtemuError", "PlatformError",
            "DEFAULT_TILES", "GemmResult", "GemmTiles", "gemm_timing", "reference_gemm", "run_gemm",
            "DEFAULT_PLATFORM", "Platform", "load_platform", "run_attention", "run_attention_backward",
-           "attention_forward_timing", "attention_backward_timing"]
+           "attention_forward_timing", "attention_backward_timing", "GEMM_VARIANTS", "gemm_variant", "choose_tiles",
+           "effective_bandwidth"]
 
 
 def __getattr__(name: str):

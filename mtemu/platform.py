@@ -49,12 +49,12 @@ class Platform:
     vector_lanes: int = 192                    # MACs per VMAC instruction (3 pipes x 64 FP16)
     scalar_registers: int = 64
     vector_registers: int = 64
-    ddr_bandwidth: float = 30e9                # B/s, effective per cluster (RATrain measurement)
+    ddr_bandwidth: float = 51e9                # B/s, the chip's raw DDR rate per cluster (204 GB/s over 4)
     gsm_bandwidth: float = 120e9               # B/s, GSM port shared by the cluster's DMA
     local_bandwidth: float = 60e9              # B/s, per-DSP SM<->AM DMA
     dma_channels: int = 8                      # channels per DSP visible to a program
     dma_latency_cycles: int = 600              # issue-to-first-byte latency of a DMA transfer (assumed)
-    dma_row_overhead_cycles: float = 2.1       # server cycles per row of a strided transfer (fit, CHOICES.md)
+    dma_row_overhead_cycles: float = 0.0       # server cycles per row of a strided transfer (none fitted)
     latencies: Latencies = field(default_factory=Latencies)
 
     # --- derived figures -------------------------------------------------------------------
@@ -80,6 +80,15 @@ class Platform:
         raw = json.dumps(asdict(self), sort_keys=True).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
+    def timing_digest(self) -> str:
+        """Hash of the fields a kernel's emulated cycles can depend on: all but the name and the
+        DDR capacity (which only bounds where operands may be placed). Keys latency profiles, so a
+        memory-budget study re-uses them."""
+        d = asdict(self)
+        d.pop("name")
+        d.pop("ddr_bytes")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
     # --- construction ----------------------------------------------------------------------
     def with_overrides(self, source: str = "overrides", **values: Any) -> "Platform":
         """Return a copy with fields replaced; ``latencies`` may be a dict of latency fields."""
@@ -96,12 +105,33 @@ class Platform:
             data = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise PlatformError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+        return cls.from_dict(data, str(p))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "platform") -> "Platform":
+        """The cluster part of a platform description: either flat cluster fields, or a combined
+        description whose ``[cluster]`` table holds them (its training-side tables are ignored)."""
         if not isinstance(data, dict):
-            raise PlatformError(f"{p}: top level must be a table of platform fields")
+            raise PlatformError(f"{source}: top level must be a table of platform fields")
+        data = dict(data)
+        if "cluster" in data:
+            foreign = sorted(set(data) - {"cluster", *COMBINED_SECTIONS})
+            if foreign:
+                raise PlatformError(f"{source}: unknown top-level field(s) {', '.join(foreign)} beside [cluster] "
+                                    f"(a combined platform file has: cluster, {', '.join(COMBINED_SECTIONS)})")
+            data = data["cluster"]
+            if not isinstance(data, dict):
+                raise PlatformError(f"{source}: [cluster] must be a table of cluster fields")
+            source = f"{source} [cluster]"
+            data = dict(data)
         data.pop("hash", None)
         data.pop("peak_mac_per_s", None)
-        return _apply(cls(), data, str(p))
+        return _apply(cls(), data, source)
 
+
+# Top-level entries of a combined platform file that belong to the training side (ratrain reads
+# them; the emulator only checks that nothing else sits beside [cluster]).
+COMBINED_SECTIONS = ("name", "training", "kernels", "derived")
 
 _INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector_lanes",
                "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles"}

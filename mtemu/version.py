@@ -1,7 +1,8 @@
 """Version of the emulated timing: keys every cache of emulated numbers.
 
 ``emulator_version()`` hashes the package version, ``TIMING_VERSION`` and the sources of the
-GEMM generator, the list scheduler and the platform defaults. Changes elsewhere in the machine
+kernel generators and the list scheduler (platform values are keyed separately, by
+``Platform.timing_digest``). Changes elsewhere in the machine
 (a new instruction, say) do not invalidate caches; a change that alters emulated timing must
 bump ``TIMING_VERSION``. That rule is enforced by tests/test_profile.py, which re-emulates GEMMs
 from the shipped latency cache and fails if any cycle count differs.
@@ -22,9 +23,8 @@ TIMING_VERSION = 1
 # Sources whose change can alter a kernel's emulated cycles, per kernel family (paths relative to
 # the package; the attention family is every module of its package).
 _SOURCES = {
-    "gemm": ("platform.py", "kernels/gemm.py", "kernels/schedule.py"),
-    "attention": ("platform.py",
-                  *sorted(p.relative_to(_ROOT).as_posix() for p in (_ROOT / "kernels/attention").glob("*.py")),
+    "gemm": ("kernels/gemm.py", "kernels/gemm_a_resident.py", "kernels/schedule.py"),
+    "attention": (*sorted(p.relative_to(_ROOT).as_posix() for p in (_ROOT / "kernels/attention").glob("*.py")),
                   "kernels/schedule.py", "kernels/capacity.py"),
 }
 

@@ -268,7 +268,7 @@ def test_partition_property_every_split_is_contiguous_and_complete():
 
 def test_platform_defaults_and_overrides():
     p = TrainingPlatform()
-    assert p.memory_budget_bytes == 20 * GIB and p.ddr_bandwidth == 30e9 and p.link_bandwidth == 3.7e9
+    assert p.memory_budget_bytes == 20 * GIB and p.ddr_bandwidth == 51e9 and p.link_bandwidth == 3.7e9
     assert p.peak_mac_per_s == 8.1e12 and 0 < p.link_latency_s < 1e-3
     q = p.with_overrides(memory_budget_bytes=16 * GIB)
     assert q.memory_budget_bytes == 16 * GIB and p.memory_budget_bytes == 20 * GIB
@@ -284,8 +284,11 @@ def test_platform_from_toml_and_json(tmp_path):
     p = TrainingPlatform.from_file(toml)
     assert (p.name, p.memory_budget_bytes, p.link_bandwidth) == ("half", 10 * GIB, 1e9)
     js = tmp_path / "p.json"
-    js.write_text(json.dumps({"peak_mac_per_s": 4e12}))
-    assert TrainingPlatform.from_file(js).peak_mac_per_s == 4e12
+    js.write_text(json.dumps({"clock_hz": 0.5 * 1.7578125e9}))
+    assert TrainingPlatform.from_file(js).peak_mac_per_s == pytest.approx(4.05e12)
+    js.write_text(json.dumps({"peak_mac_per_s": 4e12}))             # derived: only its true value is accepted
+    with pytest.raises(ConfigError, match=r"peak_mac_per_s=4000000000000.0 is derived"):
+        TrainingPlatform.from_file(js)
 
 
 @pytest.mark.parametrize("text, pattern", [

@@ -59,10 +59,10 @@ def test_only_feasible_configs_are_timed_and_profiled():
     real = pl.estimate
     seen = []
 
-    def checked(cfg, method="ratrain"):
+    def checked(cfg, method="ratrain", source=None):
         assert max_peak(stage_memory(pl.model, cfg)) <= BUDGET, cfg
         seen.append(cfg)
-        return real(cfg, method)
+        return real(cfg, method, source)
     pl.estimate = checked
     r = pl.plan(8, 64, top=50)
     assert 0 < r.timed < r.enumerated and r.timed + r.pruned_by_memory == r.enumerated

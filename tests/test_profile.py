@@ -3,10 +3,12 @@ import json
 import pytest
 
 import ratrain.cost.profile as profile
-from mtemu.kernels.gemm import gemm_timing
+from mtemu.kernels.registry import DEFAULT_GEMM, gemm_variant
 from ratrain.errors import ConfigError
 from ratrain.spec.models import ModelSpec, get_model, layer_operators
 
+DEFAULT_VARIANT = gemm_variant(DEFAULT_GEMM)
+gemm_timing = DEFAULT_VARIANT.timing          # the training platform's default GEMM
 TINY = ModelSpec(name="tiny-test", hidden=192, ffn=384, layers=2, heads=3, kv_heads=3, head_dim=64, vocab=384)
 
 
@@ -85,8 +87,9 @@ def test_gemm_cache_ignores_entries_of_another_emulator_version(cache):
 
 
 def test_extrapolated_gemm_matches_full_emulation(cache, monkeypatch):
-    # N = 5 panels of 768 + 128: emulate 1+r and 3+r panels, extrapolate to 5+r
-    m, k, n = 512, 256, 5 * 768 + 128
+    # N = 9 panels of n2 + 128: emulate 3+r and 5+r panels, extrapolate to 9+r
+    n2 = DEFAULT_VARIANT.default_tiles.n2
+    m, k, n = 512, 256, 9 * n2 + 128
     full = gemm_timing(m, k, n).cycles
     monkeypatch.setattr(profile, "EXTRAPOLATE_ABOVE_MACS", 1e6)
     c = profile.GemmCache()
@@ -109,7 +112,8 @@ def test_shipped_latencies_match_the_current_emulator():
         pytest.skip("no shipped latency cache")
     entries = json.loads(path.read_text())["entries"]
     version = profile.emulator_version("gemm")
-    current = {k: v for k, v in entries.items() if k.startswith(version) and v["method"] == "emulated"}
+    current = {k: v for k, v in entries.items() if k.startswith(version) and v["method"] == "emulated"
+               and f"|{DEFAULT_GEMM}|" in k and "|tuned|" not in k}
     assert current, (f"shipped latencies are stale: none carries emulator version {version}; "
                      "run scripts/ship_profiles.py")
     shapes = sorted(current, key=lambda k: current[k]["cycles"])

@@ -10,6 +10,7 @@ from ..kernels.attention import default_tiles
 from ..kernels.capacity import AttentionTiles
 from ..kernels.gemm import DEFAULT_TILES, GemmTiles
 from ..kernels.gemm_a_resident import AResidentGemmTiles
+from ..kernels.registry import DEFAULT_GEMM, GEMM_VARIANTS
 from ..platform import Platform, load_platform
 
 _PLATFORM_FLAGS = {f.name: f.type for f in fields(Platform) if f.name not in ("name", "latencies")}
@@ -49,9 +50,9 @@ def add_tile_args(p: argparse.ArgumentParser) -> None:
 
 def add_loop_order_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("loop order")
-    g.add_argument("--loop-order", choices=("c-stationary", "a-resident"), default="c-stationary",
-                   help="c-stationary (default): C in AM for all of K; a-resident: Fig. 4's A_g resident in GSM, "
-                        "C through DDR between k-blocks as FP16 partial sums")
+    g.add_argument("--loop-order", choices=tuple(GEMM_VARIANTS), default=DEFAULT_GEMM,
+                   help="; ".join(f"{v.name}{' (default)' if v.name == DEFAULT_GEMM else ''}: {v.description}"
+                                  for v in GEMM_VARIANTS.values()))
     g.add_argument("--kg", type=int, help="a-resident: columns of A per resident A_g block")
     g.add_argument("--b-slots", type=int, help="a-resident: B tiles in AM (2 or 3)")
 
@@ -66,13 +67,13 @@ def tiles_from_args(args: argparse.Namespace) -> GemmTiles:
 
 def any_tiles_from_args(args: argparse.Namespace) -> GemmTiles | AResidentGemmTiles:
     """GemmTiles, or AResidentGemmTiles with --loop-order a-resident (its own defaults)."""
-    if getattr(args, "loop_order", "c-stationary") != "a-resident":
+    if getattr(args, "loop_order", DEFAULT_GEMM) != "a-resident":
         for flag in ("kg", "b_slots"):
             if getattr(args, flag, None) is not None:
                 raise MtemuError(f"--{flag.replace('_', '-')} applies to --loop-order a-resident only")
         return tiles_from_args(args)
     if getattr(args, "no_pipeline", False):
-        raise MtemuError("--no-pipeline applies to the default loop order only")
+        raise MtemuError("--no-pipeline applies to --loop-order c-stationary only")
     kw = {f.name: getattr(args, f.name) for f in fields(AResidentGemmTiles)
           if f.name != "pipelined" and getattr(args, f.name, None) is not None}
     return AResidentGemmTiles(**kw)

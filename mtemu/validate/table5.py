@@ -5,7 +5,8 @@ import sys
 from dataclasses import dataclass
 
 from ..kernels.gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing
-from ..kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
+from ..kernels.gemm_a_resident import AResidentGemmTiles
+from ..kernels.registry import DEFAULT_GEMM, gemm_variant, variant_of
 from ..platform import DEFAULT, Platform
 
 # Paper Table 5 (M = 2048 tokens; shape column is the weight K x N). Targets only.
@@ -57,10 +58,13 @@ class Table5Row:
 FIT_ROWS = {(4096, 4096), (8192, 8192)}
 
 
-def table5(platform: Platform = DEFAULT, tiles: GemmTiles | AResidentGemmTiles = DEFAULT_TILES,
+def table5(platform: Platform = DEFAULT, tiles: GemmTiles | AResidentGemmTiles | None = None,
            progress: bool = False) -> list[Table5Row]:
-    """The five shapes on the default GEMM, or on Fig. 4's loop order if ``tiles`` are A-resident."""
-    run = a_resident_timing if isinstance(tiles, AResidentGemmTiles) else gemm_timing
+    """The five shapes on the default GEMM (Fig. 4's loop order with its default tiles), or on the
+    loop order whose tiles are given."""
+    variant = variant_of(tiles) if tiles is not None else gemm_variant(DEFAULT_GEMM)
+    tiles = tiles if tiles is not None else variant.default_tiles
+    run = variant.timing
     rows = []
     for i, (k, n, util, tmacs, lat) in enumerate(TABLE5):
         if progress:

@@ -16,6 +16,7 @@ from rtcommon.errors import UserError
 
 # Modules that register subcommands, in help order.
 COMMAND_MODULES: list[str] = [
+    "ratrain.cli.platform",
     "ratrain.cli.model",
     "ratrain.cli.profile",
     "ratrain.cli.reproduce",

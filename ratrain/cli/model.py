@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
@@ -19,7 +20,7 @@ from ratrain.spec.parallel import (
     PREFETCH_POLICIES,
     ParallelConfig,
 )
-from ratrain.spec.platform import GIB, TrainingPlatform
+from ratrain.spec.platform import GIB
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--activation", default="fsr", choices=ACTIVATION_POLICIES)
     p.add_argument("--prefetch", default="layerwise", choices=PREFETCH_POLICIES)
     p.add_argument("--partition", default="balanced", choices=PARTITIONS)
-    p.add_argument("--platform", metavar="FILE", help="platform file (.toml or .json)")
+    add_platform_args(p)
     p.set_defaults(handler=run_memory)
 
 
@@ -95,7 +96,7 @@ def run_memory(args) -> tuple[dict, str]:
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=args.activation,
                          prefetch=args.prefetch, partition=args.partition)
-    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    platform = platform_from_args(args)
     stages = stage_memory(spec, cfg, platform)
     peak = max_peak(stages)
     fits = peak <= platform.memory_budget_bytes

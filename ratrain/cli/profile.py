@@ -1,7 +1,8 @@
 """`ratrain profile`: build (or load) the emulated latency profile of a model's layers."""
 from __future__ import annotations
 
-from ratrain.cost.profile import layer_profile
+from ratrain.cli.args import add_platform_args, platform_from_args
+from ratrain.cost.profile import PROFILE_SOURCES, layer_profile
 from ratrain.spec.models import from_hf_config, get_model, list_models
 
 
@@ -13,10 +14,13 @@ def _model(args):
 
 def _profile(args):
     spec = _model(args)
-    prof = layer_profile(spec, args.micro_batch, args.seq, args.tp, source=args.source, progress=not args.json)
+    platform = platform_from_args(args)
+    prof = layer_profile(spec, args.micro_batch, args.seq, args.tp, source=args.source, platform=platform,
+                         progress=not args.json)
     payload = prof.to_json()
     lines = [f"{spec.name}: b={args.micro_batch} seq={args.seq} tp={args.tp} ({prof.source}, emulator "
-             f"{prof.emulator_version})",
+             f"{prof.emulator_version}; {platform.gemm_loop_order} GEMM, {platform.tiles} tiles)",
+             "  measured DDR rates (GB/s): " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in prof.ddr_rates.items()),
              f"  layer forward  {1e3 * prof.forward_s:9.3f} ms   backward {1e3 * prof.backward_s:9.3f} ms",
              f"  first-stage extra fwd {1e3 * prof.first_forward_s:8.3f} ms   bwd "
              f"{1e3 * prof.first_backward_s:8.3f} ms",
@@ -35,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--source", choices=("emulated", "roofline"), default="emulated")
+    p.add_argument("--source", choices=PROFILE_SOURCES, default="emulated",
+                   help="emulated kernels; bound: the planner's fast model; roofline: a fixed utilization")
+    add_platform_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_profile)

@@ -1,14 +1,14 @@
 """`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
 from __future__ import annotations
 
+from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.repro.experiment import Settings, format_checks
 from ratrain.repro.report import EXPERIMENT_NAMES, reproduce
-from ratrain.spec.platform import TrainingPlatform
 
 
 def _reproduce(args):
     which = [args.experiment] if args.experiment else None
-    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    platform = platform_from_args(args)
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform)
     exps = reproduce(which, args.out, progress=not args.json, settings=settings)
     if args.experiment:
@@ -33,9 +33,7 @@ def register(sub) -> None:
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",
                    help="where FSR recovery runs (default: compute, the honest model; 'ddr' shows the platform "
                         "the paper's FSR gain needs)")
-    p.add_argument("--platform", metavar="FILE",
-                   help="training platform file (.toml or .json: memory budget, DDR and link bandwidth, link "
-                        "latency); default: the MT-3000 cluster")
+    add_platform_args(p)
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
@@ -46,6 +47,7 @@ def register(subparsers) -> None:
     g.add_argument("--seq", type=int, default=2048)
     g.add_argument("--prefetch", choices=("layerwise", "bulk"), default="layerwise")
     g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated")
+    add_platform_args(p)
     p.add_argument("--stages", type=int, help="pipeline stages P")
     p.add_argument("--microbatches", type=int, help="micro-batches per step A")
     for dest, flag, _ in _TIMES:
@@ -102,7 +104,8 @@ def _model_step(args: argparse.Namespace):
     mech = mechanisms_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
-    check = simulate_config(model, cfg, profile_source=args.profile, recovery_resource=args.recovery_resource,
+    check = simulate_config(model, cfg, platform=platform_from_args(args), profile_source=args.profile,
+                            recovery_resource=args.recovery_resource,
                             mechanisms=mech, schedule=args.schedule)
     return model, cfg, check
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import plan, simulate_config
 from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
@@ -45,6 +46,7 @@ def register(subparsers) -> None:
     g.add_argument("--zero", type=int, default=2, help="ZeRO stage")
     g.add_argument("--micro-batch", type=int, default=1)
     g.add_argument("--accum", type=int, default=8, help="micro-batches per step A")
+    add_platform_args(p)
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run_time_to_train)
 
@@ -52,6 +54,7 @@ def register(subparsers) -> None:
 def step_from_model(args: argparse.Namespace) -> tuple[float, ParallelConfig]:
     """--model mode: the simulated step (s) of the given configuration, or of the planner's pick."""
     model = get_model(args.model)
+    platform = platform_from_args(args)
     seq = args.seq or 2048
     if args.pp is not None:
         cfg = ParallelConfig(pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
@@ -62,11 +65,11 @@ def step_from_model(args: argparse.Namespace) -> tuple[float, ParallelConfig]:
     else:
         if args.global_batch is None:
             raise ConfigError("--model without --pp: give --global-batch so the planner can pick a configuration")
-        best = plan(model, args.clusters, args.global_batch, seq).best
+        best = plan(model, args.clusters, args.global_batch, seq, platform=platform).best
         if best is None:
             raise ConfigError(f"{model.name}: no configuration on {args.clusters} clusters fits the memory budget")
         cfg = best.config
-    return simulate_config(model, cfg).simulated_ms / 1e3, cfg
+    return simulate_config(model, cfg, platform=platform).simulated_ms / 1e3, cfg
 
 
 def _tokens_per_step(args: argparse.Namespace) -> float | None:

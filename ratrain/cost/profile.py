@@ -11,10 +11,22 @@ A layer's operators come from :func:`ratrain.spec.models.layer_operators`. Their
   bytes: the incoming gradient and the saved input are read, the outgoing gradient written).
 - TP all-reduces are not compute; the cost model adds them on the link.
 
-GEMM latencies are cached on disk keyed by shape, tiles, platform hash and the emulator version
-(a hash of the emulator's sources), so a stale or corrupt cache entry is never trusted. Very
-large GEMMs are emulated on two reduced problems and extrapolated along the panel (N) or
-m-block (M) loop, whose steady-state iterations are identical (see docs/CHOICES.md).
+Everything follows the training platform (``ratrain.spec.platform.TrainingPlatform``): kernels
+run on its cluster, the GEMM is its ``gemm_loop_order`` with the variant's default tiles or, with
+``tiles = "tuned"``, the best tiles per shape (``mtemu.kernels.registry.choose_tiles``), and the
+bytes-bound terms use the DDR rate the emulator measures for their access pattern
+(``mtemu.ddr_probe.effective_bandwidth``), stored in the profile as ``ddr_rates``.
+
+Sources: ``emulated`` (every kernel emulated); ``bound``, the planner's fast model: the emulated
+micro-batch-1 profile (shipped or cached) sets a fitted efficiency, total emulated GEMM time over
+total closed-form bound time of its GEMMs, and every GEMM of a larger micro-batch is its bound
+divided by that efficiency, its attention the b=1 kernels times the micro-batch (no emulation
+beyond the b=1 profile); and ``roofline`` (a fixed utilization; quick looks only).
+
+GEMM latencies are cached on disk keyed by shape, loop order, tiles, the platform's timing digest
+and the emulator version (a hash of the kernels' sources), so a stale or corrupt cache entry is
+never trusted. Very large GEMMs are emulated on two reduced problems and extrapolated along the
+panel (N) or m-block (M) loop, whose steady-state iterations are identical (docs/CHOICES.md).
 """
 from __future__ import annotations
 
@@ -27,8 +39,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
-from mtemu.platform import DEFAULT as MT_DEFAULT
-from mtemu.platform import Platform
 from mtemu.version import emulator_version as _kernel_version
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
@@ -37,12 +47,16 @@ from ratrain.spec.models import (
     embedding_and_head_operators,
     layer_operators,
 )
+from ratrain.spec.platform import TrainingPlatform
 from rtcommon.fileio import atomic_write_json
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
+PROFILE_SOURCES = ("emulated", "bound", "roofline")
+# Training terms whose bytes set the time of an operator kind (mtemu.ddr_probe.TRAINING_PATTERNS)
+DDR_TERMS = ("elementwise", "embedding", "loss", "optimizer_update", "prefetch_write", "parameter_copy")
 
 def emulator_version(kernel: str = "all") -> str:
     """Version of the emulated timing behind the latencies (see mtemu.version)."""
@@ -59,14 +73,17 @@ def cache_dir() -> Path:
 class GemmCache:
     """Measured GEMM latencies; entries carry their own key so nothing stale is used."""
 
-    def __init__(self, platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
-                 path: Path | None = None, progress: bool = False):
-        self.platform = platform
-        self.tiles = tiles if tiles is not None else mtemu.DEFAULT_TILES
-        tiles = self.tiles
+    def __init__(self, platform: TrainingPlatform | None = None, path: Path | None = None, progress: bool = False):
+        self.training = platform or TrainingPlatform()
+        self.platform = self.training.cluster
+        self.variant = mtemu.gemm_variant(self.training.gemm_loop_order)
+        self.tuned = self.training.tiles == "tuned"
+        self.tiles = self.variant.default_tiles
         self.version = emulator_version("gemm")
-        self.prefix = f"{self.version}|{platform.digest()}|{_tiles_key(tiles)}"
-        self.attn_prefix = f"{emulator_version('attention')}|{platform.digest()}|attention"
+        digest = self.platform.timing_digest()
+        tiles_key = "tuned" if self.tuned else _tiles_key(self.tiles)
+        self.prefix = f"{self.version}|{digest}|{self.variant.name}|{tiles_key}"
+        self.attn_prefix = f"{emulator_version('attention')}|{digest}|attention"
         self.path = path or cache_dir() / "gemm_cache.json"
         self.progress = progress
         self.entries: dict[str, dict] = {}
@@ -86,10 +103,15 @@ class GemmCache:
         if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"),
                                                                                                 dict):
             return {}
-        out = {}
+        out, bad = {}, 0
         for key, val in data["entries"].items():
-            if isinstance(val, dict) and isinstance(val.get("seconds"), (int, float)) and val["seconds"] > 0:
+            if _sane_entry(val):
                 out[key] = val
+            else:
+                bad += 1
+        if bad:
+            print(f"[profile] {path}: dropped {bad} impossible cache entr{'y' if bad == 1 else 'ies'} "
+                  "(they are re-emulated when needed)", file=sys.stderr)
         return out
 
     def key(self, m: int, k: int, n: int) -> str:
@@ -107,13 +129,30 @@ class GemmCache:
             entry = self._extrapolate(m, k, n)
         else:
             if self.progress:
-                print(f"[profile] emulating GEMM {m}x{k}x{n} ...", file=sys.stderr, flush=True)
-            r = mtemu.gemm_timing(m, k, n, tiles=self.tiles, platform=self.platform)
+                print(f"[profile] emulating GEMM {m}x{k}x{n} ({self.variant.name}"
+                      f"{', tuned tiles' if self.tuned else ''}) ...", file=sys.stderr, flush=True)
+            tiles = self.tiles_for(m, k, n)
+            r = self.variant.timing(m, k, n, tiles=tiles, platform=self.platform)
             entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
                      "utilization": r.utilization, "method": "emulated"}
+            if self.tuned:
+                entry["tiles"] = asdict(tiles)
             self.emulated += 1
         self.entries[key] = entry
         return entry
+
+    def tiles_for(self, m: int, k: int, n: int):
+        """The variant's default tiles, or with tuned tiles the best for this shape on this platform."""
+        if not self.tuned:
+            return self.tiles
+        return mtemu.choose_tiles(self.variant.name, m, k, n, self.platform)
+
+    def bound_seconds(self, m: int, k: int, n: int) -> float:
+        """The GEMM at its loop order's closed-form utilization bound (no emulation)."""
+        tiles = (mtemu.choose_tiles(self.variant.name, m, k, n, self.platform, emulate_top=0) if self.tuned
+                 else self.tiles)
+        util = self.variant.bound(m, k, n, tiles, self.platform)
+        return m * k * n / (self.platform.peak_mac_per_s * util)
 
     def attention(self, direction: str, heads: int, kv_heads: int, seq: int, head_dim: int) -> dict:
         """Emulated causal attention forward ('fwd') or Algorithm-1 backward ('bwd') latency."""
@@ -133,13 +172,15 @@ class GemmCache:
         return entry
 
     def _extrapolate(self, m: int, k: int, n: int) -> dict:
-        """Linear in the number of identical loop iterations (panels of n2, m-blocks of mg)."""
-        t = self.tiles
+        """Linear in the number of identical loop iterations (panels of n2, m-blocks of mg). The
+        first iterations still fill the pipeline (the A-resident kernel's first two panels differ),
+        so the two reduced problems start after them: 3 and 5 iterations past the remainder."""
+        t = self.tiles_for(m, k, n)
         n2 = min(t.n2, n)
         qn, rn = divmod(n, n2)
-        if qn >= 4:
+        if qn >= 8:
             base = rn if rn else n2
-            qa = 1 if rn else 0
+            qa = 3 if rn else 2
             na, nb = base + qa * n2, base + (qa + 2) * n2
             ca, cb = self.lookup(m, k, na)["cycles"], self.lookup(m, k, nb)["cycles"]
             reps = (n - na) / n2
@@ -147,13 +188,13 @@ class GemmCache:
         else:
             mg = min(t.mg, m)
             qm, rm = divmod(m, mg)
-            if qm < 4:
-                r = mtemu.gemm_timing(m, k, n, tiles=t, platform=self.platform)
+            if qm < 8:
+                r = self.variant.timing(m, k, n, tiles=t, platform=self.platform)
                 self.emulated += 1
                 return {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
                         "utilization": r.utilization, "method": "emulated"}
             base = rm if rm else mg
-            qa = 1 if rm else 0
+            qa = 3 if rm else 2
             ma, mb = base + qa * mg, base + (qa + 2) * mg
             ca, cb = self.lookup(ma, k, n)["cycles"], self.lookup(mb, k, n)["cycles"]
             cycles = ca + (m - ma) / mg * (cb - ca) / 2
@@ -171,7 +212,16 @@ class GemmCache:
         atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
 
 
-def _tiles_key(t: mtemu.GemmTiles) -> str:
+def _sane_entry(val: object) -> bool:
+    """A cached kernel latency that could be true: positive finite seconds, utilization in (0, 1]."""
+    if not isinstance(val, dict):
+        return False
+    sec, util = val.get("seconds"), val.get("utilization")
+    return (isinstance(sec, (int, float)) and not isinstance(sec, bool) and math.isfinite(sec) and 0 < sec < 1e6
+            and isinstance(util, (int, float)) and math.isfinite(util) and 0 < util <= 1)
+
+
+def _tiles_key(t) -> str:
     return ",".join(f"{k}={v}" for k, v in asdict(t).items())
 
 
@@ -197,12 +247,13 @@ class LayerProfile:
     micro_batch: int
     seq: int
     tp: int
-    source: str                     # "emulated" or "roofline"
+    source: str                     # "emulated", "bound" or "roofline"
     ops: list[OpProfile]
     first_ops: list[OpProfile]
     last_ops: list[OpProfile]
-    platform_hash: str
+    platform_key: str               # platform_key(platform): cluster timing digest, loop order, tiles
     emulator_version: str
+    ddr_rates: dict[str, float] = field(default_factory=dict)   # bytes/s per training term (DDR_TERMS)
 
     @property
     def forward_s(self) -> float:
@@ -228,10 +279,18 @@ class LayerProfile:
     def last_backward_s(self) -> float:
         return sum(o.backward_s for o in self.last_ops)
 
+    def ddr_rate(self, term: str) -> float:
+        """Bytes/s of a bandwidth-bound training term on the profile's platform."""
+        rate = self.ddr_rates.get(term)
+        if rate is None:
+            raise ConfigError(f"profile of {self.model} has no DDR rate for {term!r} "
+                              f"(has: {', '.join(self.ddr_rates)})")
+        return rate
+
     def to_json(self) -> dict:
         return {"format": PROFILE_FORMAT, "model": self.model, "micro_batch": self.micro_batch, "seq": self.seq,
-                "tp": self.tp, "source": self.source, "platform_hash": self.platform_hash,
-                "emulator_version": self.emulator_version,
+                "tp": self.tp, "source": self.source, "platform_key": self.platform_key,
+                "emulator_version": self.emulator_version, "ddr_rates": self.ddr_rates,
                 "forward_s": self.forward_s, "backward_s": self.backward_s,
                 "first_forward_s": self.first_forward_s, "first_backward_s": self.first_backward_s,
                 "last_forward_s": self.last_forward_s, "last_backward_s": self.last_backward_s,
@@ -239,31 +298,73 @@ class LayerProfile:
                 "last_ops": [o.to_json() for o in self.last_ops]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "LayerProfile":
+    def from_json(cls, d: dict) -> LayerProfile:
         def ops(key):
             return [OpProfile(**o) for o in d[key]]
+        rates = {str(k): float(v) for k, v in d["ddr_rates"].items()}
         return cls(d["model"], d["micro_batch"], d["seq"], d["tp"], d["source"], ops("ops"), ops("first_ops"),
-                   ops("last_ops"), d["platform_hash"], d["emulator_version"])
+                   ops("last_ops"), d["platform_key"], d["emulator_version"], rates)
+
+
+def platform_key(platform: TrainingPlatform) -> str:
+    """What a profile's numbers depend on besides the model: the cluster's timing digest, the GEMM
+    loop order and the tiles (the memory budget and the link are not in it)."""
+    c = platform.cluster
+    tiles = "tuned" if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
+                                                                 .default_tiles)
+    return hashlib.sha256(f"{c.timing_digest()}|{platform.gemm_loop_order}|{tiles}".encode()).hexdigest()[:16]
+
+
+def ddr_rates(platform: TrainingPlatform, source: str) -> dict[str, float]:
+    """Effective DDR rates of the bandwidth-bound terms: emulated (``mtemu.ddr_probe``), or the
+    nominal rate for the roofline stand-in (which emulates nothing)."""
+    if source == "roofline":
+        return {term: platform.cluster.ddr_bandwidth for term in DDR_TERMS}
+    return {term: mtemu.effective_bandwidth(platform.cluster, term) for term in DDR_TERMS}
 
 
 class _Timer:
-    """Operator latencies from emulated GEMMs (``emulated``) or an analytic stand-in (``roofline``)."""
+    """Operator latencies: emulated kernels, the closed-form bound, or a roofline stand-in."""
 
     ROOFLINE_UTILIZATION = 0.66
 
-    def __init__(self, source: str, platform: Platform, cache: GemmCache | None):
+    def __init__(self, source: str, platform: TrainingPlatform, cache: GemmCache | None, rates: dict[str, float],
+                 reference: LayerProfile | None = None):
         self.source = source
-        self.platform = platform
+        self.platform = platform.cluster
         self.cache = cache
+        self.rates = rates
+        # the bound model: the b=1 emulated profile's attention per sequence, and the fitted efficiency
+        self.attention_b1 = {}
+        self.gemm_scale = 1.0
+        if reference is not None:
+            for o in reference.ops + reference.first_ops + reference.last_ops:
+                if o.kind == "attention":
+                    self.attention_b1[o.name] = (o.forward_s, o.backward_s)
+            shapes = [g for o in reference.ops + reference.first_ops + reference.last_ops if o.kind == "gemm"
+                      for g in o.gemms]
+            emulated = sum(g[3] for g in shapes)
+            bound = sum(cache.bound_seconds(*g[:3]) for g in shapes)
+            self.gemm_scale = emulated / bound if bound > 0 else 1.0
 
     def gemm(self, m: int, k: int, n: int) -> tuple[float, str]:
         if self.source == "roofline":
             return m * k * n / (self.platform.peak_mac_per_s * self.ROOFLINE_UTILIZATION), "roofline"
+        if self.source == "bound":
+            return self.cache.bound_seconds(m, k, n) * self.gemm_scale, "bound"
         e = self.cache.lookup(m, k, n)
         return e["seconds"], e["method"]
 
-    def bytes(self, nbytes: float) -> float:
-        return nbytes / self.platform.ddr_bandwidth
+    def bytes(self, nbytes: float, term: str = "elementwise") -> float:
+        return nbytes / self.rates[term]
+
+    def _attention(self, direction: str, op: Operator) -> float:
+        if self.source == "bound":
+            # attention work is per (sequence, head): the b=1 kernel's time times the micro-batch
+            fwd, bwd = self.attention_b1[op.name]
+            return op.batch * (fwd if direction == "fwd" else bwd)
+        return self.cache.attention(direction, op.batch * op.heads, op.batch * op.kv_heads, op.seq,
+                                    op.head_dim)["seconds"]
 
     def op(self, op: Operator) -> OpProfile:
         if op.kind == "gemm":
@@ -278,99 +379,123 @@ class _Timer:
                 macs = op.macs if not op.causal else op.macs / 2
                 t = macs / (self.platform.peak_mac_per_s * self.ROOFLINE_UTILIZATION)
                 return OpProfile(op.name, op.kind, t, 2.5 * t)
-            fwd = self.cache.attention("fwd", heads, kv_heads, op.seq, op.head_dim)
-            bwd = self.cache.attention("bwd", heads, kv_heads, op.seq, op.head_dim)
-            return OpProfile(op.name, op.kind, fwd["seconds"], bwd["seconds"],
-                             gemms=[["attention-fwd", heads, kv_heads, op.seq, op.head_dim, fwd["seconds"]],
-                                    ["attention-bwd", heads, kv_heads, op.seq, op.head_dim, bwd["seconds"]]])
+            fwd, bwd = self._attention("fwd", op), self._attention("bwd", op)
+            return OpProfile(op.name, op.kind, fwd, bwd,
+                             gemms=[["attention-fwd", heads, kv_heads, op.seq, op.head_dim, fwd],
+                                    ["attention-bwd", heads, kv_heads, op.seq, op.head_dim, bwd]])
         if op.kind == "allreduce":
             return OpProfile(op.name, op.kind, 0.0, 0.0, op.bytes_moved)
-        return OpProfile(op.name, op.kind, self.bytes(op.bytes_moved), self.bytes(2 * op.bytes_moved), op.bytes_moved)
+        term = op.kind if op.kind in ("embedding", "loss") else "elementwise"
+        return OpProfile(op.name, op.kind, self.bytes(op.bytes_moved, term), self.bytes(2 * op.bytes_moved, term),
+                         op.bytes_moved)
 
 
 def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
-                  platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
-                  cache: GemmCache | None = None, progress: bool = False) -> LayerProfile:
-    if source not in ("emulated", "roofline"):
-        raise ConfigError(f"profile source must be 'emulated' or 'roofline', got {source!r}")
-    if source == "emulated" and cache is None:
-        cache = GemmCache(platform, tiles, progress=progress)
-    timer = _Timer(source, platform, cache)
+                  platform: TrainingPlatform | None = None, cache: GemmCache | None = None,
+                  progress: bool = False) -> LayerProfile:
+    if source not in PROFILE_SOURCES:
+        raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
+    platform = platform or TrainingPlatform()
+    if source != "roofline" and cache is None:
+        cache = GemmCache(platform, progress=progress)
+    reference = None
+    if source == "bound":
+        reference = layer_profile(spec, 1, seq, tp, source="emulated", platform=platform, progress=progress)
+        if micro_batch == 1:
+            return reference
+    timer = _Timer(source, platform, cache, ddr_rates(platform, source), reference)
     ops = [timer.op(o) for o in layer_operators(spec, micro_batch, seq, tp)]
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
     first = [timer.op(o) for o in extra["first"]]
     last = [timer.op(o) for o in extra["last"]]
     if cache is not None:
         cache.save()
-    return LayerProfile(spec.name, micro_batch, seq, tp, source, ops, first, last, platform.digest(),
-                        emulator_version("all") if source == "emulated" else "roofline")
+    version = emulator_version("all") if source != "roofline" else "roofline"
+    return LayerProfile(spec.name, micro_batch, seq, tp, source, ops, first, last, platform_key(platform), version,
+                        timer.rates)
 
 
-def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int) -> str:
+def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int, key: str) -> str:
     shape = hashlib.sha256(json.dumps(spec.to_json(), sort_keys=True).encode()).hexdigest()[:8]
-    return f"{spec.name}-b{micro_batch}-s{seq}-tp{tp}-{shape}.json"
+    # the name only labels the file; the hashes decide it (an HF config's name is not trusted)
+    label = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in spec.name)[:40].lstrip(".") or "model"
+    return f"{label}-b{micro_batch}-s{seq}-tp{tp}-{shape}-{key[:8]}.json"
 
 
 _MEMO: dict[tuple, LayerProfile] = {}
 
-def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
-                  platform: Platform = MT_DEFAULT, tiles: mtemu.GemmTiles | None = None,
-                  progress: bool | None = None) -> LayerProfile:
-    """The profile for (model, b, seq, tp): memory, then shipped/cached file if current, else built.
 
-    Building one emulates many kernels and takes minutes; ``progress`` (default: when stderr is a
-    terminal) reports it on stderr, so ``--json`` output on stdout stays clean."""
+def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
+                  platform: TrainingPlatform | None = None, progress: bool | None = None) -> LayerProfile:
+    """The profile for (model, b, seq, tp) on ``platform``: memory, then the shipped or cached file
+    if current, else built (the ``bound`` and ``roofline`` sources are built every time: they are
+    fast; ``bound`` still emulates the b=1 attention kernels once, through the cache).
+
+    Building an emulated profile takes minutes; ``progress`` (default: when stderr is a terminal)
+    reports it on stderr, so ``--json`` output on stdout stays clean."""
     if progress is None:
         progress = sys.stderr.isatty()
-    tiles = tiles if tiles is not None else mtemu.DEFAULT_TILES
-    memo_key = (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, platform.digest(),
-                _tiles_key(tiles))
+    if source not in PROFILE_SOURCES:
+        raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
+    platform = platform or TrainingPlatform()
+    key = platform_key(platform)
+    memo_key = (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, key)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
-    if source == "roofline":
-        prof = build_profile(spec, micro_batch, seq, tp, source="roofline", platform=platform, tiles=tiles)
+    if source != "emulated":
+        prof = build_profile(spec, micro_batch, seq, tp, source=source, platform=platform, progress=progress)
         _MEMO[memo_key] = prof
         return prof
-    name = _profile_name(spec, micro_batch, seq, tp)
+    name = _profile_name(spec, micro_batch, seq, tp, key)
     version = emulator_version("all")
     for path in (SHIPPED_DIR / name, cache_dir() / "profiles" / name):
-        prof = _load_if_current(path, version, platform, tiles, progress)
+        prof = _load_if_current(path, version, key)
         if prof is not None:
             _MEMO[memo_key] = prof
             return prof
     if progress:
         print(f"[profile] building the emulated latency profile of {spec.name} (b={micro_batch}, seq={seq}, "
-              f"tp={tp}); this emulates its GEMMs once and caches them in {cache_dir()}", file=sys.stderr, flush=True)
-    prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, tiles=tiles,
-                         progress=progress)
-    payload = prof.to_json()
-    payload["tiles"] = _tiles_key(tiles)
-    atomic_write_json(cache_dir() / "profiles" / name, payload)
+              f"tp={tp}, {platform.gemm_loop_order} GEMM); this emulates its kernels once and caches them in "
+              f"{cache_dir()}", file=sys.stderr, flush=True)
+    prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, progress=progress)
+    try:
+        atomic_write_json(cache_dir() / "profiles" / name, prof.to_json())
+    except OSError as exc:             # an unwritable cache costs a rebuild next time, nothing else
+        print(f"[profile] cannot write {cache_dir() / 'profiles' / name} ({exc.strerror}); not cached",
+              file=sys.stderr)
     _MEMO[memo_key] = prof
     return prof
 
 
-def _load_if_current(path: Path, version: str, platform: Platform, tiles: mtemu.GemmTiles,
-                     progress: bool) -> LayerProfile | None:
+def _warn(path: Path, why: str) -> None:
+    print(f"[profile] {path} {why}: rebuilding", file=sys.stderr)
+
+
+def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:
+    """A shipped or cached profile, if it is current and sane; anything else is rebuilt with a
+    one-line warning (a stale file silently: a new emulator version or platform is expected)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError):
-        if progress:
-            print(f"[profile] {path} is corrupt: rebuilding", file=sys.stderr)
+    except (OSError, UnicodeDecodeError, ValueError):
+        _warn(path, "is corrupt")
+        return None
+    if not isinstance(data, dict):
+        _warn(path, "is malformed")
+        return None
+    if (data.get("format") != PROFILE_FORMAT or data.get("emulator_version") != version
+            or data.get("platform_key") != key):
         return None
     try:
-        if (data.get("format") != PROFILE_FORMAT or data.get("emulator_version") != version
-                or data.get("platform_hash") != platform.digest() or data.get("tiles") != _tiles_key(tiles)):
-            if progress:
-                print(f"[profile] {path.name} is stale (emulator or platform changed): rebuilding", file=sys.stderr)
-            return None
         prof = LayerProfile.from_json(data)
-    except (KeyError, TypeError, ValueError):
-        if progress:
-            print(f"[profile] {path} is malformed: rebuilding", file=sys.stderr)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        _warn(path, "is malformed")
         return None
-    if not all(math.isfinite(o.forward_s) and o.forward_s >= 0 for o in prof.ops):
+    times = [t for o in prof.ops + prof.first_ops + prof.last_ops for t in (o.forward_s, o.backward_s)]
+    rates = list(prof.ddr_rates.values())
+    if (not all(isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t < 1e6 for t in times)
+            or set(prof.ddr_rates) != set(DDR_TERMS) or not all(math.isfinite(r) and r > 0 for r in rates)):
+        _warn(path, "holds impossible values")
         return None
     return prof

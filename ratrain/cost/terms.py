@@ -31,10 +31,12 @@ and planner"):
   updated weights is PrefetchW's.
 * UpdateShard per layer per step: Adam over the local shard (1/D of the layer for Z >= 1),
   DDR-bound: FP32 master, m, v read and written (24 B), FP16 gradient read (2 B), FP16 weight
-  written (2 B) per parameter, over ddr_bw. Resource ``ddr``.
+  written (2 B) per parameter, at the DDR rate the emulator measures for Adam's streams
+  (``profile.ddr_rate("optimizer_update")``, mtemu.ddr_probe). Resource ``ddr``.
 * PrefetchW per layer per step: for Z = 1, 2 (and Z = 3 with bulk prefetch), D > 1, the ring
   all-gather of the updated FP16 shards over D on the link, (D-1)/D * bytes / link_bw +
-  (D-1) * latency; the arriving chunks are written to DDR as they come (bytes / ddr_bw,
+  (D-1) * latency; the arriving chunks are written to DDR as they come (bytes at the measured
+  ``prefetch_write`` rate,
   streamed), so the task lasts max(all-gather, DDR write). Zero otherwise (Z = 0 and D = 1
   update the FP16 weights in place; Z = 3 layer-wise gathers at use). Resource ``link``
   (``PipelineCosts.prefetch_resource``), so it competes with GradSync and transfers there.
@@ -49,7 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ratrain.cost.profile import layer_profile
+from ratrain.cost.profile import PROFILE_SOURCES, LayerProfile, layer_profile
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
 from ratrain.spec.memory import layer_checkpoint_bytes, layer_full_bytes
@@ -66,7 +68,6 @@ from ratrain.spec.platform import TrainingPlatform
 # Adam bytes moved per parameter of the local shard: FP32 master + m + v read and written
 # (3 * 4 * 2), FP16 gradient read (2), FP16 weight written (2).
 ADAM_BYTES_PER_PARAM = 3 * 4 * 2 + FP16 + FP16
-PROFILE_SOURCES = ("emulated", "roofline")
 # PrefetchW is the all-gather of the updated shards (zero-length where there is none): link work
 PREFETCH_RESOURCE = "link"
 
@@ -155,6 +156,7 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
     last_f_comm = 2 * allreduce_ms(m * 4, T, platform)
     last_b_comm = ar
 
+    update_rate, prefetch_rate = profile.ddr_rate("optimizer_update"), profile.ddr_rate("prefetch_write")
     per_use_gather = Z == 3 and D > 1 and cfg.prefetch == "layerwise"
     prefetch_gather = D > 1 and (Z in (1, 2) or (Z == 3 and cfg.prefetch == "bulk"))
 
@@ -185,9 +187,9 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
             # sees GradSync, so GradSync holds the link for that time too (conservative).
             sync += 2 * ar + (gather if per_use_gather else 0.0)
         shard = math.ceil(params / D) if Z >= 1 else params
-        upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / platform.ddr_bandwidth
+        upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / update_rate
         # the all-gather streams into DDR as it arrives: the slower of the two sets the time
-        pre = max(all_gather_ms(params * FP16, D, platform), 1e3 * params * FP16 / platform.ddr_bandwidth) \
+        pre = max(all_gather_ms(params * FP16, D, platform), 1e3 * params * FP16 / prefetch_rate) \
             if prefetch_gather else 0.0
         return LayerKind(fwd, bwd, rec, sync, upd, pre)
 
@@ -249,12 +251,12 @@ def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: Tra
                          prefetch_resource=PREFETCH_RESOURCE)
 
 
-def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated"):
-    """The per-layer latency profile (``ratrain.cost.profile.layer_profile``), source checked."""
-    if source not in PROFILE_SOURCES:
-        raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
-    return layer_profile(model, micro_batch, seq, tp, source=source)
+def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated",
+                 platform: TrainingPlatform | None = None, progress: bool | None = None) -> LayerProfile:
+    """The per-layer latency profile on ``platform`` (``ratrain.cost.profile.layer_profile``)."""
+    return layer_profile(model, micro_batch, seq, tp, source=source, platform=platform, progress=progress)
 
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "PREFETCH_RESOURCE", "CostTerms", "LayerKind", "all_gather_ms", "allreduce_ms",
+__all__ = ["ADAM_BYTES_PER_PARAM", "PREFETCH_RESOURCE", "PROFILE_SOURCES", "CostTerms", "LayerKind",
+           "all_gather_ms", "allreduce_ms",
            "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ratrain.cost.terms import (
+    PROFILE_SOURCES,
     CostTerms,
     cost_terms,
     load_profile,
@@ -82,6 +83,8 @@ class Candidate:
     breakdown: StepBreakdown
     peak_bytes: int
     stages: list | None = None          # per-stage StageMemory (filled for returned candidates)
+    kernels: str = "emulated"           # latency source of step_ms: "emulated", "bound" or "roofline"
+    fast_step_ms: float | None = None   # the fast model's estimate, for a confirmed finalist
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,7 +97,8 @@ class Candidate:
             "oom": oom, "step_ms": None if oom else self.step_ms, "step_s": None if oom else self.step_ms / 1e3,
             "tokens_per_s": None if oom else self.tokens_per_s,
             "peak_bytes": self.peak_bytes, "peak_gb": self.peak_bytes / GIB,
-            "breakdown": self.breakdown.to_json(),
+            "breakdown": self.breakdown.to_json(), "kernels": self.kernels,
+            "fast_step_s": None if self.fast_step_ms is None else self.fast_step_ms / 1e3,
         }
         if self.stages is not None:
             out["memory"] = [{"stage": s.stage, "layers": [s.layers.start, s.layers.stop], "n_act": s.n_act,
@@ -118,6 +122,10 @@ class PlanResult:
     elapsed_s: float
     grid: dict = field(default_factory=dict)
     profile_s: float = 0.0          # part of elapsed_s spent building/loading latency profiles
+    kernel_model: str = "emulated"  # what ranked every candidate ("bound": the fast fitted model)
+    confirmed: int = 0              # finalists re-estimated on emulated kernels
+    reordered: bool = False         # emulation changed the finalists' order
+    fast_error: float | None = None  # max |fast - emulated| / emulated over the confirmed finalists
 
     @property
     def configs_per_s(self) -> float:
@@ -135,7 +143,8 @@ class PlanResult:
             "counts": {"enumerated": self.enumerated, "pruned_by_memory": self.pruned_by_memory,
                        "timed": self.timed},
             "elapsed_s": self.elapsed_s, "profile_s": self.profile_s, "configs_per_s": self.configs_per_s,
-            "grid": self.grid,
+            "grid": self.grid, "kernel_model": self.kernel_model, "confirmed": self.confirmed,
+            "reordered": self.reordered, "fast_error": self.fast_error,
         }
 
 
@@ -197,14 +206,21 @@ def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str
 
 
 class Planner:
-    """Algorithm 2 for one model on one platform. Profiles are cached per (b, seq, T)."""
+    """Algorithm 2 for one model on one platform. Profiles are cached per (source, b, seq, T).
+
+    With emulated profiles, ``plan`` ranks every memory-feasible candidate on the fast kernel
+    model (profile source ``bound``: closed-form GEMM bounds scaled by the efficiency the
+    emulated micro-batch-1 kernels reach) and re-estimates only the ``confirm`` best on emulated
+    kernels; ``PlanResult.reordered`` says whether emulation changed their order."""
 
     def __init__(self, model: ModelSpec, platform: TrainingPlatform | None = None, *,
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
-                 recovery_resource: str = "compute"):
+                 recovery_resource: str = "compute", progress: bool | None = None):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
+        if profile_source not in PROFILE_SOURCES:
+            raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {profile_source!r}")
         self.model = model
         self.platform = platform or TrainingPlatform()
         self.profile_source = profile_source
@@ -212,22 +228,25 @@ class Planner:
         self.partition = partition
         self.constants = constants
         self.recovery_resource = recovery_resource
+        self.progress = progress
         self.memory = PeakMemory(model, partition, constants)
-        self._profiles: dict[tuple[int, int, int], object] = {}
+        self._profiles: dict[tuple, object] = {}
         self._terms: dict[tuple, CostTerms] = {}
         self._parts: dict[int, list[range]] = {}
         self.profile_s = 0.0
 
     # -- caches
-    def profile(self, micro_batch: int, seq: int, tp: int):
-        key = (micro_batch, seq, tp)
+    def profile(self, micro_batch: int, seq: int, tp: int, source: str | None = None):
+        source = source or self.profile_source
+        key = (source, micro_batch, seq, tp)
         got = self._profiles.get(key)
         if got is None:
             t0 = time.perf_counter()
             if self.profile_fn is not None:
-                got = self.profile_fn(self.model, micro_batch, seq, tp, source=self.profile_source)
+                got = self.profile_fn(self.model, micro_batch, seq, tp, source=source)
             else:
-                got = load_profile(self.model, micro_batch, seq, tp, source=self.profile_source)
+                got = load_profile(self.model, micro_batch, seq, tp, source=source, platform=self.platform,
+                                   progress=self.progress)
             self._profiles[key] = got
             self.profile_s += time.perf_counter() - t0
         return got
@@ -238,21 +257,22 @@ class Planner:
             got = self._parts[pp] = partition_model(self.model, pp, self.partition)
         return got
 
-    def terms(self, cfg: ParallelConfig) -> CostTerms:
+    def terms(self, cfg: ParallelConfig, source: str | None = None) -> CostTerms:
+        source = source or self.profile_source
         # cost_terms depends on P only through whether the tied head needs its own copy
         tied_split = self.model.tied_embeddings and cfg.pp > 1
-        key = (cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split)
+        key = (source, cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split)
         got = self._terms.get(key)
         if got is None:
-            got = self._terms[key] = cost_terms(self.model, cfg, self.profile(cfg.micro_batch, cfg.seq, cfg.tp),
-                                                self.platform)
+            prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source)
+            got = self._terms[key] = cost_terms(self.model, cfg, prof, self.platform)
         return got
 
     # -- one configuration
-    def estimate(self, cfg: ParallelConfig, method: str = "ratrain") -> StepBreakdown:
+    def estimate(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None) -> StepBreakdown:
         """Analytic T_step of ``cfg`` under ``method``'s mechanisms (no simulation)."""
         _check_method(method)
-        terms = self.terms(cfg)
+        terms = self.terms(cfg, source)
         kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
         on = method != "tuned"
         return step_breakdown(kinds, terms.transfer, cfg.accum, activation=cfg.activation,
@@ -269,8 +289,12 @@ class Planner:
 
     # -- the search
     def plan(self, clusters: int, global_batch: int, seq: int = 2048, method: str = "ratrain",
-             top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None) -> PlanResult:
+             top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None, confirm: int = 3) -> PlanResult:
         _check_method(method)
+        if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+            raise ConfigError(f"plan: confirm must be a non-negative integer, got {confirm!r}")
+        # rank on the fast model when kernels are emulated (and the profiles come from the platform)
+        fast = "bound" if self.profile_source == "emulated" and self.profile_fn is None and confirm > 0 else None
         for name, value in (("clusters", clusters), ("global_batch", global_batch), ("seq", seq), ("top", top)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan: {name} must be a positive integer, got {value!r}")
@@ -290,19 +314,26 @@ class Planner:
                 continue
             cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
                                  prefetch=pref, partition=self.partition)
-            bd = self.estimate(cfg, method)
+            bd = self.estimate(cfg, method, fast)
             timed.append((bd.step_ms, peak, c, cfg, bd))
         timed.sort(key=lambda x: (x[0], x[1], x[2]))
         ranked: list[Candidate] = []
-        for step, peak, _, cfg, bd in timed:
-            if len(ranked) >= top:
-                break
+        for step, _peak, _, cfg, bd in timed[:top]:
             stages = stage_memory(self.model, cfg, self.platform, self.constants)
-            true_peak = max_peak(stages)
-            if true_peak > budget:          # cannot happen while _MemoryModel mirrors memory.py
-                raise ConfigError(f"planner memory model disagrees with ratrain.spec.memory for {cfg.describe(True)}: "
-                                  f"{peak} vs {true_peak} bytes")
-            ranked.append(Candidate(cfg, method, step, bd, true_peak, stages))
+            ranked.append(Candidate(cfg, method, step, bd, max_peak(stages), stages, fast or self.profile_source))
+        reordered, fast_error, confirmed = False, None, 0
+        if fast is not None and ranked:
+            # the finalists on emulated kernels: only their (b, seq, T) profiles are emulated
+            finalists = ranked[:confirm]
+            for cand in finalists:
+                emulated = self.estimate(cand.config, method)
+                cand.fast_step_ms, cand.step_ms, cand.breakdown = cand.step_ms, emulated.step_ms, emulated
+                cand.kernels = "emulated"
+            confirmed = len(finalists)
+            fast_error = max(abs(c.fast_step_ms - c.step_ms) / c.step_ms for c in finalists)
+            order = sorted(range(confirmed), key=lambda i: (finalists[i].step_ms, i))
+            reordered = order != list(range(confirmed))
+            ranked = [finalists[i] for i in order] + ranked[confirmed:]
         elapsed = time.perf_counter() - t0
         grid = {"tp": list(tp_degrees) if tp_degrees else
                 f"divisors of clusters <= {MAX_TP} dividing heads, kv_heads, ffn, vocab",
@@ -313,18 +344,19 @@ class Planner:
                          if zero_stages is None or z in zero_stages],
                 "prefetch": list(PREFETCH_POLICIES), "partition": self.partition}
         return PlanResult(self.model.name, method, clusters, global_batch, seq, ranked[0] if ranked else None,
-                          ranked, enumerated, pruned, len(timed), elapsed, grid, self.profile_s - p0)
+                          ranked, enumerated, pruned, len(timed), elapsed, grid, self.profile_s - p0,
+                          fast or self.profile_source, confirmed, reordered, fast_error)
 
 
 def plan(model: ModelSpec, clusters: int, global_batch: int, seq: int = 2048, *, method: str = "ratrain",
          top: int = 10, platform: TrainingPlatform | None = None, profile_source: str = "emulated",
          profile_fn: Callable | None = None, partition: str = "balanced", micro_batches=None,
-         tp_degrees=None, zero_stages=None) -> PlanResult:
+         tp_degrees=None, zero_stages=None, confirm: int = 3, progress: bool | None = None) -> PlanResult:
     """Algorithm 2: the best configuration of ``model`` on ``clusters`` clusters (see module doc)."""
     return Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
-                   partition=partition).plan(clusters, global_batch, seq, method, top,
-                                             micro_batches=micro_batches, tp_degrees=tp_degrees,
-                                             zero_stages=zero_stages)
+                   partition=partition, progress=progress).plan(clusters, global_batch, seq, method, top,
+                                                                micro_batches=micro_batches, tp_degrees=tp_degrees,
+                                                                zero_stages=zero_stages, confirm=confirm)
 
 
 # ---------------------------------------------------------------- predicted vs simulated
