@@ -11,6 +11,11 @@ after its first call in a process (Numba compiles once, GEMM programs are cached
 """
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -344,3 +349,31 @@ class TimeTuner:
         from mtemu.tune import tune_gemm
         tune_gemm(2048, 4096, 4096, grid={"mg": (1024, 2048), "k2": (128, 256), "n2": (576, 768, 960),
                                           "mr_nv": ((6, 4),)}, out_dir=None, progress=False, cache=False)
+
+
+class TrackPlanFreshCache:
+    """`ratrain plan` as a new user meets it: a fresh process and an empty profile cache (the shipped
+    micro-batch-1 profiles only). Target: each README plan example within 60 s and 2 GB."""
+    timeout = 900
+    number = 1
+    repeat = 1
+    CASES = {"llama2-7b-8": ["--model", "llama2-7b", "--clusters", "8", "--global-batch", "512"],
+             "llama2-70b-96": ["--model", "llama2-70b", "--clusters", "96", "--global-batch", "32"]}
+
+    def setup_cache(self):
+        out = {}
+        for key, argv in self.CASES.items():
+            env = {**os.environ, "RATRAIN_CACHE_DIR": tempfile.mkdtemp(prefix="ratrain-bench-")}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "ratrain.cli", "plan", *argv, "--json"], env=env, check=True,
+                           capture_output=True)
+            out[f"{key}_s"] = time.perf_counter() - t0
+            # ru_maxrss of children is the largest child so far (KiB on Linux)
+            out[f"{key}_mb"] = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+        return out
+
+    track_plan_llama2_7b_8_seconds = cached_track("track_plan_llama2_7b_8_seconds", "llama2-7b-8_s", "seconds")
+    track_plan_llama2_7b_8_peak_mb = cached_track("track_plan_llama2_7b_8_peak_mb", "llama2-7b-8_mb", "MB")
+    track_plan_llama2_70b_96_seconds = cached_track("track_plan_llama2_70b_96_seconds", "llama2-70b-96_s", "seconds")
+    track_plan_llama2_70b_96_peak_mb = cached_track("track_plan_llama2_70b_96_peak_mb", "llama2-70b-96_mb", "MB")

@@ -28,13 +28,14 @@ _LAZY = {
     "gemm_variant": "mtemu.kernels.registry",
     "choose_tiles": "mtemu.kernels.registry",
     "effective_bandwidth": "mtemu.ddr_probe",
+    "emulator_version": "mtemu.version",
 }
 
 __all__ = ["AssemblyError", "CapacityError", "MachineError", "MtemuError", "PlatformError",
            "DEFAULT_TILES", "GemmResult", "GemmTiles", "gemm_timing", "reference_gemm", "run_gemm",
            "DEFAULT_PLATFORM", "Platform", "load_platform", "run_attention", "run_attention_backward",
            "attention_forward_timing", "attention_backward_timing", "GEMM_VARIANTS", "gemm_variant", "choose_tiles",
-           "effective_bandwidth"]
+           "effective_bandwidth", "emulator_version"]
 
 
 def __getattr__(name: str):

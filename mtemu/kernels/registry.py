@@ -7,7 +7,7 @@ which meets Table 5 on the raw per-cluster DDR rate (docs/CHOICES.md, "one platf
 
 Registering another loop order: write its generator (see docs/KERNELS.md), then add a
 ``GemmVariant`` to ``GEMM_VARIANTS``, its name to ``mtemu.kernels.names.GEMM_LOOP_ORDERS`` and its
-source file to ``mtemu.version._SOURCES['gemm']``;
+a reference build to ``mtemu.version._gemm_programs``;
 ``mtemu gemm --loop-order NAME``, ``mtemu tune gemm --loop-order NAME`` and a training platform
 with ``gemm_loop_order = "NAME"`` then use it.
 """

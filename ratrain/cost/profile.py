@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
-from mtemu.version import emulator_version as _kernel_version
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     ModelSpec,
@@ -60,7 +59,7 @@ DDR_TERMS = ("elementwise", "embedding", "loss", "optimizer_update", "prefetch_w
 
 def emulator_version(kernel: str = "all") -> str:
     """Version of the emulated timing behind the latencies (see mtemu.version)."""
-    return _kernel_version(kernel)
+    return mtemu.emulator_version(kernel)
 
 
 def cache_dir() -> Path:
