@@ -138,3 +138,41 @@ def test_corrupt_gemm_cache_entries_are_dropped_with_a_warning(tmp_path, capsys)
     fresh = profile.GemmCache()
     assert key not in fresh.entries
     assert "impossible cache entr" in capsys.readouterr().err
+
+
+def test_attention_of_larger_micro_batches_and_tp_scales_the_reference_kernels():
+    p = TrainingPlatform()
+    one = profile.layer_profile(TINY, 1, 128, platform=p, progress=False)
+    two = profile.layer_profile(TINY, 2, 128, platform=p, progress=False)
+    a1 = {o.name: o for o in one.ops}["attention"]
+    a2 = {o.name: o for o in two.ops}["attention"]
+    assert a2.forward_s == pytest.approx(2 * a1.forward_s) and a2.backward_s == pytest.approx(2 * a1.backward_s)
+    # GEMMs are still emulated at the larger shape
+    assert {o.name: o for o in two.ops}["q_proj"].gemms[0][4] == "emulated"
+
+
+def test_bound_model_is_the_reference_at_b1_and_scaled_bounds_above():
+    p = TrainingPlatform()
+    ref = profile.layer_profile(TINY, 1, 128, platform=p, progress=False)
+    assert profile.layer_profile(TINY, 1, 128, source="bound", platform=p) is ref
+    fast = profile.layer_profile(TINY, 2, 128, source="bound", platform=p)
+    cache = profile.GemmCache(p)
+    shapes = [g for o in ref.ops + ref.first_ops + ref.last_ops if o.kind == "gemm" for g in o.gemms]
+    scale = sum(g[3] for g in shapes) / sum(cache.bound_seconds(*g[:3]) for g in shapes)
+    m, k, n, seconds, method = {o.name: o for o in fast.ops}["up_proj"].gemms[0]
+    assert method == "bound" and seconds == pytest.approx(cache.bound_seconds(m, k, n) * scale)
+    # the fast model is within 10 % of the emulated profile at b = 2 on this model
+    emulated = profile.layer_profile(TINY, 2, 128, platform=p, progress=False)
+    assert fast.forward_s == pytest.approx(emulated.forward_s, rel=0.10)
+
+
+def test_planner_confirms_finalists_on_emulated_kernels():
+    planner = Planner(TINY, TrainingPlatform(), progress=False)
+    r = planner.plan(4, 16, seq=128, top=6, confirm=2)
+    assert r.kernel_model == "bound" and r.confirmed == 2 and r.fast_error is not None
+    head = r.ranked[:2]
+    assert all(c.kernels == "emulated" and c.fast_step_ms is not None for c in head)
+    assert head[0].step_ms <= head[1].step_ms
+    assert all(c.kernels == "bound" for c in r.ranked[2:])
+    for c in head:        # the confirmed estimate is the emulated-profile estimate
+        assert c.step_ms == pytest.approx(planner.estimate(c.config).step_ms)

@@ -17,11 +17,18 @@ run on its cluster, the GEMM is its ``gemm_loop_order`` with the variant's defau
 bytes-bound terms use the DDR rate the emulator measures for their access pattern
 (``mtemu.ddr_probe.effective_bandwidth``), stored in the profile as ``ddr_rates``.
 
-Sources: ``emulated`` (every kernel emulated); ``bound``, the planner's fast model: the emulated
-micro-batch-1 profile (shipped or cached) sets a fitted efficiency, total emulated GEMM time over
-total closed-form bound time of its GEMMs, and every GEMM of a larger micro-batch is its bound
-divided by that efficiency, its attention the b=1 kernels times the micro-batch (no emulation
-beyond the b=1 profile); and ``roofline`` (a fixed utilization; quick looks only).
+Attention of a micro-batch above 1 or a TP degree above 1 is the micro-batch-1, T=1 kernel scaled by
+the (sequence, head) pairs a rank computes: the kernel deals those pairs over the 24 DSPs, and from
+24 heads on its cycles per head are constant within 1.2 % (emulated at seq 512: 24 vs 48 heads,
+forward 46604 vs 46603 cycles per head, backward 74964 vs 75873), while emulating 128 heads at
+seq 2048 would take many minutes (docs/CHOICES.md, "One platform").
+
+Sources: ``emulated`` (every GEMM emulated, attention as above); ``bound``, the planner's fast model: the emulated
+micro-batch-1, T=1 profile (shipped or cached) sets a fitted efficiency, total emulated GEMM time
+over total closed-form bound time of its GEMMs, and every GEMM of another micro-batch or TP degree
+is its bound divided by that efficiency, its attention the reference kernels scaled by the heads it
+computes (micro-batch x heads per rank); no emulation beyond the reference profile; and
+``roofline`` (a fixed utilization; quick looks only).
 
 GEMM latencies are cached on disk keyed by shape, loop order, tiles, the platform's timing digest
 and the emulator version (a hash of the kernels' sources), so a stale or corrupt cache entry is
@@ -336,10 +343,11 @@ class _Timer:
         # the bound model: the b=1 emulated profile's attention per sequence, and the fitted efficiency
         self.attention_b1 = {}
         self.gemm_scale = 1.0
-        if reference is not None:
+        if reference is not None:     # attention scaled from it (emulated and bound); GEMMs only for bound
             for o in reference.ops + reference.first_ops + reference.last_ops:
-                if o.kind == "attention":
-                    self.attention_b1[o.name] = (o.forward_s, o.backward_s)
+                if o.kind == "attention":       # gemms: [name, heads, kv_heads, seq, d, seconds] per kernel
+                    self.attention_b1[o.name] = (o.forward_s, o.backward_s, o.gemms[0][1])
+        if reference is not None and source == "bound":
             shapes = [g for o in reference.ops + reference.first_ops + reference.last_ops if o.kind == "gemm"
                       for g in o.gemms]
             emulated = sum(g[3] for g in shapes)
@@ -358,10 +366,11 @@ class _Timer:
         return nbytes / self.rates[term]
 
     def _attention(self, direction: str, op: Operator) -> float:
-        if self.source == "bound":
-            # attention work is per (sequence, head): the b=1 kernel's time times the micro-batch
-            fwd, bwd = self.attention_b1[op.name]
-            return op.batch * (fwd if direction == "fwd" else bwd)
+        if self.attention_b1:
+            # attention work is per (sequence, head): the T=1, b=1 kernel's time scaled by the heads
+            # this rank computes (micro-batch x heads per TP rank) over the reference's heads
+            fwd, bwd, ref_heads = self.attention_b1[op.name]
+            return (fwd if direction == "fwd" else bwd) * op.batch * op.heads / ref_heads
         return self.cache.attention(direction, op.batch * op.heads, op.batch * op.kv_heads, op.seq,
                                     op.head_dim)["seconds"]
 
@@ -398,10 +407,11 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     if source != "roofline" and cache is None:
         cache = GemmCache(platform, progress=progress)
     reference = None
-    if source == "bound":
-        reference = layer_profile(spec, 1, seq, tp, source="emulated", platform=platform, progress=progress)
-        if micro_batch == 1:
-            return reference
+    if source != "roofline" and (micro_batch, tp) != (1, 1):
+        # attention of more sequences or fewer heads per rank: the reference kernels, scaled
+        reference = layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress)
+    if source == "bound" and reference is None:
+        return layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress)
     timer = _Timer(source, platform, cache, ddr_rates(platform, source), reference)
     ops = [timer.op(o) for o in layer_operators(spec, micro_batch, seq, tp)]
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
