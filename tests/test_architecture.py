@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # ratrain's rooms in data-flow order: a module may import its own room or an earlier one.
 RATRAIN_ROOMS = ["errors", "spec", "cost", "sim", "plan", "replay", "repro", "cli"]
 # Imports allowed inside functions: plotting libraries kept off the import path of a library
-# module that only draws on request.
-LAZY_OK = {"matplotlib", "matplotlib.pyplot"}
+# module that only draws on request, and Dask, an optional extra that takes a second to import
+# (only a sweep given --scheduler needs it).
+LAZY_OK = {"matplotlib", "matplotlib.pyplot", "dask.distributed"}
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -122,3 +125,10 @@ def test_rtcommon_and_mtemu_do_not_import_ratrain():
             loaded = [m for statement in top for m in statement] + [n for _, n in nested]
             bad = [m for m in loaded if m == "ratrain" or m.startswith("ratrain.")]
             assert not bad, f"{name} imports {bad}"
+
+
+def test_simulator_and_planner_import_without_numba():
+    code = ("import sys, ratrain.plan.planner, ratrain.sim.simulator, ratrain.cli, mtemu, mtemu.platform; "
+            "assert 'numba' not in sys.modules, sorted(m for m in sys.modules if m.startswith('numba'))[:3]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -81,6 +81,7 @@ def study():
     return bandwidth_study((30e9, 51e9))
 
 
+@pytest.mark.slow
 def test_oracle_is_never_worse_than_a_two_row_fit(study):
     for r in study:
         assert r.oracle.worst_error_pp <= r.protocol.worst_error_pp + 1e-6
@@ -88,6 +89,7 @@ def test_oracle_is_never_worse_than_a_two_row_fit(study):
         assert r.protocol.fit_error_pp <= r.fixed.fit_error_pp + 1e-6
 
 
+@pytest.mark.slow
 def test_finding_at_30_gbs_no_calibration_meets_table5(study):
     # The K-pair (4096x4096 vs 11008x4096) alone rules it out: a DDR-bound kernel at 30 GB/s gains
     # ~3.4 pp from C's shrinking share, the paper 0.17 pp. A faster DDR server makes room.
@@ -98,6 +100,7 @@ def test_finding_at_30_gbs_no_calibration_meets_table5(study):
     assert at51.oracle.worst_error_pp < 1.5
 
 
+@pytest.mark.slow
 def test_study_is_deterministic(study):
     again = bandwidth_study((30e9, 51e9))
     assert [r.to_json() for r in again] == [r.to_json() for r in study]
@@ -147,6 +150,7 @@ def test_a_resident_bound_in_closed_form():
         a_resident_bound(64, 64, 64, 64, 64, 64, partial_bytes=3)
 
 
+@pytest.mark.slow
 def test_fig4_loop_order_needs_a_faster_ddr_too(study):
     # Fig. 4's literal loop order (not emulated): with tiles fit on all rows it cannot meet the
     # target at 30 GB/s either, but at the chip's raw 51 GB/s it matches every row closely.
@@ -186,6 +190,7 @@ def test_raw_ddr_platform_file_matches_the_study():
     assert p.ddr_bandwidth * 4 == pytest.approx(204e9)          # the chip's rate over four clusters
 
 
+@pytest.mark.slow
 def test_fig4_loop_order_meets_table5_on_the_raw_ddr_platform():
     # the finding behind platforms/mt3000-raw-ddr.toml, emulated (~40 s): every row within 1.5 pp,
     # with mg and kg chosen on the two fit rows and no platform constant fitted

@@ -7,6 +7,8 @@ import pytest
 from ratrain.repro.experiment import Settings
 from ratrain.repro.report import EXPERIMENT_NAMES, registry, reproduce
 
+pytestmark = pytest.mark.slow       # full experiments on emulated profiles
+
 FAST = Settings(profile_source="roofline")
 
 

@@ -12,6 +12,8 @@ from ratrain.repro.training import ablation_config, ablation_rows, scaleout_base
 from ratrain.spec.models import get_model
 from ratrain.spec.platform import TrainingPlatform
 
+pytestmark = pytest.mark.slow       # full experiments on emulated profiles
+
 FAST = Settings(profile_source="roofline")
 
 

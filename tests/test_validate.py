@@ -1,7 +1,7 @@
-"""Table 5 from emulated cycles: a regression guard on the calibrated platform.
+"""Table 5 from emulated cycles on the default platform: Fig. 4's loop order at the raw DDR rate.
 
-The paper's target is 1.5 pp per row; the current model reaches 1.8 pp (docs/CHOICES.md says
-why). These bounds fail if the emulator, the kernel or the platform drift.
+The paper's target is 1.5 pp per row, met on every row with nothing fitted to the platform (the
+tiles were chosen on the two fit rows; the other three are held out; docs/CHOICES.md).
 """
 import json
 import subprocess
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mtemu.validate import FIT_ROWS, TABLE5, table5, table5_variants
+from mtemu.validate import FIT_ROWS, TABLE5, TABLE5_TOLERANCE_PP, table5, table5_variants
 
 
 @pytest.fixture(scope="module")
@@ -17,20 +17,25 @@ def rows():
     return table5()
 
 
-def test_every_table5_row_is_close_to_the_paper(rows):
+@pytest.mark.slow
+def test_every_table5_row_is_within_the_target(rows):
     assert [(r.k, r.n) for r in rows] == [(k, n) for k, n, *_ in TABLE5]
     for r in rows:
-        assert abs(r.delta_pp) <= 1.8, (r.k, r.n, r.delta_pp)
+        assert abs(r.delta_pp) <= TABLE5_TOLERANCE_PP, (r.k, r.n, r.delta_pp)
+        if (r.k, r.n) not in FIT_ROWS:
+            assert abs(r.delta_pp) <= 0.3, (r.k, r.n, r.delta_pp)        # the held-out rows
         assert r.fit == ((r.k, r.n) in FIT_ROWS)
         # latency and utilization are the same measurement
         assert r.latency_ms == pytest.approx(2048 * r.k * r.n / (r.utilization * 8.1e12) * 1e3, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_larger_gemms_use_the_machine_better(rows):
     util = {(r.k, r.n): r.utilization for r in rows}
     assert util[(8192, 8192)] > util[(6656, 6656)] > util[(4096, 4096)]
 
 
+@pytest.mark.slow
 def test_pipeline_and_tiles_explain_the_utilization():
     base, flat, naive = table5_variants()
     assert base["utilization"] > flat["utilization"] + 0.1
