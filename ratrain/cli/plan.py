@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     add_platform_args(p)
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="finalists re-estimated on emulated kernels after ranking every candidate on the fast "
-                        "kernel model (default 3; 0 ranks on emulated profiles throughout)")
+                        "kernel model (default 3; 0: the fast model's ranking alone, in seconds)")
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run)
 

@@ -294,7 +294,7 @@ class Planner:
         if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
             raise ConfigError(f"plan: confirm must be a non-negative integer, got {confirm!r}")
         # rank on the fast model when kernels are emulated (and the profiles come from the platform)
-        fast = "bound" if self.profile_source == "emulated" and self.profile_fn is None and confirm > 0 else None
+        fast = "bound" if self.profile_source == "emulated" and self.profile_fn is None else None
         for name, value in (("clusters", clusters), ("global_batch", global_batch), ("seq", seq), ("top", top)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan: {name} must be a positive integer, got {value!r}")
@@ -322,7 +322,7 @@ class Planner:
             stages = stage_memory(self.model, cfg, self.platform, self.constants)
             ranked.append(Candidate(cfg, method, step, bd, max_peak(stages), stages, fast or self.profile_source))
         reordered, fast_error, confirmed = False, None, 0
-        if fast is not None and ranked:
+        if fast is not None and ranked and confirm > 0:
             # the finalists on emulated kernels: only their (b, seq, T) profiles are emulated
             finalists = ranked[:confirm]
             for cand in finalists:
