@@ -17,8 +17,10 @@ Schedules:
   micro-batches (the last group may be smaller), each group chunk by chunk
   (forwards: chunks 0..v-1; backwards: chunks v-1..0). Stage p runs
   2(P-p-1) + (v-1)P warm-up forwards (all forwards first when A <= P), then
-  alternates F and B, then the cool-down backwards. With v = 1 it is ``1f1b``
-  (Megatron runs its non-interleaved schedule then).
+  alternates F and B, then the cool-down backwards. A must be a multiple of P
+  when A > P (Megatron's rule: with a smaller last group this warm-up can
+  deadlock, e.g. P=4, A=5, v=3). With v = 1 it is ``1f1b`` (Megatron runs its
+  non-interleaved schedule then).
 * ``zb-h1`` (the zero-bubble paper's H1): the 1F1B order of F and B, where B is
   only the input gradient; stage p holds back its first p weight gradients W,
   then runs W of the oldest pending micro-batch after each B (1F-1B-1W) and the
@@ -57,10 +59,14 @@ class PipelineSchedule:
     weight_fraction: the share of each layer's backward (recompute excluded) that
     is the weight gradient W (``zb-h1`` only): one number for every layer, or one
     per global layer in model order. The input gradient B is the rest.
+    chunk_sizes: ``interleaved`` only: layers per chunk in model order (P*v
+    entries); None cuts the layers as evenly as possible (``interleaved_chunks``).
+    Model-driven runs pass their partition rule applied to P*v parts.
     """
     name: str = "1f1b"
     virtual_stages: int = 1
     weight_fraction: float | tuple[float, ...] = 0.5
+    chunk_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -73,6 +79,12 @@ class PipelineSchedule:
         values = wf if isinstance(wf, (tuple, list)) else (wf,)
         if isinstance(wf, list):
             object.__setattr__(self, "weight_fraction", tuple(wf))
+        if self.chunk_sizes is not None:
+            if self.name != "interleaved":
+                raise ConfigError(f"schedule {self.name!r}: chunk_sizes is for schedule 'interleaved'")
+            object.__setattr__(self, "chunk_sizes", tuple(self.chunk_sizes))
+            for n in self.chunk_sizes:
+                _check_count("chunk_sizes entries", n)
         for x in values:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0 <= x <= 1:
                 raise ConfigError(f"schedule: weight_fraction must be in [0, 1] (the weight gradient's share of "
@@ -102,10 +114,28 @@ class PipelineSchedule:
             return float(wf[layer])
         return float(wf)
 
+    def chunks(self, num_layers: int, stages: int) -> list[range]:
+        """The global chunks (chunk g on stage g mod P) of a ``num_layers``-layer model: P chunks for the
+        one-chunk schedules, P*v under interleaved (``chunk_sizes`` or the even cut)."""
+        if self.name != "interleaved" or self.virtual_stages == 1 and self.chunk_sizes is None:
+            return chunk_layers(num_layers, stages)
+        if self.chunk_sizes is None:
+            return interleaved_chunks(num_layers, stages, self.virtual_stages)
+        sizes = self.chunk_sizes
+        if len(sizes) != stages * self.virtual_stages or sum(sizes) != num_layers:
+            raise ConfigError(f"schedule: chunk_sizes {list(sizes)} must be P x v = {stages * self.virtual_stages} "
+                              f"chunks summing to the {num_layers} layers")
+        out, start = [], 0
+        for n in sizes:
+            out.append(range(start, start + n))
+            start += n
+        return out
+
     def to_json(self) -> dict:
         wf = self.weight_fraction
         return {"name": self.name, "virtual_stages": self.virtual_stages,
-                "weight_fraction": (list(wf) if isinstance(wf, tuple) else wf) if self.splits_backward else None}
+                "weight_fraction": (list(wf) if isinstance(wf, tuple) else wf) if self.splits_backward else None,
+                "chunk_sizes": None if self.chunk_sizes is None else list(self.chunk_sizes)}
 
 
 # ------------------------------------------------------------------ layer placement
@@ -193,6 +223,10 @@ def interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[lis
     _check_count("virtual_stages", virtual_stages)
     if virtual_stages == 1:
         return one_f_one_b(stages, microbatches)
+    if microbatches > stages and microbatches % stages:
+        raise ConfigError(f"interleaved schedule: the micro-batches per step (A={microbatches}) must be a multiple "
+                          f"of the stages (P={stages}) when A > P (Megatron's rule; A <= P runs every forward "
+                          "first)")
     fwd = interleaved_sequence(stages, microbatches, virtual_stages, backward=False)
     bwd = interleaved_sequence(stages, microbatches, virtual_stages, backward=True)
     total = len(fwd)

@@ -52,10 +52,11 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
-from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunks
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import Task
 
@@ -270,9 +271,9 @@ class _Sim:
         self.P, self.A = costs.num_stages, costs.microbatches
         self.flat = [lc for layers in costs.stages for lc in layers]     # model order
         self.v = schedule.virtual_stages if schedule.name == "interleaved" else 1
-        if self.v > 1:
-            self.chunks = [list(r) for r in interleaved_chunks(len(self.flat), self.P, self.v)]
-        else:
+        if self.v > 1:       # the model's layers re-cut into P*v chunks
+            self.chunks = [list(r) for r in schedule.chunks(len(self.flat), self.P)]
+        else:                # the stages of the costs as they are
             self.chunks = [list(costs.layer_range(p)) for p in range(self.P)]
         if schedule.splits_backward and isinstance(schedule.weight_fraction, tuple) \
                 and len(schedule.weight_fraction) != len(self.flat):
@@ -444,6 +445,24 @@ class _Sim:
             self.prefetch.append(pw)
         self.next_main = [0] * P
         self.first_f_start: dict[int, float] = {}
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        """A cycle (an order whose stages wait on each other) would never run: refuse it up front."""
+        indeg = [j.npred for j in self.jobs]
+        ready = [j for j in self.jobs if j.npred == 0]
+        seen = 0
+        while ready:
+            j = ready.pop()
+            seen += 1
+            for s_ in j.succs:
+                indeg[s_.idx] -= 1
+                if indeg[s_.idx] == 0:
+                    ready.append(s_)
+        if seen != len(self.jobs):
+            stuck = next(j for j in self.jobs if indeg[j.idx] > 0)
+            raise RatrainError(f"schedule {self.sched.name!r} deadlocks: {len(self.jobs) - seen} tasks wait on each "
+                               f"other, first {stuck.kind}(stage {stuck.stage}, mb {stuck.mb}, layer {stuck.layer})")
 
     # ------------------------------------------------------------ lower bounds ("window fits")
     def _lb_end(self, root: _Job) -> float:
@@ -872,16 +891,21 @@ def peak_activation_sets(tasks: list[Task], stages: int) -> list[float]:
     return [_peak(ev) / max(1, len(ls)) for ev, ls in zip(events, layers, strict=True)]
 
 
-def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
+def activation_residency(result: SimResult, costs: PipelineCosts,
+                         weight_grad_bytes: int | Sequence[int] | None = None) -> list[int]:
     """Per stage, the peak bytes of live activations, checkpoints and recovery buffers over the step.
 
     full: a layer's full activations live from the start of F(m, l) to the end of
     B(m, l). ckpt/fsr: its checkpoint lives that long; its full intermediates
     exist transiently during F(m, l); the recovery buffer lives from the start of
     R(m, l) (ckpt: of B(m, l)) to the end of B(m, l). Under FSR a (layer,
-    micro-batch) without an R task kept its full activations. When the backward
-    is split (zb-h1), "the end of B(m, l)" is the end of W(m, l): the weight
-    gradient reads the layer's inputs (and recovered intermediates) too.
+    micro-batch) without an R task kept its full activations.
+
+    Split backward (zb-h1): W(m, l) still reads tensors after B(m, l) ends. With
+    ``weight_grad_bytes`` (per layer, or one number for all: what W reads, e.g.
+    ``ratrain.sim.weight_split.weight_gradient_bytes``) everything else is freed
+    at the end of B and those bytes live until the end of W; without it every
+    set above lives until the end of W (an upper bound).
     """
     policy = result.mechanisms.policy
     P = costs.num_stages
@@ -901,7 +925,10 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
     events: list[list[tuple[float, int]]] = [[] for _ in range(P)]
     for (layer_index, m), ft in f.items():
         bt = b[(layer_index, m)]
-        end = w[(layer_index, m)].end_ms if (layer_index, m) in w else bt.end_ms
+        wt = w.get((layer_index, m))
+        end = bt.end_ms
+        if wt is not None and weight_grad_bytes is None:
+            end = wt.end_ms                       # upper bound: everything waits for W
         lc = costs.layer(layer_index)
         ev = events[ft.stage]
 
@@ -909,6 +936,10 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
             if nbytes > 0:
                 ev.append((a, nbytes))
                 ev.append((z, -nbytes))
+
+        if wt is not None and weight_grad_bytes is not None:
+            nb = weight_grad_bytes if isinstance(weight_grad_bytes, int) else weight_grad_bytes[layer_index]
+            live(bt.end_ms, wt.end_ms, int(nb))
 
         if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
             live(ft.start_ms, end, lc.act_full_bytes)
