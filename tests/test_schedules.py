@@ -494,7 +494,7 @@ def test_cli_interleaved_and_zb_h1(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--schedule", "interleaved", "--virtual-stages", "3", "--layers-per-stage", "2"],
+    (["--schedule", "interleaved", "--virtual-stages", "3", "--layers-per-stage", "2", "--microbatches", "6"],
      "--virtual-stages 3 does not divide the layers"),
     (["--schedule", "zb-h1", "--t-backward-weight", "2.5"], "--t-backward-weight 2.5 ms is larger than the backward"),
     (["--schedule", "zb-h1", "--t-backward-weight", "-1"], "--t-backward-weight must be >= 0"),
