@@ -19,7 +19,6 @@ analytic Eq. 9 model of the same layout. The analytic activation term assumes
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import Mechanisms, activation_residency
 from ratrain.sim.weight_split import layer_weight_gradient_bytes, weight_fractions
-from ratrain.spec.memory import stage_memory
+from ratrain.spec.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, stage_memory
 from ratrain.spec.models import FP16, ModelSpec, get_model, layer_tp_parameter_count, stage_edge_parameters
 from ratrain.spec.parallel import (
     ParallelConfig,
@@ -101,19 +100,23 @@ def link_bytes(model: ModelSpec, cfg: ParallelConfig, result) -> list[dict]:
     return out
 
 
+def _layer_state_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
+    """State one transformer layer adds to a stage (Eq. 9's state tier, ZeRO-sharded over D)."""
+    d, z = cfg.dp, cfg.zero
+    per_param = (WEIGHT_BYTES / (d if z >= 3 else 1) + GRAD_BYTES / (d if z >= 2 else 1)
+                 + OPTIMIZER_BYTES / (d if z >= 1 else 1))
+    return per_param * layer_tp_parameter_count(model, cfg.tp)
+
+
 def _memory(model: ModelSpec, cfg: ParallelConfig, result, costs, wbytes: list[int]) -> dict:
-    """Per-stage peak bytes: Eq. 9's state + buffers of the layout, plus the simulated activations."""
-    layers = [len(x) for x in result.stage_layers]
-    layout = cfg
-    analytic = stage_memory(model, layout)
-    if [len(st.layers) for st in analytic] != layers:       # interleaved: equal layer counts per stage
-        layout = replace(cfg, partition="uniform")
-        analytic = stage_memory(model, layout)
-    same_counts = [len(st.layers) for st in analytic] == layers
+    """Per-stage peak bytes: Eq. 9's state + buffers of the layout (a stage holding a different layer
+    count under interleaving gains or loses one layer's state per layer), plus the simulated activations."""
+    analytic = stage_memory(model, cfg)
+    per_layer = _layer_state_bytes(model, cfg)
     act = activation_residency(result, costs, weight_grad_bytes=wbytes)
-    peaks = [st.state_bytes + st.buffer_bytes + a for st, a in zip(analytic, act, strict=True)]
-    return {"peaks": peaks, "activations": act, "analytic": [st.peak_bytes for st in analytic],
-            "same_layer_counts": same_counts}
+    peaks = [st.state_bytes + (len(layers) - len(st.layers)) * per_layer + st.buffer_bytes + a
+             for st, layers, a in zip(analytic, result.stage_layers, act, strict=True)]
+    return {"peaks": [round(x) for x in peaks], "activations": act, "analytic": [st.peak_bytes for st in analytic]}
 
 
 def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
@@ -170,8 +173,7 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
                 link_gb=[x["total"] / GIB for x in links], max_link_gb=max(x["total"] for x in links) / GIB,
                 boundary_gb=sum(x["boundary"] for x in links) / GIB,
                 link_busy_s=max(st.link_busy_ms for st in res.stages) / 1e3)
-            if not mem["same_layer_counts"]:
-                row["note"] = "state/buffers from the 1F1B partition (layer counts differ)"
+            row["stage_layer_counts"] = [len(x) for x in res.stage_layers]
             rows.append(row)
             if li == 0:
                 first[name] = runs["with"]
@@ -225,8 +227,10 @@ def _memory_figure(rows: list[dict], path: Path, budget_gb: float) -> None:
     save_figure(fig, path)
 
 
-def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
-    rows, first = schedule_rows(s, progress)
+def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS, *,
+                  layouts: list[tuple[str, str, ParallelConfig]] | None = None) -> Experiment:
+    """The experiment: ``schedule_rows`` for the paper's layouts (or ``layouts``), checks, figures."""
+    rows, first = schedule_rows(s, progress, layouts=layouts)
     checks = []
     for r in rows:
         if r.get("step_s") is None:
@@ -254,7 +258,7 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS)
             figs.append(str(path))
     text = format_table(rows, ["model", "pp", "dp", "accum", "schedule", "virtual_stages", "step_s",
                                "step_without_s", "gain", "vs_1f1b", "max_idle_s", "max_peak_gb",
-                               "analytic_peak_gb", "max_link_gb", "note"])
+                               "peak_without_gb", "analytic_peak_gb", "fits", "max_link_gb", "note"])
     notes = [
         f"Platform: link {s.platform.link_bandwidth / 1e9:.1f} GB/s, budget "
         f"{s.platform.memory_budget_bytes / GIB:.0f} GB; FSR recovery on '{s.recovery_resource}'. 'with' = RATrain "
