@@ -7,7 +7,8 @@ import pytest
 
 from ratrain.errors import ConfigError
 from ratrain.repro.experiment import Settings
-from ratrain.repro.schedules import SCHEDULE_SET, interleaved_chunk_sizes, paper_layouts, run_schedules
+from ratrain.repro.schedules import SCHEDULE_SET, paper_layouts, run_schedules
+from ratrain.sim.pipeline_order import interleaved_chunk_sizes
 from ratrain.spec.models import FP16, get_model, layer_tp_parameter_count, stage_edge_parameters
 from ratrain.spec.parallel import ParallelConfig
 

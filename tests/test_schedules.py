@@ -489,6 +489,8 @@ def test_cli_interleaved_and_zb_h1(capsys, tmp_path):
     ws = [t for t in p["timeline"] if t["kind"] == "W"]
     assert len(ws) == 3 * 4 and all(t["end_ms"] - t["start_ms"] == approx(1.0) for t in ws)
     assert p["last_backward_end_ms"] == approx(14.0) and p["pipeline"]["weight_fraction"] == 0.5
+    assert p["in_flight"]["analytic_1f1b"] == [3, 2, 1] and p["in_flight"]["schedule"] == [3.0, 3.0, 3.0]
+    assert p["in_flight"]["measured"] == [3.0, 3.0, 3.0]
     assert cli_main(BASE + ["--schedule", "zb-h1"]) == 0
     assert "simulate zb-h1" in capsys.readouterr().out
 

@@ -18,13 +18,13 @@ from ratrain.cost.tasks import PipelineCosts
 from ratrain.cost.terms import load_profile
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
-from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule
+from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.models import from_hf_config, get_model
-from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 
 _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", None),
           ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
@@ -92,10 +92,11 @@ def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
                       fsr_lookahead=args.fsr_lookahead)
 
 
-def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = None,
-                       profile=None) -> PipelineSchedule:
+def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = None, profile=None,
+                       model=None, cfg: ParallelConfig | None = None) -> PipelineSchedule:
     """The PipelineSchedule the flags ask for; W's share from --t-backward-weight (uniform) or from
-    the profile's dW GEMMs (model-driven, ``costs`` and ``profile`` given)."""
+    the profile's dW GEMMs (model-driven, ``costs`` and ``profile`` given); model-driven interleaved
+    chunks follow the layout's partition rule (``model`` and ``cfg`` given)."""
     v = args.virtual_stages
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(f"--virtual-stages must be an integer >= 1, got {v!r}")
@@ -121,7 +122,8 @@ def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = N
             raise ConfigError(f"--t-backward-weight {w} ms is larger than the backward it is part of "
                               f"(--t-backward {b} ms)")
         fraction = w / b if b else 0.0
-    return PipelineSchedule(args.schedule, virtual_stages=v, weight_fraction=fraction)
+    chunks = interleaved_chunk_sizes(model, cfg, v) if (v > 1 and model is not None) else None
+    return PipelineSchedule(args.schedule, virtual_stages=v, weight_fraction=fraction, chunk_sizes=chunks)
 
 
 def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
@@ -149,7 +151,7 @@ def _model_step(args: argparse.Namespace):
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
     profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile)
-    sched = schedule_from_args(args)            # flag errors before any costs are built
+    sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
     if sched.splits_backward:
         plain = simulate_config(model, cfg, profile=profile, profile_source=args.profile,
                                 recovery_resource=args.recovery_resource, mechanisms=mech, schedule="1f1b")
@@ -165,13 +167,22 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         model, cfg, check = _model_step(args)
         costs, result, bd = check.costs, check.result, check.breakdown
         extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
-                 "predicted_step_ms": bd.step_ms, "breakdown": bd.to_json()}
+                 "predicted_step_ms": bd.step_ms, "prediction_basis": "analytic 1F1B (Eq. 11-13)",
+                 "breakdown": bd.to_json()}
     else:
         sched = schedule_from_args(args)
         costs = costs_from_args(args)
         result = simulate(costs, schedule=sched, mechanisms=mechanisms_from_args(args))
     payload = result.to_json(timeline=True)
     payload.update(extra)
+    P, A, v = costs.num_stages, costs.microbatches, result.virtual_stages
+    # where the analytic memory model (Eq. 5: 1F1B's N_act = min(P - p, A)) departs from this schedule
+    payload["in_flight"] = {
+        "analytic_1f1b": [in_flight_microbatches(p, P, A) for p in range(P)],
+        "schedule": [in_flight_activation_sets(result.schedule, p, P, A, v) for p in range(P)],
+        "measured": result.peak_activation_sets,
+        "note": "micro-batches' worth of a stage's activations; 'schedule' assumes equal chunks, 'measured' is "
+                "the simulated timeline (zb-h1: activations live until W)"}
     payload["config"] = {"stages": costs.num_stages, "microbatches": costs.microbatches,
                          "layers_per_stage": len(costs.stages[0]), "schedule": args.schedule,
                          "virtual_stages": result.virtual_stages,

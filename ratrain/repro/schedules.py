@@ -24,23 +24,17 @@ from pathlib import Path
 import numpy as np
 
 from ratrain.cost.terms import load_profile
-from ratrain.errors import ConfigError
 from ratrain.plan.planner import mechanisms_for, simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
-from ratrain.sim.pipeline_order import PipelineSchedule
+from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import Mechanisms, activation_residency
 from ratrain.sim.weight_split import layer_weight_gradient_bytes, weight_fractions
 from ratrain.spec.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, stage_memory
 from ratrain.spec.models import FP16, ModelSpec, get_model, layer_tp_parameter_count, stage_edge_parameters
-from ratrain.spec.parallel import (
-    ParallelConfig,
-    in_flight_activation_sets,
-    in_flight_microbatches,
-    partition_model,
-)
+from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 from ratrain.spec.platform import GIB
 from rtcommon.progress import Progress
 
@@ -61,17 +55,6 @@ def paper_layouts(s: Settings = DEFAULT_SETTINGS) -> list[tuple[str, str, Parall
         out.append(("table3", model_name, ParallelConfig(pp=P, dp=D, tp=1, zero=2, micro_batch=s.micro_batch,
                                                          accum=A, seq=s.seq, activation="fsr")))
     return out
-
-
-def interleaved_chunk_sizes(model: ModelSpec, cfg: ParallelConfig, virtual_stages: int) -> tuple[int, ...]:
-    """Layers per chunk of an interleaved layout: the layout's partition rule (``cfg.partition``,
-    e.g. parameter-balanced with the embedding on the first and the LM head on the last chunk)
-    applied to P x v parts, so each stage carries what the rule gives it under 1F1B."""
-    n = cfg.pp * virtual_stages
-    if n > model.layers:
-        raise ConfigError(f"--virtual-stages {virtual_stages} does not divide the layers: {model.layers} layers "
-                          f"cannot be cut into P x v = {cfg.pp} x {virtual_stages} = {n} non-empty chunks")
-    return tuple(len(r) for r in partition_model(model, n, cfg.partition))
 
 
 def _stage_params(model: ModelSpec, cfg: ParallelConfig, layers: list[int]) -> int:
@@ -282,5 +265,5 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS,
                       "ZB-H1 (3.7 GB/s links)", rows, checks, figs, text, notes=notes)
 
 
-__all__ = ["SCHEDULE_SET", "interleaved_chunk_sizes", "link_bytes", "paper_layouts", "run_schedules",
+__all__ = ["SCHEDULE_SET", "link_bytes", "paper_layouts", "run_schedules",
            "schedule_rows"]

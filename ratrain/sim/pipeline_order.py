@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass
 
 from ratrain.errors import ConfigError
+from ratrain.spec.models import ModelSpec
+from ratrain.spec.parallel import ParallelConfig, partition_model
 
 Op = tuple[str, int, int]          # (kind, microbatch, stage-local chunk)
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -168,6 +170,17 @@ def interleaved_chunks(num_layers: int, stages: int, virtual_stages: int) -> lis
     return chunk_layers(num_layers, n)
 
 
+def interleaved_chunk_sizes(model: ModelSpec, cfg: ParallelConfig, virtual_stages: int) -> tuple[int, ...]:
+    """Layers per chunk of an interleaved layout: the layout's partition rule (``cfg.partition``,
+    e.g. parameter-balanced with the embedding on the first and the LM head on the last chunk)
+    applied to P x v parts, so each stage carries what the rule gives it under 1F1B."""
+    n = cfg.pp * virtual_stages
+    if n > model.layers:
+        raise ConfigError(f"--virtual-stages {virtual_stages} does not divide the layers: {model.layers} layers "
+                          f"cannot be cut into P x v = {cfg.pp} x {virtual_stages} = {n} non-empty chunks")
+    return tuple(len(r) for r in partition_model(model, n, cfg.partition))
+
+
 # ------------------------------------------------------------------ orders
 
 def warmup_forwards(stages: int, microbatches: int, stage: int) -> int:
@@ -289,5 +302,5 @@ def held_activation_sets(ops: list[Op], virtual_stages: int = 1) -> float:
 
 
 __all__ = ["OP_KINDS", "Op", "PipelineSchedule", "SCHEDULES", "build", "chunk_layers", "gpipe",
-           "held_activation_sets", "interleaved", "interleaved_chunks", "interleaved_sequence",
-           "interleaved_warmup", "one_f_one_b", "warmup_forwards", "zb_h1"]
+           "held_activation_sets", "interleaved", "interleaved_chunk_sizes", "interleaved_chunks",
+           "interleaved_sequence", "interleaved_warmup", "one_f_one_b", "warmup_forwards", "zb_h1"]
