@@ -7,7 +7,8 @@ micro-batches:
 
 * F(l, m) / B(l, m): forward / backward of layer l for micro-batch m, on every
   replica. A task with ``layer=None`` means "all layers of the stage" (forward
-  order for F and R, reverse order for B).
+  order for F and R, reverse order for B; under an interleaved placement that
+  is every chunk of the stage, so interleaved timelines name their layers).
 * W(l, m): the weight gradient of a split backward (zb-h1). A task list with W
   tasks splits every backward: B(l, m) passes the input gradient down and W(l,
   m) accumulates the parameter gradients. The tiny model computes both in one

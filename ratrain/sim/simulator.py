@@ -32,7 +32,9 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   task per layer and micro-batch, started in idle windows after F(m, l) once
   fewer than ``fsr_lookahead`` micro-batches hold recovery buffers; if B(m, l)
   is otherwise ready and R(m, l) is unfinished, R is promoted to main-path
-  priority: backward-time fallback).
+  priority: backward-time fallback). Under zb-h1 the lookahead still counts
+  micro-batches by their B, so a recovery buffer may outlive it until its W
+  (``activation_residency`` measures that).
 * Lifecycle (Eq. 2): GradSync(l) -> UpdateShard(l) -> PrefetchW(l). Layer-wise
   chains start when layer l's accumulation completes (its last backward in the
   stage order: under interleaved the last backward of its chunk, under zb-h1 its
