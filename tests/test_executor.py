@@ -33,6 +33,7 @@ from ratrain.replay.executor import (
     inject_fault,
     order_tasks,
 )
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.timeline import Task
 
 CFG = CorrectnessConfig(steps=3, stages=2, dp=2, microbatches=3, layers=4, hidden=16, heads=2, seq=8,
@@ -251,6 +252,95 @@ def test_contiguous_split():
         ExecPlan(stages=4, dp=1, microbatches=1, layers=3)
     with pytest.raises(ConfigError):
         ExecPlan(stages=1, dp=1, microbatches=1, layers=2, activation="lazy")
+
+
+# ------------------------------------------------------------ interleaved and ZB-H1 timelines
+
+SCFG = replace(CFG, microbatches=4)          # interleaved needs A a multiple of P = 2
+PIPELINES = [PipelineSchedule("interleaved", 2), PipelineSchedule("zb-h1", weight_fraction=0.4)]
+
+
+@pytest.fixture(scope="module")
+def baseline_1f1b_losses():
+    losses, _ = train_schedule(SCFG, simulated_schedule(SCFG, False))
+    assert losses == train_single_stage(SCFG)
+    return losses
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda s: s.name)
+@pytest.mark.parametrize("ratrain", [False, True], ids=["all-off", "ratrain"])
+def test_interleaved_and_zb_h1_replay_bit_identical_to_baseline_1f1b(pipeline, ratrain, baseline_1f1b_losses):
+    sched = simulated_schedule(SCFG, ratrain, pipeline)
+    kinds = {t.kind for t in sched.tasks}
+    assert ("W" in kinds) == (pipeline.name == "zb-h1")
+    if pipeline.name == "interleaved":
+        assert [list(sched.plan.stage_layers(p)) for p in range(2)] == [[0, 2], [1, 3]]
+        # four chunk boundaries per micro-batch and direction instead of one: 3 x 2 x 4 transfers
+        assert sum(t.kind == "Send" for t in sched.tasks) == 3 * 2 * SCFG.microbatches
+    for overlap in (True, False):
+        losses, stats = train_schedule(SCFG, sched, overlap=overlap)
+        assert losses == baseline_1f1b_losses
+    if pipeline.name == "zb-h1":
+        assert stats[0].tasks["W"] == SCFG.layers * SCFG.microbatches
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda s: s.name)
+def test_final_weights_identical_to_baseline_1f1b(pipeline):
+    states = []
+    for sched in (simulated_schedule(SCFG, False), simulated_schedule(SCFG, True, pipeline)):
+        state = ModelState.create(SCFG.model(), SCFG.adam(), SCFG.seed, SCFG.dp)
+        for _ in range(2):
+            execute_step(state, sched.tasks, sched.plan, SCFG.batches())
+        states.append(state)
+    for a, b in zip(states[0].master, states[1].master, strict=True):
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
+
+
+def test_zb_h1_keeps_activations_until_w():
+    """Full-save ZB-H1: every stage holds min(P, A) micro-batches' activations (1F1B: min(P - p, A))."""
+    zb = simulated_schedule(SCFG, False, "zb-h1")
+    full = replace(zb, plan=replace(zb.plan, activation="full"))
+    base = simulated_schedule(SCFG, False)
+    _, zstats = train_schedule(replace(SCFG, steps=1), full)
+    _, bstats = train_schedule(replace(SCFG, steps=1), replace(base, plan=replace(base.plan, activation="full")))
+    lps = SCFG.layers // SCFG.stages
+    assert zstats[0].peak_live_full == [lps * min(SCFG.stages, SCFG.microbatches)] * SCFG.stages
+    assert bstats[0].peak_live_full == [lps * min(SCFG.stages - p, SCFG.microbatches) for p in range(SCFG.stages)]
+
+
+def test_split_backward_checks():
+    zb = simulated_schedule(SCFG, True, "zb-h1")
+    w = next(t for t in zb.tasks if t.kind == "W" and t.layer == 1 and t.microbatch == 0)
+    b = next(t for t in zb.tasks if t.kind == "B" and t.layer == 1 and t.microbatch == 0)
+    early = [replace(t, start_ms=b.start_ms - 1.0, end_ms=b.start_ms - 0.5) if t == w else t for t in zb.tasks]
+    with pytest.raises(LifecycleError, match=r"W\(layer 1, mb 0\) ran before B\(layer 1, mb 0\)"):
+        _run(zb, early, steps=1)
+    overlapping = [replace(t, start_ms=b.end_ms - 0.01) if t == w else t for t in zb.tasks]
+    with pytest.raises(LifecycleError, match=r"W\(layer 1, mb 0\) starts at .* but B\(layer 1, mb 0\)"):
+        _run(zb, overlapping, steps=1)
+    # GradSync must wait for the last W, not the last B
+    last_w = max((t for t in zb.tasks if t.kind == "W" and t.layer == 1), key=lambda t: t.end_ms)
+    gs = next(t for t in zb.tasks if t.kind == "GradSync" and t.layer == 1)
+    hurried = [replace(t, start_ms=last_w.start_ms - 0.02, end_ms=last_w.start_ms - 0.01) if t == gs else t
+               for t in zb.tasks]
+    with pytest.raises(LifecycleError, match=r"GradSync\(1\) before the weight gradient of micro-batches \[3\]"):
+        _run(zb, hurried, steps=1)
+    missing = [t for t in zb.tasks if t != w]
+    with pytest.raises(LifecycleError, match=r"GradSync\(1\) before the weight gradient|W never ran"):
+        _run(zb, missing, steps=1)
+    bad = inject_fault(zb.tasks, zb.plan, "early-update", layer=1)
+    with pytest.raises(LifecycleError, match=r"GradSync\(1\)"):
+        _run(zb, bad, steps=1)
+
+
+def test_interleaved_plan_placement():
+    plan = ExecPlan(stages=2, dp=1, microbatches=2, layers=6, virtual_stages=2)
+    # chunks [0, 1] [2, 3] [4] [5]: chunk c on stage c mod 2
+    assert [list(plan.stage_layers(p)) for p in range(2)] == [[0, 1, 4], [2, 3, 5]]
+    assert plan.stage_of(4) == 0 and plan.stage_of(5) == 1
+    with pytest.raises(ConfigError, match="does not divide the layers"):
+        ExecPlan(stages=2, dp=1, microbatches=2, layers=4, virtual_stages=3)
 
 
 # ------------------------------------------------------------ lifecycle checks and teeth

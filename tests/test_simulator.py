@@ -144,7 +144,7 @@ def check_dependencies(result, costs, schedule="1f1b"):
                         key=lambda t: (t.start_ms, t.end_ms)):
             if not seq or seq[-1] != (t.kind, t.microbatch):
                 seq.append((t.kind, t.microbatch))
-        assert seq == build(schedule, P, A)[p]
+        assert seq == [(k, m) for k, m, _ in build(schedule, P, A)[p]]
         # lifecycle chain of every layer
         last_b = max(b[(layer_index, m)].end_ms for layer_index in rng for m in range(A))
         for layer_index in rng:

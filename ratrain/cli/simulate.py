@@ -5,6 +5,10 @@ Examples::
     ratrain simulate --model qwen2.5-32b --pp 8 --dp 32 --zero 2 --accum 128 --plot step.png --json
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
         --t-update 0.5 --t-recompute 1 --t-gradsync 1 --layers-per-stage 2 --json
+    ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
+        --layers-per-stage 4 --schedule interleaved --virtual-stages 2
+    ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
+        --schedule zb-h1 --t-backward-weight 0.8
 """
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ import argparse
 
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.cost.tasks import PipelineCosts
+from ratrain.cost.terms import load_profile
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
-from ratrain.sim.pipeline_order import SCHEDULES
+from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
+from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.models import from_hf_config, get_model
-from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 
 _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", None),
           ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
@@ -29,7 +35,7 @@ _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", Non
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "simulate", help="simulate one 1F1B/GPipe step with training-state lifecycle tasks",
+        "simulate", help="simulate one 1F1B/GPipe/interleaved/ZB-H1 step with training-state lifecycle tasks",
         description="Simulate one training step. Per-stage times are in ms per micro-batch "
                     "(forward/backward/recompute) or per step (update/gradsync/prefetch) and are split "
                     "evenly over --layers-per-stage layers.")
@@ -53,7 +59,15 @@ def register(subparsers) -> None:
     for dest, flag, _ in _TIMES:
         p.add_argument(flag, dest=dest, type=float, help="ms per stage")
     p.add_argument("--layers-per-stage", type=int, default=1)
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="pipeline order: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, see "
+                        "--virtual-stages) or zb-h1 (zero-bubble H1: backward split into B and a deferred W)")
+    p.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                   help="interleaved: model chunks per stage; the layers are cut into P x V chunks as evenly "
+                        "as possible (earlier chunks take the extra layers), chunk c on stage c mod P")
+    p.add_argument("--t-backward-weight", dest="t_backward_weight", type=float, metavar="W",
+                   help="zb-h1, uniform mode: ms of --t-backward that is the weight gradient W (default half); "
+                        "model-driven runs take W from the profile's dW GEMMs")
     p.add_argument("--activation", choices=ACTIVATIONS, default="fsr")
     p.add_argument("--variant", choices=ABLATION_VARIANTS + ("all-off",),
                    help="start from a paper ablation variant (the --no-* flags still apply)")
@@ -80,6 +94,40 @@ def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
                       fsr_lookahead=args.fsr_lookahead)
 
 
+def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = None, profile=None,
+                       model=None, cfg: ParallelConfig | None = None) -> PipelineSchedule:
+    """The PipelineSchedule the flags ask for; W's share from --t-backward-weight (uniform) or from
+    the profile's dW GEMMs (model-driven, ``costs`` and ``profile`` given); model-driven interleaved
+    chunks follow the layout's partition rule (``model`` and ``cfg`` given)."""
+    v = args.virtual_stages
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"--virtual-stages must be an integer >= 1, got {v!r}")
+    if v > 1 and args.schedule != "interleaved":
+        raise ConfigError(f"--virtual-stages {v} needs --schedule interleaved (got --schedule {args.schedule})")
+    if v > 1:
+        P, A, flags = ((args.stages, args.microbatches, ("--stages", "--microbatches")) if args.uniform
+                       else (args.pp, args.accum, ("--pp", "--accum")))
+        if P is not None and A is not None and A > P and A % P:
+            raise ConfigError(f"--schedule interleaved: {flags[1]} {A} must be a multiple of {flags[0]} {P} when "
+                              "larger (Megatron's rule: a smaller last group of micro-batches can deadlock)")
+    fraction: float | tuple[float, ...] = DEFAULT_WEIGHT_FRACTION
+    if profile is not None:
+        if args.t_backward_weight is not None:
+            raise ConfigError("--t-backward-weight is for --uniform; model-driven runs take the weight gradient "
+                              "from the profile's dW GEMMs")
+        fraction = weight_fractions(costs, profile)
+    elif args.t_backward_weight is not None:
+        w, b = args.t_backward_weight, args.t_backward
+        if not w >= 0:
+            raise ConfigError(f"--t-backward-weight must be >= 0 ms, got {w}")
+        if b is not None and w > b:
+            raise ConfigError(f"--t-backward-weight {w} ms is larger than the backward it is part of "
+                              f"(--t-backward {b} ms)")
+        fraction = w / b if b else 0.0
+    chunks = interleaved_chunk_sizes(model, cfg, v) if (v > 1 and model is not None) else None
+    return PipelineSchedule(args.schedule, virtual_stages=v, weight_fraction=fraction, chunk_sizes=chunks)
+
+
 def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
     if not args.uniform:
         raise ConfigError("give --model NAME or --hf-config FILE for a model-driven step, or --uniform with "
@@ -104,9 +152,15 @@ def _model_step(args: argparse.Namespace):
     mech = mechanisms_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
-    check = simulate_config(model, cfg, platform=platform_from_args(args), profile_source=args.profile,
-                            recovery_resource=args.recovery_resource,
-                            mechanisms=mech, schedule=args.schedule)
+    platform = platform_from_args(args)
+    profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile, platform=platform)
+    sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
+    if sched.splits_backward:
+        plain = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
+                                recovery_resource=args.recovery_resource, mechanisms=mech, schedule="1f1b")
+        sched = schedule_from_args(args, plain.costs, profile)
+    check = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
+                            recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched)
     return model, cfg, check
 
 
@@ -116,14 +170,25 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         model, cfg, check = _model_step(args)
         costs, result, bd = check.costs, check.result, check.breakdown
         extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
-                 "predicted_step_ms": bd.step_ms, "breakdown": bd.to_json()}
+                 "predicted_step_ms": bd.step_ms, "prediction_basis": "analytic 1F1B (Eq. 11-13)",
+                 "breakdown": bd.to_json()}
     else:
+        sched = schedule_from_args(args)
         costs = costs_from_args(args)
-        result = simulate(costs, schedule=args.schedule, mechanisms=mechanisms_from_args(args))
+        result = simulate(costs, schedule=sched, mechanisms=mechanisms_from_args(args))
     payload = result.to_json(timeline=True)
     payload.update(extra)
+    P, A, v = costs.num_stages, costs.microbatches, result.virtual_stages
+    # where the analytic memory model (Eq. 5: 1F1B's N_act = min(P - p, A)) departs from this schedule
+    payload["in_flight"] = {
+        "analytic_1f1b": [in_flight_microbatches(p, P, A) for p in range(P)],
+        "schedule": [in_flight_activation_sets(result.schedule, p, P, A, v) for p in range(P)],
+        "measured": result.peak_activation_sets,
+        "note": "micro-batches' worth of a stage's activations; 'schedule' assumes equal chunks, 'measured' is "
+                "the simulated timeline (zb-h1: activations live until W)"}
     payload["config"] = {"stages": costs.num_stages, "microbatches": costs.microbatches,
                          "layers_per_stage": len(costs.stages[0]), "schedule": args.schedule,
+                         "virtual_stages": result.virtual_stages,
                          "transfer_ms": costs.transfer_ms, "layer_costs": costs.to_json()["stages"][0][0],
                          "recovery_resource": costs.recovery_resource,
                          "update_resource": costs.update_resource, "prefetch_resource": costs.prefetch_resource}
@@ -135,7 +200,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         payload["plot"] = args.plot
     text = render_text(result, costs, payload)
     if extra:
-        text = (f"{extra['model']} {extra['label']}\nplanner prediction {extra['predicted_step_ms']:12.3f} ms "
+        basis = "" if result.schedule == "1f1b" else " (analytic 1F1B model)"
+        text = (f"{extra['model']} {extra['label']}\nplanner prediction{basis} {extra['predicted_step_ms']:12.3f} ms "
                 f"({(extra['predicted_step_ms'] / result.step_time_ms - 1) * 100:+.2f}% vs simulated)\n") + text
     return payload, text
 
@@ -143,17 +209,18 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
 def render_text(result, costs: PipelineCosts, payload: dict) -> str:
     m = result.mechanisms
     onoff = lambda b: "on" if b else "off"  # noqa: E731
-    lines = [f"simulate {result.schedule}: P={costs.num_stages} A={costs.microbatches} "
+    vs = f" v={result.virtual_stages}" if result.virtual_stages > 1 else ""
+    lines = [f"simulate {result.schedule}{vs}: P={costs.num_stages} A={costs.microbatches} "
              f"layers/stage={len(costs.stages[0])}; layer-wise {onoff(m.layerwise)}, update-prefetch "
              f"{onoff(m.deadline_aware)}, activation {m.policy}",
              f"step time       {result.step_time_ms:12.3f} ms",
              f"last backward   {result.last_backward_end_ms:12.3f} ms",
              f"exposed tail    {result.exposed_tail_ms:12.3f} ms",
-             "stage  compute busy  compute idle  ddr busy  link busy  in-flight  R hidden  R exposed"]
+             "stage  compute busy  compute idle  ddr busy  link busy  in-flight  act sets  R hidden  R exposed"]
     for s in result.stages:
         lines.append(f"{s.stage:5d}  {s.compute_busy_ms:12.3f}  {s.compute_idle_ms:12.3f}  {s.ddr_busy_ms:8.3f}  "
-                     f"{s.link_busy_ms:9.3f}  {s.peak_inflight:9d}  {s.hidden_recovery_ms:8.3f}  "
-                     f"{s.exposed_recovery_ms:9.3f}")
+                     f"{s.link_busy_ms:9.3f}  {s.peak_inflight:9d}  {s.peak_activation_sets:8.3g}  "
+                     f"{s.hidden_recovery_ms:8.3f}  {s.exposed_recovery_ms:9.3f}")
     for key in ("trace", "plot"):
         if key in payload:
             lines.append(f"wrote {payload[key]}")

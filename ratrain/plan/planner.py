@@ -393,7 +393,7 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                       partition=cfg.partition, recovery_resource=recovery_resource)
     if profile is not None:
-        planner._profiles[(cfg.micro_batch, cfg.seq, cfg.tp)] = profile
+        planner._profiles[(profile_source, cfg.micro_batch, cfg.seq, cfg.tp)] = profile
     prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
     mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
     costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)

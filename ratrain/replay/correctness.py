@@ -43,6 +43,7 @@ from ratrain.replay.tinymodel import (
     make_view,
     microbatch_loss_and_grads,
 )
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.sim.timeline import Task
 from rtcommon.fileio import atomic_write_bytes, atomic_write_json
@@ -142,12 +143,15 @@ def simulator_available() -> bool:
     return importlib.util.find_spec("ratrain.sim.simulator") is not None
 
 
-def simulated_schedule(cfg: CorrectnessConfig, ratrain: bool) -> Schedule:
+def simulated_schedule(cfg: CorrectnessConfig, ratrain: bool,
+                       pipeline: str | PipelineSchedule = "1f1b") -> Schedule:
     """One step's task list from the simulator: RATrain (all mechanisms on) or Baseline-1F1B (all off).
 
     Task costs are illustrative (only the order matters for correctness): per
     layer forward 1, backward 2, recompute 1 ms; per stage gradsync 0.5,
     update 0.5, prefetch 0.2 ms (split over its layers); transfer 0.1 ms.
+    ``pipeline``: the pipeline schedule (default 1F1B; interleaved and zb-h1
+    timelines replay on the same executor, the plan takes the interleaved placement).
     """
     if not simulator_available():
         raise RatrainError("ratrain.sim.simulator is not available: the correctness run replays its timelines")
@@ -161,11 +165,15 @@ def simulated_schedule(cfg: CorrectnessConfig, ratrain: bool) -> Schedule:
         mech = Mechanisms(layerwise=True, update_prefetch=True, fsr=True, activation="fsr")
     else:
         mech = Mechanisms.all_off()
-    result = simulate(costs, schedule="1f1b", mechanisms=mech)
+    pipeline = PipelineSchedule.of(pipeline)
+    result = simulate(costs, schedule=pipeline, mechanisms=mech)
     activation = getattr(mech, "activation", "fsr" if ratrain else "ckpt")
     plan = ExecPlan(stages=cfg.stages, dp=cfg.dp, microbatches=cfg.microbatches, layers=cfg.layers,
-                    activation=activation)
-    return Schedule(name="RATrain" if ratrain else "Baseline-1F1B", tasks=list(result.tasks), plan=plan,
+                    activation=activation, virtual_stages=result.virtual_stages)
+    name = "RATrain" if ratrain else "Baseline-1F1B"
+    if pipeline.name != "1f1b":
+        name = f"{name} ({pipeline.name})"
+    return Schedule(name=name, tasks=list(result.tasks), plan=plan,
                     step_time_ms=getattr(result, "step_time_ms", None))
 
 

@@ -7,11 +7,21 @@ micro-batches:
 
 * F(l, m) / B(l, m): forward / backward of layer l for micro-batch m, on every
   replica. A task with ``layer=None`` means "all layers of the stage" (forward
-  order for F and R, reverse order for B).
+  order for F and R, reverse order for B; under an interleaved placement that
+  is every chunk of the stage, so interleaved timelines name their layers).
+* W(l, m): the weight gradient of a split backward (zb-h1). A task list with W
+  tasks splits every backward: B(l, m) passes the input gradient down and W(l,
+  m) accumulates the parameter gradients. The tiny model computes both in one
+  backward call, so B computes them and parks the parameter gradients with the
+  layer's activations until W; the accumulation (the state change GradSync
+  reads), the activation release and every check happen at W's time.
 * R(l, m): activation recovery (FSR): rebuild layer l's internals for m from its
   checkpoint into a recovery buffer that the later B consumes. A B of a
   checkpointed layer that finds no recovered buffer recomputes at backward
   time (Baseline-1F1B's behaviour, and FSR's fallback).
+* Layer placement: contiguous stages, or with ``ExecPlan.virtual_stages`` v > 1
+  the interleaved placement (P*v chunks, chunk c on stage c mod P), as the
+  simulator places them.
 * GradSync(l): average layer l's accumulated gradients over the D replicas in
   replica order 0..D-1 (a fixed order, so every schedule sums identically).
 * UpdateShard(l): Adam step of layer l's FP32 master (element-wise, so a ZeRO
@@ -26,7 +36,7 @@ micro-batches:
   per-micro-batch activation table; readiness is checked where it is consumed.
 
 Order: tasks run by (start_ms, end_ms, kind rank, stage, layer, microbatch),
-kind rank F < R < B < Send < Recv < GradSync < UpdateShard < PrefetchW < Update.
+kind rank F < R < B < W < Send < Recv < GradSync < UpdateShard < PrefetchW < Update.
 Sorting on end_ms second puts a zero-length task before a longer one starting
 at the same instant; the rank keeps a zero-length GradSync -> UpdateShard ->
 PrefetchW chain in dependency order. Whatever the order, every dependency is
@@ -35,7 +45,8 @@ checked when the task runs.
 Time: a task computes when it starts but its results count as available only
 from its end_ms. Every read checks that its producer has ended by the reader's
 start (F(l-1, m) before F(l, m); B(l+1, m) before B(l, m); F or R before B;
-all B(l, .) before GradSync(l); GradSync -> UpdateShard -> PrefetchW(l); the
+all B(l, .) (all W(l, .) when split) before GradSync(l); B(l, m) before W(l, m);
+GradSync -> UpdateShard -> PrefetchW(l); the
 previous step's PrefetchW(l) before F(l)). ``execute_steps`` with a period
 lays consecutive steps on one time axis (step k shifted by k * period), so a
 PrefetchW that the simulator lets spill past the step boundary is checked
@@ -75,11 +86,12 @@ from ratrain.replay.tinymodel import (
     new_opt_state,
     recompute,
 )
+from ratrain.sim.pipeline_order import chunk_layers, interleaved_chunks
 from ratrain.sim.timeline import TASK_KINDS, Task
 
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
 KIND_RANK = {k: i for i, k in enumerate(
-    ("F", "R", "B", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update"))}
+    ("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update"))}
 assert set(KIND_RANK) == set(TASK_KINDS)
 
 _TIME_EPS = 1e-6   # ms; simulator times are sums of floats
@@ -98,15 +110,18 @@ class ExecPlan:
     ``activation``: "full" (F keeps every intermediate), "ckpt" (F keeps the
     layer input, B recomputes) or "fsr" (F keeps the layer input, R tasks
     recover before B; B without R falls back to recomputing).
+    ``virtual_stages``: 1 for contiguous stages; v > 1 for the interleaved
+    placement (``ratrain.sim.pipeline_order.interleaved_chunks``).
     """
     stages: int
     dp: int
     microbatches: int
     layers: int
     activation: str = "ckpt"
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("stages", "dp", "microbatches", "layers"):
+        for name in ("stages", "dp", "microbatches", "layers", "virtual_stages"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"ExecPlan.{name} must be >= 1, got {getattr(self, name)}")
         if self.layers < self.stages:
@@ -114,18 +129,27 @@ class ExecPlan:
         if self.activation not in ACTIVATION_POLICIES:
             raise ConfigError(f"ExecPlan.activation must be one of {ACTIVATION_POLICIES}, "
                               f"got {self.activation!r}")
+        if self.virtual_stages > 1:
+            chunks = interleaved_chunks(self.layers, self.stages, self.virtual_stages)
+            placement = [sorted(x for g in range(p, len(chunks), self.stages) for x in chunks[g])
+                         for p in range(self.stages)]
+        else:
+            placement = chunk_layers(self.layers, self.stages)
+        object.__setattr__(self, "_placement", placement)
+        object.__setattr__(self, "_stage_of", {x: p for p, layers in enumerate(placement) for x in layers})
 
-    def stage_layers(self, stage: int) -> range:
-        """Contiguous split; the first ``layers % stages`` stages get one extra layer."""
-        base, extra = divmod(self.layers, self.stages)
-        start = stage * base + min(stage, extra)
-        return range(start, start + base + (1 if stage < extra else 0))
+    def stage_layers(self, stage: int) -> range | list[int]:
+        """The stage's layers in model order. Contiguous split (v = 1): the first ``layers % stages``
+        stages get one extra layer; interleaved (v > 1): the layers of chunks stage, stage + P, ..."""
+        if not 0 <= stage < self.stages:
+            raise ConfigError(f"stage {stage} out of range 0..{self.stages - 1}")
+        return self._placement[stage]
 
     def stage_of(self, layer: int) -> int:
-        for s in range(self.stages):
-            if layer in self.stage_layers(s):
-                return s
-        raise ConfigError(f"layer {layer} out of range 0..{self.layers - 1}")
+        got = self._stage_of.get(layer)
+        if got is None:
+            raise ConfigError(f"layer {layer} out of range 0..{self.layers - 1}")
+        return got
 
 
 @dataclass
@@ -219,6 +243,8 @@ class _Run:
     losses: dict = field(default_factory=dict)      # (r, m) -> loss
     f_done: set = field(default_factory=set)        # (l, m)
     b_done: dict = field(default_factory=dict)      # l -> set of m
+    w_done: dict = field(default_factory=dict)      # l -> set of m (split backward)
+    pending_w: dict = field(default_factory=dict)   # (r, l, m) -> parameter grads waiting for W
     f_version: dict = field(default_factory=dict)   # (l, m) -> view version used by F
     synced: dict = field(default_factory=dict)      # l -> averaged grads
     updated: set = field(default_factory=set)
@@ -228,12 +254,14 @@ class _Run:
 
 class _Executor:
     def __init__(self, state: ModelState, plan: ExecPlan, batches: BatchFn, fault_injection: bool,
-                 step: int | None = None, offset_ms: float = 0.0):
+                 step: int | None = None, offset_ms: float = 0.0, split: bool = False):
         if plan.layers != state.cfg.layers:
             raise ConfigError(f"ExecPlan.layers={plan.layers} but the model has {state.cfg.layers} layers")
         if len(state.grads) != plan.dp:
             raise ConfigError(f"ExecPlan.dp={plan.dp} but the model state holds {len(state.grads)} replicas")
         self.s, self.plan, self.batches, self.fault = state, plan, batches, fault_injection
+        self.split = split                   # backward split into B (input grad) and W (weight grad)
+        self.acc = "W" if split else "B"     # the kind whose end completes a gradient contribution
         self.cfg = state.cfg
         self.stats = StepStats(peak_live_full=[0] * plan.stages)
         self.run = _Run(step=state.step if step is None else step, live_full=[0] * plan.stages)
@@ -291,10 +319,11 @@ class _Executor:
                            f"{t - self.offset:.4g} ms (step-relative times)")
 
     def _need_b_all(self, layer_index: int, reader: str) -> None:
-        ends = [(self.run.ready.get(("B", layer_index, m), -np.inf), m) for m in range(self.plan.microbatches)]
+        k = self.acc
+        ends = [(self.run.ready.get((k, layer_index, m), -np.inf), m) for m in range(self.plan.microbatches)]
         t, m = max(ends)
-        if ("B", layer_index, m) not in self.task_keys and t > self.t0 + _TIME_EPS:
-            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but B(layer {layer_index}, mb {m}) "
+        if (k, layer_index, m) not in self.task_keys and t > self.t0 + _TIME_EPS:
+            self.violation(f"{reader} starts at {self.t0 - self.offset:.4g} ms but {k}(layer {layer_index}, mb {m}) "
                            "ends at "
                            f"{t - self.offset:.4g} ms (step-relative times)")
 
@@ -398,10 +427,8 @@ class _Executor:
             self._need(("R", layer_index, m), who, f"R(layer {layer_index}, mb {m}) recovering its activations")
         else:
             self._need(("F", layer_index, m), who, f"F(layer {layer_index}, mb {m}) saving its activations")
-        tag = s.grads_step[0][layer_index]
-        if s.grads[0][layer_index] is not None and tag != run.step:
-            self.violation(f"B(layer {layer_index}, mb {m}) would accumulate into step {tag}'s gradients "
-                           f"(GradSync({layer_index}) of step {tag} has not consumed them)")
+        if not self.split:
+            self._check_fresh_grads(who, layer_index)
         dloss = microbatch_dloss(s.opt, self.plan.microbatches)
         for r in range(self.plan.dp):
             cache: LayerCache | None = run.recovered.pop((r, layer_index, m), None)
@@ -413,16 +440,50 @@ class _Executor:
                     self._live(layer_index, 1, r)
             dout = dloss if last else run.douts.pop((r, layer_index, m))
             dx, grads = layer_backward(s.view[layer_index], cfg, cache, dout)
-            self._live(layer_index, -1, r)
-            s.grads[r][layer_index] = accumulate(s.grads[r][layer_index], grads)
-            s.grads_step[r][layer_index] = run.step
+            if self.split:                # W accumulates them and releases the activations
+                run.pending_w[(r, layer_index, m)] = grads
+            else:
+                self._live(layer_index, -1, r)
+                s.grads[r][layer_index] = accumulate(s.grads[r][layer_index], grads)
+                s.grads_step[r][layer_index] = run.step
             if layer_index > 0:
                 run.douts[(r, layer_index - 1, m)] = dx
         done.add(m)
         self._produce(("B", layer_index, m))
 
+    def _check_fresh_grads(self, who: str, layer_index: int) -> None:
+        tag = self.s.grads_step[0][layer_index]
+        if self.s.grads[0][layer_index] is not None and tag != self.run.step:
+            self.violation(f"{who} would accumulate into step {tag}'s gradients "
+                           f"(GradSync({layer_index}) of step {tag} has not consumed them)")
+
+    def weight(self, layer_index: int, m: int) -> None:
+        """W(l, m): accumulate the parameter gradients B(l, m) computed; release its activations."""
+        run, s = self.run, self.s
+        who = f"W(layer {layer_index}, mb {m})"
+        if not self.split:
+            raise LifecycleError(f"step {run.step}: {who} in a task list without split backward")
+        done = run.w_done.setdefault(layer_index, set())
+        if m in done:
+            raise LifecycleError(f"step {run.step}: {who} appears twice")
+        if (0, layer_index, m) not in run.pending_w:
+            raise LifecycleError(f"step {run.step}: {who} ran before B(layer {layer_index}, mb {m}) "
+                                 "computed its gradients")
+        self._check_same_weights("W", layer_index, m)
+        self._need(("B", layer_index, m), who, f"B(layer {layer_index}, mb {m}) computing them")
+        self._check_fresh_grads(who, layer_index)
+        for r in range(self.plan.dp):
+            grads = run.pending_w.pop((r, layer_index, m))
+            self._live(layer_index, -1, r)
+            s.grads[r][layer_index] = accumulate(s.grads[r][layer_index], grads)
+            s.grads_step[r][layer_index] = run.step
+        done.add(m)
+        self._produce(("W", layer_index, m))
+
     def _missing_b(self, layer_index: int) -> list[int]:
-        return sorted(set(range(self.plan.microbatches)) - self.run.b_done.get(layer_index, set()))
+        """Micro-batches whose gradient contribution to the layer is not in yet (B, or W when split)."""
+        done = self.run.w_done if self.split else self.run.b_done
+        return sorted(set(range(self.plan.microbatches)) - done.get(layer_index, set()))
 
     def gradsync(self, layer_index: int) -> None:
         run, s = self.run, self.s
@@ -431,8 +492,8 @@ class _Executor:
             return
         missing = self._missing_b(layer_index)
         if missing:
-            self.violation(f"GradSync({layer_index}) before the backward of micro-batches {missing} for layer "
-                           f"{layer_index}")
+            self.violation(f"GradSync({layer_index}) before the {'weight gradient' if self.split else 'backward'} "
+                           f"of micro-batches {missing} for layer {layer_index}")
         else:
             self._need_b_all(layer_index, f"GradSync({layer_index})")
         bufs = [s.grads[r][layer_index] for r in range(self.plan.dp)]
@@ -450,8 +511,8 @@ class _Executor:
             return
         missing = self._missing_b(layer_index)
         if missing:
-            self.violation(f"UpdateShard({layer_index}) before the backward of micro-batches {missing} for layer "
-                           f"{layer_index}")
+            self.violation(f"UpdateShard({layer_index}) before the {'weight gradient' if self.split else 'backward'} "
+                           f"of micro-batches {missing} for layer {layer_index}")
         if layer_index not in run.synced:
             if self.plan.dp > 1:
                 self.violation(f"UpdateShard({layer_index}) before GradSync({layer_index}) with {self.plan.dp} "
@@ -510,6 +571,10 @@ class _Executor:
             m = self.mb_of(task)
             for layer_index in self.layers_of(task, reverse=True):
                 self.backward(layer_index, m)
+        elif kind == "W":
+            m = self.mb_of(task)
+            for layer_index in self.layers_of(task, reverse=True):
+                self.weight(layer_index, m)
         elif kind == "GradSync":
             for layer_index in self.layers_of(task, reverse=True):
                 self.gradsync(layer_index)
@@ -536,6 +601,11 @@ class _Executor:
         missing_b = sorted((layer_index, m) for layer_index, m in want if m not in run.b_done.get(layer_index, set()))
         if missing_b:
             raise LifecycleError(f"step {run.step}: backward never ran for (layer, mb) {missing_b[:6]}")
+        if self.split:
+            missing_w = sorted((layer_index, m) for layer_index, m in want
+                               if m not in run.w_done.get(layer_index, set()))
+            if missing_w:
+                raise LifecycleError(f"step {run.step}: weight gradient W never ran for (layer, mb) {missing_w[:6]}")
         not_updated = sorted(set(range(plan.layers)) - run.updated)
         if not_updated:
             self.violation(f"layers {not_updated} were never updated in this step")
@@ -546,6 +616,11 @@ class _Executor:
         return float(np.mean(np.asarray(losses, dtype=np.float64)))
 
 
+def splits_backward(tasks: Iterable[Task]) -> bool:
+    """Whether a task list splits the backward into B and W (it has W tasks)."""
+    return any(t.kind == "W" for t in tasks)
+
+
 def execute_step(model_state: ModelState, tasks: list[Task], plan: ExecPlan, batch_provider: BatchFn,
                  *, fault_injection: bool = False) -> float:
     """Run one training step's task list; return the step loss (mean over replicas x micro-batches).
@@ -554,8 +629,9 @@ def execute_step(model_state: ModelState, tasks: list[Task], plan: ExecPlan, bat
     step's stats (task counts, recoveries, peak live activation sets,
     violations under fault injection) land in ``model_state.last_stats``.
     """
-    return _Executor(model_state, plan, batch_provider, fault_injection,
-                     offset_ms=model_state.clock_ms).execute(list(tasks))
+    tasks = list(tasks)
+    return _Executor(model_state, plan, batch_provider, fault_injection, offset_ms=model_state.clock_ms,
+                     split=splits_backward(tasks)).execute(tasks)
 
 
 def execute_steps(model_state: ModelState, tasks: list[Task], plan: ExecPlan, batch_provider: BatchFn,
@@ -585,8 +661,9 @@ def execute_steps(model_state: ModelState, tasks: list[Task], plan: ExecPlan, ba
     if not period_ms > 0:
         raise ConfigError(f"execute_steps: period_ms must be positive, got {period_ms}")
     first, t0 = model_state.step, model_state.clock_ms
+    split = splits_backward(tasks)
     execs = [_Executor(model_state, plan, batch_provider, fault_injection, step=first + k,
-                       offset_ms=t0 + k * period_ms) for k in range(steps)]
+                       offset_ms=t0 + k * period_ms, split=split) for k in range(steps)]
     base = order_tasks(tasks)   # fixes the within-step order of exact ties
     merged = []
     for k in range(steps):
@@ -617,8 +694,8 @@ def inject_fault(tasks: list[Task], plan: ExecPlan, kind: str, layer: int) -> li
     """A copy of ``tasks`` with one deliberate lifecycle bug for ``layer``.
 
     * "early-update": GradSync/UpdateShard/PrefetchW(layer) run just before the
-      last micro-batch's B of that layer (its gradient misses the step, and the
-      last backward sees new weights).
+      last micro-batch's B (W when the backward is split) of that layer (its
+      gradient misses the step, and the last backward sees new weights).
     * "stale-view": PrefetchW(layer) runs just before UpdateShard(layer), so the
       next step's forward uses the old weights.
     """
@@ -630,9 +707,10 @@ def inject_fault(tasks: list[Task], plan: ExecPlan, kind: str, layer: int) -> li
         return t.stage == stage and (t.layer is None or t.layer == layer)
 
     if kind == "early-update":
-        bs = [t for t in tasks if t.kind == "B" and touches(t)]
+        acc = "W" if splits_backward(tasks) else "B"
+        bs = [t for t in tasks if t.kind == acc and touches(t)]
         if not bs:
-            raise ConfigError(f"no B task for layer {layer} to inject an early update before")
+            raise ConfigError(f"no {acc} task for layer {layer} to inject an early update before")
         last_b = max(bs, key=lambda t: (t.start_ms, t.microbatch or 0))
         at = last_b.start_ms - 1e-6
         keep = [t for t in tasks if not (t.kind in ("GradSync", "UpdateShard", "PrefetchW")
@@ -649,4 +727,4 @@ def inject_fault(tasks: list[Task], plan: ExecPlan, kind: str, layer: int) -> li
 
 __all__ = ["ACTIVATION_POLICIES", "ExecPlan", "FAULTS", "LifecycleError", "ModelState", "StepStats",
            "accumulate", "dp_average", "execute_step", "execute_steps", "inject_fault", "microbatch_dloss",
-           "order_tasks"]
+           "order_tasks", "splits_backward"]

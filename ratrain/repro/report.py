@@ -13,6 +13,7 @@ from ratrain.repro import training
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
+from ratrain.repro.schedules import run_schedules
 from ratrain.repro.sensitivity import run_sensitivity
 from rtcommon.fileio import atomic_write_json, atomic_write_text
 from rtcommon.progress import Progress
@@ -26,12 +27,11 @@ def registry() -> dict[str, Callable[..., Experiment]]:
     return {"table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention,
             "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
             "table6": training.run_table6, "ablation": training.run_ablation,
-            "sensitivity": run_sensitivity, "correctness": run_correctness_experiment}
+            "schedules": run_schedules, "sensitivity": run_sensitivity, "correctness": run_correctness_experiment}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
-                    "sensitivity",
-                    "correctness")
+                    "schedules", "sensitivity", "correctness")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,

@@ -1,7 +1,8 @@
 """PNG figures of simulated steps (matplotlib, Agg backend), written atomically.
 
-``plot_timeline``: per-stage rows in the style of the paper's Fig. 6 (F, B and R
-of each micro-batch on the stage's compute row; DDR and link work such as
+``plot_timeline``: per-stage rows in the style of the paper's Fig. 6 (F, B, R and,
+under zb-h1, the weight gradient W of each micro-batch on the stage's compute
+row; DDR and link work such as
 UpdateShard, PrefetchW, GradSync and Send/Recv on their own rows).
 ``plot_stage_memory``: per-stage peak memory against the budget.
 """
@@ -20,9 +21,10 @@ from ratrain.errors import ConfigError  # noqa: E402
 from ratrain.sim.timeline import Task  # noqa: E402
 from rtcommon.fileio import atomic_write_figure  # noqa: E402
 
-COLORS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
+COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
           "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3"}
-SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "W", "Update": "Upd"}
+SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "P", "Update": "Upd"}
+COMPUTE_KINDS = ("F", "B", "W", "R")
 GIB = 2 ** 30
 
 
@@ -30,15 +32,18 @@ def _save(fig, path: str | os.PathLike) -> None:
     atomic_write_figure(path, fig, dpi=120, bbox_inches="tight")
 
 
-def _boxes(tasks: list[Task]) -> list[tuple[str, str, float, float]]:
-    """(kind, label, start, end); consecutive per-layer pieces of one F/B/R of a micro-batch merge."""
+def _boxes(tasks: list[Task], chunk_of: dict[int, int] | None = None) -> list[tuple[str, str, float, float]]:
+    """(kind, label, start, end); consecutive per-layer pieces of one F/B/W/R of a micro-batch merge.
+    ``chunk_of`` (layer -> stage-local chunk, interleaved) adds the chunk to the label: F3c1."""
     out: list[list] = []
     for t in sorted(tasks, key=lambda t: (t.start_ms, t.end_ms)):
-        if t.kind in ("F", "B", "R", "Send", "Recv"):
-            label = f"{t.kind}{t.microbatch}" if t.kind in ("F", "B", "R") else ""
+        if t.kind in COMPUTE_KINDS + ("Send", "Recv"):
+            label = f"{t.kind}{t.microbatch}" if t.kind in COMPUTE_KINDS else ""
+            if label and chunk_of and t.layer in chunk_of:
+                label += f"c{chunk_of[t.layer]}"
         else:
             label = f"{SHORT.get(t.kind, t.kind)}{'' if t.layer is None else t.layer}"
-        if out and t.kind in ("F", "B", "R") and out[-1][0] == t.kind and out[-1][1] == label \
+        if out and t.kind in COMPUTE_KINDS and out[-1][0] == t.kind and out[-1][1] == label \
                 and abs(out[-1][3] - t.start_ms) < 1e-9:
             out[-1][3] = t.end_ms
             continue
@@ -70,6 +75,12 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
             sub = [t for t in mine if t.resource == res]
             if sub:
                 rows.append((f"S{p} {res}", sub))
+    chunk_of = None
+    v = getattr(result, "virtual_stages", 1)
+    if v > 1:
+        n_stages = len(result.stage_layers)
+        chunks = result.pipeline.chunks(sum(len(x) for x in result.stage_layers), n_stages)
+        chunk_of = {layer: g // n_stages for g, r in enumerate(chunks) for layer in r}
     fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 1.6))
     span = hi - lo
     labels = 0
@@ -77,13 +88,13 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
     for i, (_, row) in enumerate(rows):
         y = len(rows) - 1 - i
         per_kind: dict[str, list[tuple[float, float]]] = {}
-        for kind, label, a, b in _boxes(row):
+        for kind, label, a, b in _boxes(row, chunk_of):
             if b <= a:
                 continue
             per_kind.setdefault(kind, []).append((a, b - a))
             if label and (b - a) >= 0.012 * span and labels < max_labels and a >= lo and b <= hi:
                 ax.text((a + b) / 2, y, label, ha="center", va="center", fontsize=6, clip_on=True,
-                        color="white" if kind in ("F", "B", "GradSync", "UpdateShard") else "black")
+                        color="white" if kind in ("F", "B", "W", "GradSync", "UpdateShard") else "black")
                 labels += 1
         for kind, bars in per_kind.items():
             ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS.get(kind, "#333333"),
@@ -107,7 +118,8 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(1, len(rows))),
               ncol=min(len(handles), 6), fontsize=8, frameon=False)
     if title is None and step is not None:
-        title = (f"{getattr(result, 'schedule', '')} step {step:.3f} ms, exposed tail "
+        v = getattr(result, "virtual_stages", 1)
+        title = (f"{getattr(result, 'schedule', '')}{f' v={v}' if v > 1 else ''} step {step:.3f} ms, exposed tail "
                  f"{getattr(result, 'exposed_tail_ms', 0.0):.3f} ms")
     if title:
         ax.set_title(title, fontsize=10)

@@ -9,8 +9,16 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   PrefetchW / UpdateShard, e.g. the ZeRO-1/2 all-gather of updated shards). A
   stage-boundary transfer occupies the ports of both ends at once (a ``Send``
   task on the sender and a ``Recv`` task on the receiver, same interval).
-* The main path is the unchanged schedule order (``ratrain.sim.pipeline_order``), one
-  task per layer: F in forward layer order, B in reverse.
+* The main path is the unchanged schedule order (``ratrain.sim.pipeline_order``:
+  1f1b, gpipe, interleaved, zb-h1), one task per layer: F in forward layer
+  order, B (and under zb-h1 the weight gradient W) in reverse. Under
+  ``interleaved`` the model's layers (the stages of ``PipelineCosts`` read in
+  order) are re-cut into P*v chunks, chunk c on stage c mod P; every chunk
+  boundary between two stages is a transfer. Under ``zb-h1`` a layer's backward
+  is split into B (input gradient, ``1 - weight_fraction`` of backward_ms, plus
+  the recompute under ckpt) and W (weight gradient, the rest); the stage below
+  waits only for B, and the layer's activations (or recovery buffer) stay until
+  its W.
 * Tasks are never preempted and never free: a task holds its resource for its
   whole duration (so each logical task is exactly one ``Task`` record).
   Priorities apply when a resource picks its next task: main path (F, B,
@@ -24,10 +32,13 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   task per layer and micro-batch, started in idle windows after F(m, l) once
   fewer than ``fsr_lookahead`` micro-batches hold recovery buffers; if B(m, l)
   is otherwise ready and R(m, l) is unfinished, R is promoted to main-path
-  priority: backward-time fallback).
+  priority: backward-time fallback). Under zb-h1 the lookahead still counts
+  micro-batches by their B, so a recovery buffer may outlive it until its W
+  (``activation_residency`` measures that).
 * Lifecycle (Eq. 2): GradSync(l) -> UpdateShard(l) -> PrefetchW(l). Layer-wise
   chains start when layer l's accumulation completes (its last backward in the
-  stage order); the deadline is the next step's first Forward(l). Deadline-aware
+  stage order: under interleaved the last backward of its chunk, under zb-h1 its
+  last W); the deadline is the next step's first Forward(l). Deadline-aware
   UpdateShard/PrefetchW are queued earliest-deadline-first on their resource;
   GradSync is FIFO unless a state task shares the link with it (then EDF too).
 * Step time: the smallest period T at which the step's timeline repeats with
@@ -35,7 +46,7 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   after PrefetchW(l) of this step (without deadline-aware update-prefetch:
   after all of its stage's state tasks). PrefetchW may therefore finish after T,
   overlapping the next step's first forwards. exposed_tail = T - end of the
-  step's last backward.
+  step's last backward (B or W).
 """
 from __future__ import annotations
 
@@ -43,9 +54,11 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import Task
 
@@ -152,6 +165,7 @@ class StageSummary:
     link_busy_ms: float
     busy_by_kind_ms: dict[str, float]
     peak_inflight: int              # micro-batches with live activations, measured
+    peak_activation_sets: float     # live (layer, micro-batch) activations / the stage's layers, measured
     hidden_recovery_ms: float
     exposed_recovery_ms: float
     lifecycle_end_ms: float | None  # end of the stage's last state task
@@ -171,6 +185,17 @@ class SimResult:
     schedule: str
     mechanisms: Mechanisms
     next_forward_ms: dict[int, float] = field(default_factory=dict)   # layer -> first F start (deadline offset)
+    pipeline: PipelineSchedule = field(default_factory=PipelineSchedule)
+    stage_layers: list[list[int]] = field(default_factory=list)        # per stage, its layers in model order
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.pipeline.virtual_stages
+
+    @property
+    def stage_idle_ms(self) -> list[float]:
+        """Per stage, the time its compute sits idle in one step period."""
+        return [s.compute_idle_ms for s in self.stages]
 
     @property
     def hidden_by(self) -> list[str | None]:
@@ -180,14 +205,23 @@ class SimResult:
     def peak_inflight(self) -> list[int]:
         return [s.peak_inflight for s in self.stages]
 
+    @property
+    def peak_activation_sets(self) -> list[float]:
+        return [s.peak_activation_sets for s in self.stages]
+
     def to_json(self, timeline: bool = True) -> dict:
         out = {
             "schedule": self.schedule,
+            "pipeline": self.pipeline.to_json(),
+            "virtual_stages": self.virtual_stages,
+            "stage_layers": self.stage_layers,
             "mechanisms": self.mechanisms.to_json(),
             "step_time_ms": self.step_time_ms,
             "exposed_tail_ms": self.exposed_tail_ms,
             "last_backward_end_ms": self.last_backward_end_ms,
             "peak_inflight": self.peak_inflight,
+            "peak_activation_sets": self.peak_activation_sets,
+            "stage_idle_ms": self.stage_idle_ms,
             "stages": [s.to_json() for s in self.stages],
         }
         if timeline:
@@ -234,9 +268,22 @@ def _edge(a: _Job, b: _Job) -> None:
 
 
 class _Sim:
-    def __init__(self, costs: PipelineCosts, schedule: str, mech: Mechanisms):
-        self.costs, self.schedule, self.mech = costs, schedule, mech
+    def __init__(self, costs: PipelineCosts, schedule: PipelineSchedule, mech: Mechanisms):
+        self.costs, self.sched, self.mech = costs, schedule, mech
         self.P, self.A = costs.num_stages, costs.microbatches
+        self.flat = [lc for layers in costs.stages for lc in layers]     # model order
+        self.v = schedule.virtual_stages if schedule.name == "interleaved" else 1
+        if self.v > 1:       # the model's layers re-cut into P*v chunks
+            self.chunks = [list(r) for r in schedule.chunks(len(self.flat), self.P)]
+        else:                # the stages of the costs as they are
+            self.chunks = [list(costs.layer_range(p)) for p in range(self.P)]
+        if schedule.splits_backward and isinstance(schedule.weight_fraction, tuple) \
+                and len(schedule.weight_fraction) != len(self.flat):
+            raise ConfigError(f"schedule: weight_fraction has {len(schedule.weight_fraction)} entries for "
+                              f"{len(self.flat)} layers")
+        # global chunk g runs on stage g mod P
+        self.stage_layers = [sorted(layer for g in range(p, self.P * self.v, self.P) for layer in self.chunks[g])
+                             for p in range(self.P)]
         self.jobs: list[_Job] = []
         self.now = 0.0
         self.seq = 0
@@ -252,8 +299,9 @@ class _Sim:
         # GradSync joins the earliest-deadline-first order too (one key axis per queue); alone on
         # the link (zero-length state tasks occupy nothing) it stays FIFO
         self.link_shared = [mech.deadline_aware and any(
-            (costs.update_resource == "link" and lc.update_ms > 0) or
-            (costs.prefetch_resource == "link" and lc.prefetch_ms > 0) for lc in layers) for layers in costs.stages]
+            (costs.update_resource == "link" and self.flat[i].update_ms > 0) or
+            (costs.prefetch_resource == "link" and self.flat[i].prefetch_ms > 0) for i in layers)
+            for layers in self.stage_layers]
         self._build()
 
     # ------------------------------------------------------------ graph construction
@@ -263,51 +311,65 @@ class _Sim:
         self.jobs.append(j)
         return j
 
+    def _durations(self, layer_index: int, policy: str) -> dict[str, float]:
+        lc = self.flat[layer_index]
+        w = lc.backward_ms * self.sched.layer_weight_fraction(layer_index)
+        rec = lc.recompute_ms if policy == "ckpt" else 0.0
+        return {"F": lc.forward_ms, "B": lc.backward_ms - w + rec, "W": w}
+
     def _build(self) -> None:
         c, m_, P, A = self.costs, self.mech, self.P, self.A
         policy = m_.policy
-        self.orders = build_schedule(self.schedule, P, A)
-        self.F: dict[tuple[int, int], list[_Job]] = {}   # (p, m) -> jobs in layer order
-        self.B: dict[tuple[int, int], list[_Job]] = {}   # (p, m) -> jobs in layer order (run reversed)
+        self.orders = build_schedule(self.sched, P, A)
+        # (global chunk, m) -> jobs in layer order (B and W run in reverse)
+        self.F: dict[tuple[int, int], list[_Job]] = {}
+        self.B: dict[tuple[int, int], list[_Job]] = {}
+        self.W: dict[tuple[int, int], list[_Job]] = {}
+        store = {"F": self.F, "B": self.B, "W": self.W}
         self.main_chain: list[list[_Job]] = []
         for p in range(P):
-            rng = c.layer_range(p)
             chain: list[_Job] = []
-            for op, m in self.orders[p]:
+            for op, m, local in self.orders[p]:
+                g = local * P + p
+                layers = self.chunks[g] if op == "F" else self.chunks[g][::-1]
                 jobs = []
-                layers = list(rng) if op == "F" else list(reversed(rng))
                 for layer_index in layers:
-                    lc = c.stages[p][layer_index - rng.start]
-                    if op == "F":
-                        dur = lc.forward_ms
-                    else:
-                        dur = lc.backward_ms + (lc.recompute_ms if policy == "ckpt" else 0.0)
-                    j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
+                    j = self._job(p, op, m, layer_index, "compute", self._durations(layer_index, policy)[op], _MAIN)
                     if chain:
                         _edge(chain[-1], j)
                     chain.append(j)
                     jobs.append(j)
-                if op == "F":
-                    self.F[(p, m)] = jobs
-                else:
-                    self.B[(p, m)] = jobs[::-1]
+                store[op][(g, m)] = jobs if op == "F" else jobs[::-1]
             self.main_chain.append(chain)
-        # stage-boundary transfers (joint jobs on both ports)
+        G = P * self.v
+        # the loss: the model's last layer turns around; W after its own B (the chain implies
+        # both on one stage, the edges keep the graph honest for any order)
+        for m in range(A):
+            _edge(self.F[(G - 1, m)][-1], self.B[(G - 1, m)][-1])
+        for key, ws in self.W.items():
+            for b, w in zip(self.B[key], ws, strict=True):
+                _edge(b, w)
+        # chunk boundaries: a transfer (joint job on both ports) between stages, an edge within one
         X = c.transfer_ms
         self.link_streams: list[list[list[_Job]]] = [[] for _ in range(P)]
-        for p in range(P - 1):
-            q = p + 1
+        for g in range(G - 1):
+            p, q = g % P, (g + 1) % P
+            if p == q:
+                for m in range(A):
+                    _edge(self.F[(g, m)][-1], self.F[(g + 1, m)][0])
+                    _edge(self.B[(g + 1, m)][0], self.B[(g, m)][-1])
+                continue
             fwd, bwd = [], []
             for m in range(A):
-                t = self._job(p, "Send", m, c.layer_range(p)[-1], "link", X, _MAIN, res2=3 * q + _LINK)
-                t.peer, t.layer2 = q, c.layer_range(q)[0]
-                _edge(self.F[(p, m)][-1], t)
-                _edge(t, self.F[(q, m)][0])
+                t = self._job(p, "Send", m, self.chunks[g][-1], "link", X, _MAIN, res2=3 * q + _LINK)
+                t.peer, t.layer2 = q, self.chunks[g + 1][0]
+                _edge(self.F[(g, m)][-1], t)
+                _edge(t, self.F[(g + 1, m)][0])
                 fwd.append(t)
-                t = self._job(q, "Send", m, c.layer_range(q)[0], "link", X, _MAIN, res2=3 * p + _LINK)
-                t.peer, t.layer2 = p, c.layer_range(p)[-1]
-                _edge(self.B[(q, m)][0], t)
-                _edge(t, self.B[(p, m)][-1])
+                t = self._job(q, "Send", m, self.chunks[g + 1][0], "link", X, _MAIN, res2=3 * p + _LINK)
+                t.peer, t.layer2 = p, self.chunks[g][-1]
+                _edge(self.B[(g + 1, m)][0], t)
+                _edge(t, self.B[(g, m)][-1])
                 bwd.append(t)
             self.link_streams[p] += [fwd, bwd]
             self.link_streams[q] += [fwd, bwd]
@@ -315,55 +377,63 @@ class _Sim:
         # FSR recovery tasks
         if policy == "fsr":
             for p in range(P):
-                rng = c.layer_range(p)
                 order = self.orders[p]
-                b_ops = [m for op, m in order if op == "B"]
-                adjacent = {m for i, (op, m) in enumerate(order[:-1]) if op == "F" and order[i + 1] == ("B", m)}
-                for bi, m in enumerate(b_ops):
-                    if m_.fsr_skip_adjacent and m in adjacent:
+                b_ops = [(m, local * P + p) for op, m, local in order if op == "B"]
+                adjacent = {(m, local * P + p) for i, (op, m, local) in enumerate(order[:-1])
+                            if op == "F" and order[i + 1] == ("B", m, local)}
+                for bi, (m, g) in enumerate(b_ops):
+                    if m_.fsr_skip_adjacent and (m, g) in adjacent:
                         continue
-                    gate = self.B[(p, b_ops[bi - m_.fsr_lookahead])][0] if bi >= m_.fsr_lookahead else None
-                    for layer_index in rng:
-                        lc = c.stages[p][layer_index - rng.start]
-                        r = self._job(p, "R", m, layer_index, c.recovery_resource, lc.recompute_ms, _FSR, key=(bi,
-                                                                                                               -layer_index))
-                        _edge(self.F[(p, m)][layer_index - rng.start], r)
+                    gate = None
+                    if bi >= m_.fsr_lookahead:
+                        gm, gg = b_ops[bi - m_.fsr_lookahead]
+                        gate = self.B[(gg, gm)][0]
+                    for i, layer_index in enumerate(self.chunks[g]):
+                        lc = self.flat[layer_index]
+                        r = self._job(p, "R", m, layer_index, c.recovery_resource, lc.recompute_ms, _FSR,
+                                      key=(bi, -layer_index))
+                        _edge(self.F[(g, m)][i], r)
                         if gate is not None:
                             _edge(gate, r)
-                        b = self.B[(p, m)][layer_index - rng.start]
+                        b = self.B[(g, m)][i]
                         b.other = b.npred
                         b.fsr_r = r
                         _edge(r, b)
         # lifecycle tasks
         self.life: list[list[_Job]] = []
         self.prefetch: list[dict[int, _Job]] = []
+        acc_kind = "W" if self.sched.splits_backward else "B"
         for p in range(P):
-            rng = c.layer_range(p)
-            order = self.orders[p]
-            last_b = [m for op, m in order if op == "B"][-1]
+            layers = self.stage_layers[p]
+            # the job that completes each layer's gradient accumulation: its last B (or W) on the stage
+            acc_done: dict[int, _Job] = {}
+            for op, m, local in self.orders[p]:
+                if op == acc_kind:
+                    for j in store[op][(local * P + p, m)]:
+                        acc_done[j.layer] = j
             final = self.main_chain[p][-1]
             gs, us, pw, life = {}, {}, {}, []
-            for layer_index in rng:
-                lc = c.stages[p][layer_index - rng.start]
+            for layer_index in layers:
+                lc = self.flat[layer_index]
                 g = self._job(p, "GradSync", None, layer_index, "link", lc.gradsync_ms, _LIFE)
                 g.order_hint = -layer_index
-                _edge(self.B[(p, last_b)][layer_index - rng.start] if m_.layerwise else final, g)
+                _edge(acc_done[layer_index] if m_.layerwise else final, g)
                 gs[layer_index] = g
             bulk_update = None
             if not m_.deadline_aware and c.bulk_update_ms is not None:
                 bulk_update = self._job(p, "Update", None, None, c.update_resource, c.bulk_update_ms, _LIFE)
                 for g in gs.values():
                     _edge(g, bulk_update)
-            for layer_index in rng:
-                lc = c.stages[p][layer_index - rng.start]
+            for layer_index in layers:
+                lc = self.flat[layer_index]
                 if bulk_update is None:
                     u = self._job(p, "UpdateShard", None, layer_index, c.update_resource, lc.update_ms, _LIFE)
                     u.order_hint = layer_index
                     for g in ([gs[layer_index]] if m_.deadline_aware else gs.values()):
                         _edge(g, u)
                     us[layer_index] = u
-            for layer_index in rng:
-                lc = c.stages[p][layer_index - rng.start]
+            for layer_index in layers:
+                lc = self.flat[layer_index]
                 w = self._job(p, "PrefetchW", None, layer_index, c.prefetch_resource, lc.prefetch_ms, _LIFE)
                 w.order_hint = layer_index
                 if bulk_update is not None:
@@ -377,6 +447,24 @@ class _Sim:
             self.prefetch.append(pw)
         self.next_main = [0] * P
         self.first_f_start: dict[int, float] = {}
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        """A cycle (an order whose stages wait on each other) would never run: refuse it up front."""
+        indeg = [j.npred for j in self.jobs]
+        ready = [j for j in self.jobs if j.npred == 0]
+        seen = 0
+        while ready:
+            j = ready.pop()
+            seen += 1
+            for s_ in j.succs:
+                indeg[s_.idx] -= 1
+                if indeg[s_.idx] == 0:
+                    ready.append(s_)
+        if seen != len(self.jobs):
+            stuck = next(j for j in self.jobs if indeg[j.idx] > 0)
+            raise RatrainError(f"schedule {self.sched.name!r} deadlocks: {len(self.jobs) - seen} tasks wait on each "
+                               f"other, first {stuck.kind}(stage {stuck.stage}, mb {stuck.mb}, layer {stuck.layer})")
 
     # ------------------------------------------------------------ lower bounds ("window fits")
     def _lb_end(self, root: _Job) -> float:
@@ -643,20 +731,26 @@ def _overlap(merged: list[tuple[float, float]], starts: list[float], a: float, b
     return tot
 
 
-def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechanisms = Mechanisms()) -> SimResult:
-    """Simulate one training step; see the module docstring for the model."""
+def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
+             mechanisms: Mechanisms = Mechanisms()) -> SimResult:
+    """Simulate one training step; see the module docstring for the model.
+
+    ``schedule``: a name from ``ratrain.sim.pipeline_order.SCHEDULES`` (defaults for
+    the rest) or a ``PipelineSchedule`` (virtual stages, weight-gradient share).
+    """
     if not isinstance(costs, PipelineCosts):
         raise ConfigError(f"simulate: costs must be a PipelineCosts, got {type(costs).__name__}")
     if not isinstance(mechanisms, Mechanisms):
         raise ConfigError(f"simulate: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
-    sim = _Sim(costs, schedule, mechanisms)
+    pipeline = PipelineSchedule.of(schedule)
+    sim = _Sim(costs, pipeline, mechanisms)
     sim.run()
     P, jobs = sim.P, sim.jobs
 
     # ---- step time (periodic steady state)
-    last_b = max(j.end for j in jobs if j.kind == "B")
+    last_b = max(j.end for j in jobs if j.kind in ("B", "W"))
     lower = last_b
-    stage_first_f = [sim.F[(p, sim.orders[p][0][1])][0].start for p in range(P)]
+    stage_first_f = [sim.main_chain[p][0].start for p in range(P)]
     for p in range(P):
         if mechanisms.deadline_aware:
             for layer_index, w in sim.prefetch[p].items():
@@ -684,7 +778,7 @@ def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechan
         if j.kind == "R" or j.kind in LIFECYCLE_KINDS:
             note = _annotate(j, rname, busy[j.stage], last_b, T)
         tasks_notes.append((Task(j.stage, j.kind, j.mb, j.layer, rname, j.start, j.end), note))
-    rank = {k: i for i, k in enumerate(("F", "R", "B", "Send", "Recv", "GradSync", "UpdateShard",
+    rank = {k: i for i, k in enumerate(("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard",
                                         "PrefetchW", "Update"))}
     tasks_notes.sort(key=lambda tn: (tn[0].start_ms, tn[0].end_ms, rank[tn[0].kind], tn[0].stage,
                                      -1 if tn[0].layer is None else tn[0].layer,
@@ -694,7 +788,8 @@ def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechan
 
     # ---- per-stage summary
     summaries = []
-    inflight = peak_inflight(tasks, P, costs)
+    inflight = peak_inflight(tasks, P)
+    act_sets = peak_activation_sets(tasks, P)
     by_kind: list[dict[str, float]] = [{} for _ in range(P)]
     res_busy = [[0.0, 0.0, 0.0] for _ in range(P)]
     rec = [[0.0, 0.0] for _ in range(P)]          # hidden, exposed
@@ -712,11 +807,13 @@ def simulate(costs: PipelineCosts, *, schedule: str = "1f1b", mechanisms: Mechan
         summaries.append(StageSummary(stage=p, compute_busy_ms=res_busy[p][0], compute_idle_ms=T - res_busy[p][0],
                                       ddr_busy_ms=res_busy[p][1], link_busy_ms=res_busy[p][2],
                                       busy_by_kind_ms=by_kind[p], peak_inflight=inflight[p],
+                                      peak_activation_sets=act_sets[p],
                                       hidden_recovery_ms=rec[p][0], exposed_recovery_ms=rec[p][1],
                                       lifecycle_end_ms=life_end))
     return SimResult(tasks=tasks, notes=notes, step_time_ms=T, exposed_tail_ms=T - last_b,
-                     last_backward_end_ms=last_b, stages=summaries, schedule=schedule, mechanisms=mechanisms,
-                     next_forward_ms=dict(sorted(sim.first_f_start.items())))
+                     last_backward_end_ms=last_b, stages=summaries, schedule=pipeline.name, mechanisms=mechanisms,
+                     next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
+                     stage_layers=sim.stage_layers)
 
 
 def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
@@ -747,41 +844,57 @@ def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
 
 # ------------------------------------------------------------ measurements from the timeline
 
-def _stage_layers(costs: PipelineCosts | None, tasks: list[Task], P: int) -> list[tuple[int, int]]:
-    if costs is not None:
-        return [(costs.layer_range(p)[0], costs.layer_range(p)[-1]) for p in range(P)]
-    out = []
-    for p in range(P):
-        ls = [t.layer for t in tasks if t.stage == p and t.kind == "F" and t.layer is not None]
-        out.append((min(ls), max(ls)))
-    return out
+def _live_spans(tasks: list[Task]) -> dict[tuple[int, int, int], list[float]]:
+    """(stage, layer, micro-batch) -> [start of its F, end of its last B or W]."""
+    spans: dict[tuple[int, int, int], list[float]] = {}
+    for t in tasks:
+        if t.kind not in ("F", "B", "W") or t.microbatch is None:
+            continue
+        key = (t.stage, -1 if t.layer is None else t.layer, t.microbatch)
+        got = spans.setdefault(key, [float("inf"), float("-inf")])
+        if t.kind == "F":
+            got[0] = min(got[0], t.start_ms)
+        else:
+            got[1] = max(got[1], t.end_ms)
+    return spans
+
+
+def _peak(events: list[tuple[float, float]]) -> float:
+    events.sort()                      # frees (negative) sort before allocations at the same instant
+    cur = peak = 0.0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
 
 
 def peak_inflight(tasks: list[Task], stages: int, costs: PipelineCosts | None = None) -> list[int]:
-    """Per stage, the most micro-batches alive at once: from the start of their first F to the end of their last B."""
-    bounds = _stage_layers(costs, tasks, stages)
-    events: list[list[tuple[float, int]]] = [[] for _ in range(stages)]
-    for t in tasks:
-        if t.kind not in ("F", "B"):
-            continue
-        first = bounds[t.stage][0]
-        if t.layer == first or t.layer is None:
-            if t.kind == "F":
-                events[t.stage].append((t.start_ms, 1))
-            else:
-                events[t.stage].append((t.end_ms, -1))
-    out = []
-    for ev in events:
-        ev.sort()                      # frees (-1) sort before allocations at the same instant
-        cur = peak = 0
-        for _, d in ev:
-            cur += d
-            peak = max(peak, cur)
-        out.append(peak)
-    return out
+    """Per stage, the most micro-batches alive at once: from the start of their first F on the stage
+    to the end of their last B (or W) there. ``costs`` is accepted for compatibility, unused."""
+    per: dict[tuple[int, int], list[float]] = {}
+    for (p, _, m), (a, z) in _live_spans(tasks).items():
+        got = per.setdefault((p, m), [a, z])
+        got[0], got[1] = min(got[0], a), max(got[1], z)
+    events: list[list[tuple[float, float]]] = [[] for _ in range(stages)]
+    for (p, _), (a, z) in per.items():
+        events[p] += [(a, 1.0), (z, -1.0)]
+    return [int(_peak(ev)) for ev in events]
 
 
-def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
+def peak_activation_sets(tasks: list[Task], stages: int) -> list[float]:
+    """Per stage, the peak of live (layer, micro-batch) activation sets divided by the stage's layer
+    count: whole-stage micro-batches' worth of activations (a (layer, micro-batch) is live from the
+    start of its F to the end of its B, or of its W when the backward is split)."""
+    events: list[list[tuple[float, float]]] = [[] for _ in range(stages)]
+    layers: list[set[int]] = [set() for _ in range(stages)]
+    for (p, layer, _), (a, z) in _live_spans(tasks).items():
+        events[p] += [(a, 1.0), (z, -1.0)]
+        layers[p].add(layer)
+    return [_peak(ev) / max(1, len(ls)) for ev, ls in zip(events, layers, strict=True)]
+
+
+def activation_residency(result: SimResult, costs: PipelineCosts,
+                         weight_grad_bytes: int | Sequence[int] | None = None) -> list[int]:
     """Per stage, the peak bytes of live activations, checkpoints and recovery buffers over the step.
 
     full: a layer's full activations live from the start of F(m, l) to the end of
@@ -789,22 +902,35 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
     exist transiently during F(m, l); the recovery buffer lives from the start of
     R(m, l) (ckpt: of B(m, l)) to the end of B(m, l). Under FSR a (layer,
     micro-batch) without an R task kept its full activations.
+
+    Split backward (zb-h1): W(m, l) still reads tensors after B(m, l) ends. With
+    ``weight_grad_bytes`` (per layer, or one number for all: what W reads, e.g.
+    ``ratrain.sim.weight_split.weight_gradient_bytes``) everything else is freed
+    at the end of B and those bytes live until the end of W; without it every
+    set above lives until the end of W (an upper bound).
     """
     policy = result.mechanisms.policy
     P = costs.num_stages
     f: dict[tuple[int, int], Task] = {}
     b: dict[tuple[int, int], Task] = {}
     r: dict[tuple[int, int], Task] = {}
+    w: dict[tuple[int, int], Task] = {}
     for t in result.tasks:
         if t.kind == "F":
             f[(t.layer, t.microbatch)] = t
         elif t.kind == "B":
             b[(t.layer, t.microbatch)] = t
+        elif t.kind == "W":
+            w[(t.layer, t.microbatch)] = t
         elif t.kind == "R":
             r[(t.layer, t.microbatch)] = t
     events: list[list[tuple[float, int]]] = [[] for _ in range(P)]
     for (layer_index, m), ft in f.items():
         bt = b[(layer_index, m)]
+        wt = w.get((layer_index, m))
+        end = bt.end_ms
+        if wt is not None and weight_grad_bytes is None:
+            end = wt.end_ms                       # upper bound: everything waits for W
         lc = costs.layer(layer_index)
         ev = events[ft.stage]
 
@@ -813,13 +939,17 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
                 ev.append((a, nbytes))
                 ev.append((z, -nbytes))
 
+        if wt is not None and weight_grad_bytes is not None:
+            nb = weight_grad_bytes if isinstance(weight_grad_bytes, int) else weight_grad_bytes[layer_index]
+            live(bt.end_ms, wt.end_ms, int(nb))
+
         if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
-            live(ft.start_ms, bt.end_ms, lc.act_full_bytes)
+            live(ft.start_ms, end, lc.act_full_bytes)
             continue
-        live(ft.start_ms, bt.end_ms, lc.act_ckpt_bytes)
+        live(ft.start_ms, end, lc.act_ckpt_bytes)
         live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
         rec_start = r[(layer_index, m)].start_ms if policy == "fsr" else bt.start_ms
-        live(rec_start, bt.end_ms, lc.recovery_bytes)
+        live(rec_start, end, lc.recovery_bytes)
     out = []
     for ev in events:
         ev.sort(key=lambda e: (e[0], e[1]))   # frees first at the same instant
@@ -832,4 +962,4 @@ def activation_residency(result: SimResult, costs: PipelineCosts) -> list[int]:
 
 
 __all__ = ["ABLATION_VARIANTS", "ACTIVATIONS", "LIFECYCLE_KINDS", "Mechanisms", "SimResult", "StageSummary",
-           "TaskNote", "activation_residency", "peak_inflight", "simulate"]
+           "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate"]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-TASK_KINDS = ("F", "B", "R", "GradSync", "UpdateShard", "PrefetchW", "Send", "Recv", "Update")
+TASK_KINDS = ("F", "B", "W", "R", "GradSync", "UpdateShard", "PrefetchW", "Send", "Recv", "Update")
 RESOURCES = ("compute", "ddr", "link")
 
 
 @dataclass(frozen=True)
 class Task:
     stage: int                # pipeline stage p, 0 = input side
-    kind: str                 # one of TASK_KINDS
+    kind: str                 # one of TASK_KINDS (W: weight gradient of a split backward, zb-h1)
     microbatch: int | None    # micro-batch index, None for per-step lifecycle tasks
     layer: int | None         # global layer index, None for stage-level tasks
     resource: str             # one of RESOURCES

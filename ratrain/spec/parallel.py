@@ -80,6 +80,35 @@ def in_flight_microbatches(stage: int, pp: int, accum: int) -> int:
     return min(pp - stage, accum)
 
 
+def in_flight_activation_sets(schedule: str, stage: int, pp: int, accum: int, virtual_stages: int = 1) -> float:
+    """Peak micro-batches' worth of activations stage p keeps under a pipeline schedule's order
+    (``ratrain.sim.pipeline_order``), chunks of an interleaved stage counted as 1/v each:
+
+    * 1f1b: min(P - p, A) (Eq. 5's N_act);
+    * gpipe: A;
+    * zb-h1: min(P, A) on every stage: activations live until the deferred weight gradient W;
+    * interleaved (v > 1): (w_p + 1) / v chunks with Megatron's w_p = 2(P - p - 1) + (v - 1)P
+      warm-up forwards, at most A (all forwards first when A <= P); v = 1 is 1f1b.
+
+    The simulator measures the same from its timeline (``SimResult.peak_activation_sets``).
+    """
+    if not 0 <= stage < pp:
+        raise ConfigError(f"stage {stage} out of range for P={pp}")
+    if accum < 1 or virtual_stages < 1:
+        raise ConfigError(f"accum and virtual_stages must be >= 1, got {accum}, {virtual_stages}")
+    if schedule == "1f1b" or (schedule == "interleaved" and virtual_stages == 1):
+        return float(in_flight_microbatches(stage, pp, accum))
+    if schedule == "gpipe":
+        return float(accum)
+    if schedule == "zb-h1":
+        return float(min(pp, accum))
+    if schedule == "interleaved":
+        total = accum * virtual_stages
+        warm = total if accum <= pp else min(total, 2 * (pp - stage - 1) + (virtual_stages - 1) * pp)
+        return min(total, warm + 1) / virtual_stages
+    raise ConfigError(f"schedule must be one of 1f1b, gpipe, interleaved, zb-h1, got {schedule!r}")
+
+
 def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
                      last_extra: float = 0.0) -> list[range]:
     """Split layers 0..num_layers-1 into `pp` contiguous, non-empty stages.
