@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 
 import pytest
@@ -550,14 +549,12 @@ def test_activation_residency_closed_forms():
         assert got[p] < activation_residency(full, costs)[p] or n[p] == 1
 
 
-def test_performance_p8_a128_l8():
+def test_large_step_p8_a128_l8_completes():
+    # its speed is tracked by the asv benchmark TimeRatrain.time_simulate_step_p8_a128_l8
     costs = PipelineCosts.uniform(8, 128, t_forward=8.0, t_backward=16.0, t_recompute=8.0, t_gradsync=6.0,
                                   t_update=4.0, t_prefetch=1.0, t_transfer=0.3, layers_per_stage=8)
-    t0 = time.perf_counter()
     res = simulate(costs)
-    elapsed = time.perf_counter() - t0
     assert len(res.tasks) > 8 * 128 * 8 * 3
-    assert elapsed < 5.0, elapsed
 
 
 def test_mechanisms_api_and_errors():
