@@ -28,6 +28,7 @@ from .. import isa
 from ..assembler import Instr, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
+from ..trace import TraceOptions
 from .gemm import (
     ALIGN,
     R_AROW,
@@ -330,16 +331,16 @@ def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarr
 
 
 def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | None = None,
-                      platform: Platform | None = None) -> GemmResult:
-    """Emulate the A-resident GEMM in timing-only mode."""
+                      platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
+    """Emulate the A-resident GEMM in timing-only mode (``trace``: record the run in ``result.stats``)."""
     platform = platform or DEFAULT
     gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
-    stats, _ = _run(gp, platform, False)
+    stats, _ = _run(gp, platform, False, trace=trace)
     return _result(gp, stats, "timing", platform)
 
 
 def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
-                   tiles: AResidentGemmTiles | None = None) -> GemmResult:
+                   tiles: AResidentGemmTiles | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Multiply FP16 matrices with the A-resident kernel (functional); ``result.c`` is the product."""
     platform = platform or DEFAULT
     for name, x in (("a", a), ("b", b)):
@@ -350,6 +351,6 @@ def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = 
     m, k = a.shape
     n = b.shape[1]
     gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
-    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b))
+    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b), trace)
     c = cluster.read_ddr_u16(gp.plan.c_addr, m * n).view(np.float16).reshape(m, n)
     return _result(gp, stats, "functional", platform, c)
