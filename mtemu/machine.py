@@ -34,6 +34,7 @@ from numba import njit
 
 from . import isa
 from .assembler import Program
+from .blocks import build_blocks, empty_blocks, try_skip
 from .errors import MachineError
 from .fp16 import f16_to_f32_array, f32_to_f16_bits
 from .platform import DEFAULT, Platform
@@ -99,8 +100,10 @@ def _tr_state(ev, nev, last, cut, d, t, st):
 def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
-         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts):
+         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
+         blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis):
     tracing = tr_nev.shape[0] > 0
+    skipping = blk_end.shape[0] > 0           # timing mode, no trace: plain runs in one step
     time = np.zeros(dsps, np.int64)
     pc = lo.copy()
     state = np.zeros(dsps, np.int64)          # 0 running, 1 at barrier, 2 halted
@@ -173,6 +176,16 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
                 time[d] = t
                 return
+            # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
+            if skipping:
+                e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
+                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
+                             blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
+                if e >= 0:
+                    t += e - p
+                    p = e
+                    continue
+            # ---------------------------------------------------------------------------------
             # yield before a shared-resource interaction if another DSP is behind us
             sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
                 or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
@@ -562,12 +575,14 @@ class Cluster:
     def run(self, programs: list[Program], dsp_program: list[int] | None = None,
             init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = 10**13,
             dsp_descriptors: dict[int, np.ndarray] | None = None,
-            trace: TraceOptions | None = None) -> RunStats:
+            trace: TraceOptions | None = None, fast_forward: bool = True) -> RunStats:
         """Run ``programs[dsp_program[d]]`` on DSP d (default: program 0 everywhere).
 
         ``dsp_descriptors`` gives a DSP its own DMA descriptor table (same length as its
         program's), so one code array can serve DSPs whose transfers differ in size.
         ``trace`` records the run (``RunStats.trace``); the counters are the same either way.
+        ``fast_forward`` (timing mode without a trace): advance over straight-line runs of
+        data-only bundles in one step (:mod:`mtemu.blocks`); the counters are the same either way.
         """
         p = self.platform
         if dsp_program is None:
@@ -605,10 +620,16 @@ class Cluster:
         buf = _trace_buffers(trace, p.dsps)
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
+        lanes = p.vector_lanes if self.functional else 1
+        if fast_forward and not self.functional and trace is None:
+            seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
+            blocks = build_blocks(code, seg_end, lanes)
+        else:
+            blocks = empty_blocks()
         _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
-             self.functional, p.dsps, p.vector_lanes if self.functional else 1, p.latencies.branch_delay,
+             self.functional, p.dsps, lanes, p.latencies.branch_delay,
              p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-             stats, err, server_bytes, server_busy, *buf)
+             stats, err, server_bytes, server_busy, *buf, *blocks)
         if err[0] != E_OK:
             raise MachineError(_describe_error(err, lo, p.dsps))
         cycles = int(stats[:, S_END].max())

@@ -1,0 +1,319 @@
+"""Straight-line blocks for timing mode: advance a DSP over a run of data-only bundles in one step.
+
+In timing mode (no data) a bundle whose instructions are all *plain* -- ``nop``, ``vfma``,
+``svbcast(w)``, ``vexp``, ``vlog``, ``vmax`` and the SM/AM loads and stores -- changes nothing but
+counters: it takes one cycle, adds to its units' busy counts (and ``vfma`` or the stall it pads
+for), and checks the addresses it would touch against the memory. No scalar register changes
+(loads write registers only in functional mode), so every address in a run of plain bundles is
+``s[r] + imm`` with ``s[r]`` fixed for the whole run. The counters of the run from any entry
+point to its end are therefore a suffix sum, and its addresses are in range and aligned iff, per
+(base register, memory, alignment) class, the smallest and largest offsets are.
+
+:func:`build_blocks` tabulates, for every PC, where its run ends, the counter deltas from it to
+the end and the offset range per class (at most :data:`MAX_CLASSES` per run; a run with more is
+cut). The machine (:mod:`mtemu.machine`) uses them when it runs in timing mode without a trace:
+at a PC starting at least :data:`MIN_BUNDLES` plain bundles it checks the ranges against the
+current registers and the cycle limit and, if they pass, adds the deltas and jumps to the end.
+If any check fails it runs the bundles one by one, which reports the exact error. So the
+counters, cycles and errors are those of the bundle-by-bundle run by construction;
+``tests/test_blocks.py`` checks the tables against :func:`build_blocks_reference` and whole
+kernels' counters against runs with ``fast_forward=False``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import isa
+
+MAX_CLASSES = 8             # (register, memory, alignment) classes per run
+MIN_BUNDLES = 8             # shorter runs go bundle by bundle (the checks would cost more)
+# columns of the per-PC counter deltas
+B_BUNDLES, B_VFMA, B_LATENCY, B_BRANCH = 0, 1, 2, 3
+B_BUSY0 = 4                 # + unit
+N_BCOLS = B_BUSY0 + isa.N_UNITS
+# class memories (index into the machine's caps): SM or AM
+C_SM, C_AM = 0, 1
+_FAR = np.int64(1) << 50    # empty range sentinel: lo = FAR, hi = -FAR
+
+_PLAIN = np.zeros(isa.N_OPCODES, np.bool_)
+for _op in (0, isa.OP_NOP, isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
+            isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW):
+    _PLAIN[_op] = True
+PLAIN_OPS = _PLAIN
+
+
+@njit(cache=True)
+def _access(op, lanes):
+    """(memory class, bytes, alignment) of a plain memory op; memory -1 if it touches none."""
+    if op == isa.OP_SLDH or op == isa.OP_SSTH:
+        return C_SM, 2, 2
+    if op == isa.OP_VLDH or op == isa.OP_VSTH:
+        return C_AM, 2 * lanes, 2
+    if op == isa.OP_VLDW or op == isa.OP_VSTW:
+        return C_AM, 4 * lanes, 4
+    return -1, 0, 0
+
+
+@njit(cache=True)
+def _bundle_classes(code, p, lanes, creg, cmem, calign, ncls):
+    """How many classes bundle ``p`` would add to the ``ncls`` in (creg, cmem, calign)."""
+    extra = 0
+    for u in range(code.shape[1]):
+        mem, _size, align = _access(code[p, u, 0], lanes)
+        if mem < 0:
+            continue
+        r = code[p, u, 2]
+        seen = False
+        for j in range(ncls + extra):
+            if creg[j] == r and cmem[j] == mem and calign[j] == align:
+                seen = True
+                break
+        if not seen:
+            creg[ncls + extra] = r
+            cmem[ncls + extra] = mem
+            calign[ncls + extra] = align
+            extra += 1
+    return extra
+
+
+@njit(cache=True)
+def _build(code, seg_end, plain, lanes, end, deltas, creg, cmem, calign, lo, hi, mis):
+    n = code.shape[0]
+    nunits = code.shape[1]
+    # forward: cut the code into runs of plain bundles with at most MAX_CLASSES classes each
+    start = np.zeros(n, np.int64)
+    tr = np.zeros(MAX_CLASSES + nunits, np.int64)
+    tm = np.zeros(MAX_CLASSES + nunits, np.int64)
+    ta = np.zeros(MAX_CLASSES + nunits, np.int64)
+    p = 0
+    while p < n:
+        ok = True
+        for u in range(nunits):
+            if not plain[code[p, u, 0]]:
+                ok = False
+        if not ok:
+            end[p] = p
+            start[p] = p
+            p += 1
+            continue
+        s = p
+        ncls = 0
+        while p < n and p < seg_end[s]:
+            ok = True
+            for u in range(nunits):
+                if not plain[code[p, u, 0]]:
+                    ok = False
+            if not ok:
+                break
+            for j in range(ncls):
+                tr[j] = creg[s, j]
+                tm[j] = cmem[s, j]
+                ta[j] = calign[s, j]
+            extra = _bundle_classes(code, p, lanes, tr, tm, ta, ncls)
+            if ncls + extra > MAX_CLASSES:
+                break
+            for j in range(ncls, ncls + extra):
+                creg[s, j] = tr[j]
+                cmem[s, j] = tm[j]
+                calign[s, j] = ta[j]
+            ncls += extra
+            start[p] = s
+            p += 1
+        for q in range(s, p):
+            end[q] = p
+            for j in range(MAX_CLASSES):
+                creg[q, j] = creg[s, j]
+                cmem[q, j] = cmem[s, j]
+                calign[q, j] = calign[s, j]
+    # backward: suffix sums of the counters and suffix ranges of every class
+    for p in range(n - 1, -1, -1):
+        e = end[p]
+        if e == p:
+            continue
+        nxt = p + 1 < e
+        for c in range(deltas.shape[1]):
+            deltas[p, c] = deltas[p + 1, c] if nxt else 0
+        for j in range(MAX_CLASSES):
+            lo[p, j] = lo[p + 1, j] if nxt else _FAR
+            hi[p, j] = hi[p + 1, j] if nxt else -_FAR
+            mis[p, j] = mis[p + 1, j] if nxt else 0
+        deltas[p, B_BUNDLES] += 1
+        useful = False
+        reason = isa.ST_LATENCY
+        found_nop = False
+        for u in range(nunits):
+            op = code[p, u, 0]
+            if op == 0:
+                continue
+            if op == isa.OP_NOP:
+                if not found_nop:
+                    reason = code[p, u, 5]
+                    found_nop = True
+                continue
+            useful = True
+            deltas[p, B_BUSY0 + u] += 1
+            if op == isa.OP_VFMA:
+                deltas[p, B_VFMA] += 1
+            mem, size, align = _access(op, lanes)
+            if mem < 0:
+                continue
+            r = code[p, u, 2]
+            imm = code[p, u, 5]
+            for j in range(MAX_CLASSES):
+                if creg[p, j] == r and cmem[p, j] == mem and calign[p, j] == align:
+                    if imm < lo[p, j]:
+                        lo[p, j] = imm
+                    if imm + size > hi[p, j]:
+                        hi[p, j] = imm + size
+                    mis[p, j] |= imm & (align - 1)
+                    break
+        if not useful:
+            if reason == isa.ST_BRANCH:
+                deltas[p, B_BRANCH] += 1
+            else:
+                deltas[p, B_LATENCY] += 1
+
+
+def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]:
+    """Tables of the plain runs of linked ``code`` (bundles, units, fields).
+
+    ``seg_end[p]`` is the end of the program holding PC p (runs never cross programs); ``lanes``
+    sizes vector accesses as the machine does. Returns ``(end, deltas, creg, cmem, calign, lo, hi,
+    mis)``: per PC the end of its run (``end[p] == p`` for a bundle that is not plain), the counter
+    deltas from p to the end (columns ``B_*``), and per class j its base register, memory
+    (``C_SM``/``C_AM``), alignment, smallest offset, largest offset + size and the OR of the
+    offsets' misaligned bits over [p, end). Unused classes have ``lo > hi``.
+    """
+    n = code.shape[0]
+    end = np.zeros(n, np.int64)
+    deltas = np.zeros((n + 1, N_BCOLS), np.int64)
+    creg = np.full((n, MAX_CLASSES), -1, np.int64)
+    cmem = np.full((n, MAX_CLASSES), -1, np.int64)
+    calign = np.zeros((n, MAX_CLASSES), np.int64)
+    lo = np.full((n + 1, MAX_CLASSES), _FAR, np.int64)
+    hi = np.full((n + 1, MAX_CLASSES), -_FAR, np.int64)
+    mis = np.zeros((n + 1, MAX_CLASSES), np.int64)
+    if n:
+        _build(np.ascontiguousarray(code), np.ascontiguousarray(seg_end, dtype=np.int64), PLAIN_OPS, int(lanes),
+               end, deltas, creg, cmem, calign, lo, hi, mis)
+    return end, deltas[:n], creg, cmem, calign, lo[:n], hi[:n], mis[:n]
+
+
+def empty_blocks() -> tuple[np.ndarray, ...]:
+    """Zero-length tables: the machine runs bundle by bundle (functional mode, tracing)."""
+    z1 = np.zeros(0, np.int64)
+    z2 = np.zeros((0, MAX_CLASSES), np.int64)
+    return z1, np.zeros((0, N_BCOLS), np.int64), z2, z2, z2, z2, z2, z2
+
+
+@njit(cache=True)
+def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_latency, s_branch, s_busy0,
+             end, deltas, creg, cmem, calign, lo, hi, mis):
+    """Advance DSP d over the plain run at PC p if it is long enough, its addresses are in range and
+    aligned and it ends within the cycle limit: add its counters to ``stats`` and return its end PC.
+    Otherwise return -1 and touch nothing (the caller runs the bundles one by one)."""
+    if p >= end.shape[0]:
+        return -1
+    e = end[p]
+    nb = e - p
+    if nb < MIN_BUNDLES or t + nb - 1 > max_cycles:
+        return -1
+    for j in range(MAX_CLASSES):
+        if lo[p, j] > hi[p, j]:
+            continue
+        base = sregs[d, creg[p, j]]
+        if base + lo[p, j] < 0 or base + hi[p, j] > caps[cmem[p, j]]:
+            return -1
+        if ((base & (calign[p, j] - 1)) | mis[p, j]) != 0:
+            return -1
+    stats[d, s_bundles] += deltas[p, B_BUNDLES]
+    stats[d, s_vfma] += deltas[p, B_VFMA]
+    stats[d, s_latency] += deltas[p, B_LATENCY]
+    stats[d, s_branch] += deltas[p, B_BRANCH]
+    for u in range(deltas.shape[1] - B_BUSY0):
+        stats[d, s_busy0 + u] += deltas[p, B_BUSY0 + u]
+    return e
+
+
+# ------------------------------------------------------------------------------------------
+# pure-Python reference (tests)
+# ------------------------------------------------------------------------------------------
+def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]:
+    """:func:`build_blocks` written plainly: runs, then each PC's deltas and ranges by direct sums."""
+    n = code.shape[0]
+    plain = [all(PLAIN_OPS[int(op)] for op in code[p, :, 0]) for p in range(n)]
+
+    def accesses(p):
+        out = []
+        for u in range(code.shape[1]):
+            op = int(code[p, u, 0])
+            if op in (isa.OP_SLDH, isa.OP_SSTH):
+                out.append((int(code[p, u, 2]), C_SM, 2, int(code[p, u, 5]), 2))
+            elif op in (isa.OP_VLDH, isa.OP_VSTH):
+                out.append((int(code[p, u, 2]), C_AM, 2, int(code[p, u, 5]), 2 * lanes))
+            elif op in (isa.OP_VLDW, isa.OP_VSTW):
+                out.append((int(code[p, u, 2]), C_AM, 4, int(code[p, u, 5]), 4 * lanes))
+        return out
+
+    end = np.arange(n, dtype=np.int64)
+    classes: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    runs = []
+    p = 0
+    while p < n:
+        if not plain[p]:
+            p += 1
+            continue
+        s, cls = p, []
+        while p < n and p < seg_end[s] and plain[p]:
+            new = [k[:3] for k in accesses(p)]
+            merged = list(cls)
+            for k in new:
+                if k not in merged:
+                    merged.append(k)
+            if len(merged) > MAX_CLASSES:
+                break
+            cls = merged
+            p += 1
+        runs.append((s, p))
+        for q in range(s, p):
+            end[q] = p
+            classes[q] = cls
+    # each bundle's own counters and per-class ranges, then suffix sums / minima / maxima per run
+    own = np.zeros((n, N_BCOLS), np.int64)
+    own_lo = np.full((n, MAX_CLASSES), _FAR, np.int64)
+    own_hi = np.full((n, MAX_CLASSES), -_FAR, np.int64)
+    own_mis = np.zeros((n, MAX_CLASSES), np.int64)
+    creg = np.full((n, MAX_CLASSES), -1, np.int64)
+    cmem = np.full((n, MAX_CLASSES), -1, np.int64)
+    calign = np.zeros((n, MAX_CLASSES), np.int64)
+    for p in range(n):
+        if end[p] == p:
+            continue
+        for j, (r, mem, align) in enumerate(classes[p]):
+            creg[p, j], cmem[p, j], calign[p, j] = r, mem, align
+        ops = [int(op) for op in code[p, :, 0]]
+        own[p, B_BUNDLES] = 1
+        own[p, B_VFMA] = ops.count(isa.OP_VFMA)
+        for u, op in enumerate(ops):
+            if op not in (0, isa.OP_NOP):
+                own[p, B_BUSY0 + u] = 1
+        if all(op in (0, isa.OP_NOP) for op in ops):
+            nops = [int(code[p, u, 5]) for u, op in enumerate(ops) if op == isa.OP_NOP]
+            reason = nops[0] if nops else isa.ST_LATENCY
+            own[p, B_BRANCH if reason == isa.ST_BRANCH else B_LATENCY] = 1
+        for r, mem, align, imm, size in accesses(p):
+            j = classes[p].index((r, mem, align))
+            own_lo[p, j] = min(own_lo[p, j], imm)
+            own_hi[p, j] = max(own_hi[p, j], imm + size)
+            own_mis[p, j] |= imm & (align - 1)
+    deltas = np.zeros((n, N_BCOLS), np.int64)
+    lo = np.full((n, MAX_CLASSES), _FAR, np.int64)
+    hi = np.full((n, MAX_CLASSES), -_FAR, np.int64)
+    mis = np.zeros((n, MAX_CLASSES), np.int64)
+    for a, e in runs:
+        deltas[a:e] = np.cumsum(own[a:e][::-1], axis=0)[::-1]
+        lo[a:e] = np.minimum.accumulate(own_lo[a:e][::-1], axis=0)[::-1]
+        hi[a:e] = np.maximum.accumulate(own_hi[a:e][::-1], axis=0)[::-1]
+        mis[a:e] = np.bitwise_or.accumulate(own_mis[a:e][::-1], axis=0)[::-1]
+    return end, deltas, creg, cmem, calign, lo, hi, mis

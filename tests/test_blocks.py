@@ -1,0 +1,231 @@
+"""Straight-line blocks (mtemu.blocks): tables against their reference, and every counter of a
+fast-forwarded timing run against the bundle-by-bundle run (kernels on many shapes, random
+programs, errors)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mtemu import isa
+from mtemu.assembler import ProgramBuilder, ins, parse
+from mtemu.blocks import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
+from mtemu.errors import MachineError
+from mtemu.kernels.attention import attention_backward_timing, attention_forward_timing
+from mtemu.kernels.attention.backward import _build_cached as build_backward
+from mtemu.kernels.attention.forward import _build_forward_cached as build_forward
+from mtemu.kernels.capacity import AttentionTiles
+from mtemu.kernels.gemm import GemmTiles, build_gemm
+from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, build_a_resident
+from mtemu.machine import Cluster
+from mtemu.platform import DEFAULT, load_platform
+
+SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
+TINY = DEFAULT.with_overrides(dsps=2)
+
+
+def counters(stats):
+    return (stats.cycles, stats.per_dsp.tolist(), stats.server_bytes, stats.server_busy, stats.stall_cycles())
+
+
+def both(platform, ddr_bytes, programs, **kw):
+    """(fast-forwarded, bundle by bundle): counters, or the error message."""
+    out = []
+    for ff in (True, False):
+        try:
+            stats = Cluster(platform, ddr_bytes=ddr_bytes, functional=False).run(programs, fast_forward=ff, **kw)
+        except MachineError as exc:
+            out.append(("error", str(exc)))
+        else:
+            out.append(counters(stats))
+    return out
+
+
+def assert_same_gemm(gp, platform):
+    fast, full = both(platform, gp.plan.ddr_bytes, [gp.program], init_sregs=gp.init_sregs,
+                      dsp_descriptors=gp.dsp_descriptors)
+    assert fast == full
+
+
+# ------------------------------------------------------------------------------------------
+# tables
+# ------------------------------------------------------------------------------------------
+def _seg_end(*programs):
+    sizes = [p.bundles for p in programs]
+    return np.repeat(np.cumsum(sizes), sizes)
+
+
+def _assert_tables_match(code, seg_end, lanes):
+    fast = build_blocks(code, seg_end, lanes)
+    ref = build_blocks_reference(code, seg_end, lanes)
+    for name, a, b in zip(("end", "deltas", "creg", "cmem", "calign", "lo", "hi", "mis"), fast, ref, strict=True):
+        assert np.array_equal(a, b), name
+    return fast
+
+
+@pytest.mark.parametrize("lanes", [1, 32])
+def test_tables_of_kernels_match_the_reference(lanes):
+    gp = build_gemm(96, 256, 96, GemmTiles(mg=48, k2=64, n2=64), SMALL)
+    ar = build_a_resident(96, 256, 96, AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64), SMALL)
+    bw = build_backward(2, 1, 64, 16, True, AttentionTiles(br=32, bc=32, d=16, br_prime=8, bc_prime=16),
+                        "resident", SMALL)
+    for progs in ([gp.program], [ar.program], bw.programs[:2]):
+        code = np.concatenate([p.code for p in progs])
+        end = _assert_tables_match(code, _seg_end(*progs), lanes)[0]
+        assert (end > np.arange(code.shape[0])).any()
+
+
+def test_runs_stop_at_control_scalar_writes_program_ends_and_too_many_classes():
+    body = "".join(f"{{ vldh v{16 + i}, [s{i + 1}+0] }}\n" for i in range(MAX_CLASSES + 2))
+    p1 = parse("{ nop }\n{ nop branch }\n{ smovi s1, 0 }\n" + body + "{ nop }\n" * 9 + "{ halt }", TINY)
+    p2 = parse("{ vfma v1, v2, v3 }\n" + "{ nop }\n" * 6 + "{ halt }", TINY)
+    code = np.concatenate([p1.code, p2.code])
+    end, deltas, creg, *_ = _assert_tables_match(code, _seg_end(p1, p2), 1)
+    n1 = p1.bundles
+    assert end[0] == 2 and deltas[0, 2:4].tolist() == [1, 1]       # one latency, one branch nop
+    assert end[2] == 2                                               # smovi writes a register
+    assert end[3] == 3 + MAX_CLASSES and end[3 + MAX_CLASSES] == n1 - 1   # cut at the ninth class
+    assert end[n1 - 1] == n1 - 1 and end[n1] == n1 + 7               # halt; next program's own run
+    assert sorted(creg[3].tolist()) == list(range(1, MAX_CLASSES + 1))
+
+
+# ------------------------------------------------------------------------------------------
+# kernels: identical counters on many shapes
+# ------------------------------------------------------------------------------------------
+GEMM_SHAPES = [(96, 256, 96), (100, 200, 300), (48, 64, 33), (192, 512, 128), (7, 96, 500), (240, 320, 224)]
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+def test_gemm_counters_equal_the_bundle_by_bundle_run(shape):
+    for tiles in (GemmTiles(mg=48, k2=64, n2=64), GemmTiles(mg=96, k2=32, n2=96, mr=4, nv=2),
+                  GemmTiles(mg=48, k2=64, n2=64, pipelined=False)):
+        assert_same_gemm(build_gemm(*shape, tiles, SMALL), SMALL)
+    for tiles in (AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64), AResidentGemmTiles(mg=96, kg=64, k2=32, n2=96,
+                                                                                      b_slots=2)):
+        assert_same_gemm(build_a_resident(*shape, tiles, SMALL), SMALL)
+
+
+def test_default_platform_gemms_equal_the_bundle_by_bundle_run():
+    assert_same_gemm(build_gemm(256, 512, 768, GemmTiles(), DEFAULT), DEFAULT)
+    assert_same_gemm(build_a_resident(256, 1536, 768, AResidentGemmTiles(), DEFAULT), DEFAULT)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_counters_equal_the_bundle_by_bundle_run(causal):
+    tiles = AttentionTiles(br=32, bc=32, d=16, br_prime=8, bc_prime=16)
+    for schedule in ("gsm", "broadcast", "own"):
+        for ap in (build_backward(2, 1, 96, 16, causal, tiles, "resident", SMALL, schedule),
+                   build_forward(2, 1, 96, 16, causal, tiles, SMALL, schedule)):
+            fast, full = both(SMALL, ap.plan.ddr_bytes, ap.programs, dsp_program=list(range(SMALL.dsps)))
+            assert fast == full
+    staged = build_backward(2, 2, 64, 16, causal, tiles, "ddr-staged", SMALL, "auto")
+    fast, full = both(SMALL, staged.plan.ddr_bytes, staged.programs, dsp_program=list(range(SMALL.dsps)))
+    assert fast == full
+
+
+def test_attention_runners_use_it_by_default():
+    # the runners' numbers equal a bundle-by-bundle run of the same programs
+    tiles = AttentionTiles(br=32, bc=32, d=16, br_prime=8, bc_prime=16)
+    r = attention_backward_timing(2, 1, 96, 16, tiles=tiles, platform=SMALL)
+    f = attention_forward_timing(2, 1, 96, 16, tiles=tiles, platform=SMALL)
+    for res, ap in ((r, build_backward(2, 1, 96, 16, True, tiles, "resident", SMALL, "auto")),
+                    (f, build_forward(2, 1, 96, 16, True, tiles, SMALL, "auto"))):
+        full = Cluster(SMALL, ddr_bytes=ap.plan.ddr_bytes, functional=False).run(
+            ap.programs, dsp_program=list(range(SMALL.dsps)), fast_forward=False)
+        assert (res.cycles, res.stalls) == (full.cycles, full.stall_cycles())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k, n", [(4096, 4096), (4096, 11008), (11008, 4096), (6656, 6656), (8192, 8192)])
+def test_table5_gemms_equal_the_bundle_by_bundle_run(k, n):
+    """The Table 5 set on the raw-DDR platform, both loop orders: identical cycles, stalls, counters."""
+    plat = load_platform(str(__import__("pathlib").Path(__file__).resolve().parent.parent
+                             / "platforms" / "mt3000-raw-ddr.toml"))
+    assert_same_gemm(build_a_resident(2048, k, n, AResidentGemmTiles(), plat), plat)
+    assert_same_gemm(build_gemm(2048, k, n, GemmTiles(), plat), plat)
+
+
+# ------------------------------------------------------------------------------------------
+# errors and limits: the same message, at the same DSP, PC, unit and address
+# ------------------------------------------------------------------------------------------
+def _plain_block(n, reg=1, imm=0, op="vldh"):
+    return "".join(f"{{ {op} v{16 + i % 12}, [s{reg}+{imm + 64 * i}] }}\n" for i in range(n))
+
+
+@pytest.mark.parametrize("base, fails", [(0, False), (2, False), (1, True), (-64, True),
+                                         (TINY.am_bytes - 64 * 19 - 2, False), (TINY.am_bytes - 64 * 19, True)])
+def test_out_of_range_or_misaligned_addresses_fail_alike(base, fails):
+    prog = parse(f"{{ smovi s1, {base} }}\n" + _plain_block(20) + "{ nop }\n" * 9 + "{ halt }", TINY)
+    fast, full = both(TINY, 0, [prog])
+    assert fast == full and (fast[0] == "error") == fails
+
+
+def test_word_accesses_check_four_byte_alignment():
+    for base in (0, 2, 4):
+        prog = parse(f"{{ smovi s1, {base} }}\n" + _plain_block(20, op="vldw") + "{ nop }\n" * 9 + "{ halt }", TINY)
+        fast, full = both(TINY, 0, [prog])
+        assert fast == full
+        assert (fast[0] == "error") == (base == 2)
+
+
+@pytest.mark.parametrize("limit", [5, 15, 21, 22, 40])
+def test_cycle_limit_inside_a_block_fails_alike(limit):
+    prog = parse("{ smovi s1, 0 }\n" + _plain_block(20) + "{ nop }\n" * 10 + "{ halt }", TINY)
+    fast, full = both(TINY, 0, [prog], max_cycles=limit)
+    assert fast == full
+
+
+def test_loops_and_entries_in_the_middle_of_a_run():
+    # the loop jumps back into the middle of the plain run that starts after the smovi
+    text = ("{ smovi s1, 3 }\n{ smovi s2, 0 }\n" + _plain_block(5, reg=2) + "top:\n" + _plain_block(12, reg=2)
+            + "{ nop }\n" * 9 + "{ bdec s1, top }\n{ halt }")
+    prog = parse(text, TINY)
+    fast, full = both(TINY, 0, [prog])
+    assert fast == full and fast[0] > 3 * 12
+
+
+# --- random straight-line programs with loops and bad bases -----------------------------------
+_PLAIN = ["vfma", "svbcast", "sldh", "ssth", "vldh", "vldw", "vstw", "vsth", "nop", "nopb"]
+
+
+@st.composite
+def random_program(draw):
+    """Plain bundles in a loop, on bases that may be out of range or misaligned; every written
+    register rotates so no write is in flight when it is read or rewritten."""
+    b = ProgramBuilder(TINY)
+    for r in range(1, 5):
+        b.bundle(ins("smovi", r, draw(st.sampled_from([0, 2, 4, 64, -4, TINY.sm_bytes - 8, TINY.am_bytes - 1024,
+                                                        TINY.am_bytes]))))
+    b.bundle(ins("smovi", 5, draw(st.integers(1, 4))))
+    b.label("top")
+    for i in range(draw(st.integers(1, 40))):
+        op = draw(st.sampled_from(_PLAIN))
+        reg, imm = draw(st.integers(0, 4)), draw(st.integers(-8, 600)) * 2
+        if op == "vfma":
+            b.bundle(ins(op, i % 8, 60, 61))
+        elif op == "svbcast":
+            b.bundle(ins(op, 48 + i % 8, 0))
+        elif op == "sldh":
+            b.bundle(ins(op, 20 + i % 30, (reg, imm)))
+        elif op == "ssth":
+            b.bundle(ins(op, (reg, imm), 0))
+        elif op in ("vldh", "vldw"):
+            b.bundle(ins(op, 16 + i % 32, (reg, imm)))
+        elif op in ("vstw", "vsth"):
+            b.bundle(ins(op, (reg, imm), 62))
+        else:
+            b.bundle(ins("nop", "branch") if op == "nopb" else ins("nop"))
+    b.nops(10)
+    b.bundle(ins("bdec", 5, "top"))
+    b.bundle(ins("halt"))
+    return b.assemble()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_program(), st.integers(30, 3000))
+def test_random_programs_fail_or_count_alike(prog, limit):
+    fast, full = both(TINY, 1024, [prog], max_cycles=limit)
+    assert fast == full
+
+
+def test_blocks_are_long_enough_to_matter():
+    assert 1 < MIN_BUNDLES <= 16 and isa.N_UNITS == 8
