@@ -29,6 +29,25 @@ _SOURCES = {
 }
 
 
+# Sources that generate a kernel's program (its bits, not its timing): key the built-program cache
+# (mtemu.kernels.program_cache). The platform enters that key through its digest.
+_PROGRAM_SOURCES = {
+    "gemm": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm.py"),
+    "gemm_a_resident": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm.py",
+                        "kernels/gemm_a_resident.py"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def program_version(kernel: str) -> str:
+    """Version of the program generator of ``kernel`` ('gemm' or 'gemm_a_resident')."""
+    h = hashlib.sha256(f"{__version__}|program".encode())
+    for rel in _PROGRAM_SOURCES[kernel]:
+        h.update(rel.encode())
+        h.update((_ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=None)
 def emulator_version(kernel: str = "gemm") -> str:
     """Version of the emulated timing of one kernel family ('gemm' or 'attention'), or 'all'."""

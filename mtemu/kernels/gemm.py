@@ -35,6 +35,7 @@ from ..errors import CapacityError, MtemuError
 from ..machine import Cluster, RunStats
 from ..platform import DEFAULT, Platform
 from ..trace import TraceOptions
+from .program_cache import cached_program
 from .schedule import Op, check_registers, schedule
 
 # fixed scalar registers
@@ -328,6 +329,12 @@ def build_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platfor
 @functools.lru_cache(maxsize=32)
 def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_gemm(m, k, n, tiles, platform)
+    program, dsp_desc, init = cached_program("gemm", (m, k, n), tiles, platform, lambda: _assemble(plan, platform))
+    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+
+
+def _assemble(plan: GemmPlan, platform: Platform) -> tuple[Program, dict[int, np.ndarray], dict[int, dict[int, int]]]:
+    """The program of ``plan``, its per-DSP descriptor tables and initial registers."""
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
@@ -416,7 +423,7 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.k2, plan.n,
                                  platform.dsps)
-    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+    return program, dsp_desc, init
 
 
 def _desc_fields_arr(key: tuple, plan: GemmPlan, rows: int | None) -> np.ndarray:

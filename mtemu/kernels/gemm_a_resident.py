@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import isa
-from ..assembler import Instr, ProgramBuilder, ins
+from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
 from ..trace import TraceOptions
@@ -51,6 +51,7 @@ from .gemm import (
     _run,
     plan_gemm,
 )
+from .program_cache import cached_program
 from .schedule import Op, schedule
 
 CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN, CH_B2 = 0, 1, 2, 3, 4, 5
@@ -212,6 +213,14 @@ def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AReside
 @functools.lru_cache(maxsize=16)
 def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_a_resident(m, k, n, tiles, platform)
+    program, dsp_desc, init = cached_program("gemm_a_resident", (m, k, n), tiles, platform,
+                                             lambda: _assemble(plan, platform))
+    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+
+
+def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[int, np.ndarray],
+                                                                 dict[int, dict[int, int]]]:
+    """The program of ``plan``, its per-DSP descriptor tables and initial registers."""
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
@@ -316,7 +325,7 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
                                  platform.dsps)
-    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+    return program, dsp_desc, init
 
 
 def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarray:
