@@ -21,26 +21,33 @@ kernels' counters against runs with ``fast_forward=False``.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from . import isa
+from .fp16 import f32_to_f16_bits
 
 MAX_CLASSES = 8             # (register, memory, alignment) classes per run
 MIN_BUNDLES = 8             # shorter runs go bundle by bundle (the checks would cost more)
 # columns of the per-PC counter deltas
 B_BUNDLES, B_VFMA, B_LATENCY, B_BRANCH = 0, 1, 2, 3
 B_BUSY0 = 4                 # + unit
-N_BCOLS = B_BUSY0 + isa.N_UNITS
+B_SSTH = B_BUSY0 + isa.N_UNITS   # scalar stores (functional mode runs them at once, see below)
+N_BCOLS = B_SSTH + 1
 # class memories (index into the machine's caps): SM or AM
 C_SM, C_AM = 0, 1
 _FAR = np.int64(1) << 50    # empty range sentinel: lo = FAR, hi = -FAR
 
-_PLAIN = np.zeros(isa.N_OPCODES, np.bool_)
+PLAIN_OPS = np.zeros(isa.N_OPCODES, np.bool_)
 for _op in (0, isa.OP_NOP, isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
             isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW):
-    _PLAIN[_op] = True
-PLAIN_OPS = _PLAIN
+    PLAIN_OPS[_op] = True
+# functional mode: exp and log stay with the bundle-by-bundle path (one libm call per lane there;
+# a vectorised math library here could round differently)
+PLAIN_OPS_FUNCTIONAL = PLAIN_OPS.copy()
+PLAIN_OPS_FUNCTIONAL[isa.OP_VEXP] = False
+PLAIN_OPS_FUNCTIONAL[isa.OP_VLOG] = False
 
 
 @njit(cache=True)
@@ -78,33 +85,56 @@ def _bundle_classes(code, p, lanes, creg, cmem, calign, ncls):
 
 
 @njit(cache=True)
-def _build(code, seg_end, plain, lanes, end, deltas, creg, cmem, calign, lo, hi, mis):
+def _is_plain(code, p, plain, functional):
+    """Bundle p may join a run: every instruction plain, and (functional mode) no access based on a
+    register an earlier unit of the same bundle loads with ``sldh``."""
+    loaded = -1
+    for u in range(code.shape[1]):
+        op = code[p, u, 0]
+        if not plain[op]:
+            return False
+        if functional:
+            mem, _size, _align = _access(op, 1)
+            if mem >= 0 and code[p, u, 2] == loaded:
+                return False
+            if op == isa.OP_SLDH:
+                loaded = code[p, u, 1]
+    return True
+
+
+@njit(cache=True)
+def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, calign, lo, hi, mis):
     n = code.shape[0]
     nunits = code.shape[1]
-    # forward: cut the code into runs of plain bundles with at most MAX_CLASSES classes each
-    start = np.zeros(n, np.int64)
+    # forward: cut the code into runs of plain bundles with at most MAX_CLASSES classes each; in
+    # functional mode also before an access based on a register an earlier bundle of the run
+    # loaded (sldh writes registers there), so every base is the value it had at the run's entry
     tr = np.zeros(MAX_CLASSES + nunits, np.int64)
     tm = np.zeros(MAX_CLASSES + nunits, np.int64)
     ta = np.zeros(MAX_CLASSES + nunits, np.int64)
+    nregs = 1
+    for p in range(n):
+        for u in range(nunits):
+            for f in range(1, 5):
+                if code[p, u, f] + 1 > nregs:
+                    nregs = code[p, u, f] + 1
+    loaded = np.zeros(nregs, np.bool_)
     p = 0
     while p < n:
-        ok = True
-        for u in range(nunits):
-            if not plain[code[p, u, 0]]:
-                ok = False
-        if not ok:
+        if not _is_plain(code, p, plain, functional):
             end[p] = p
-            start[p] = p
             p += 1
             continue
         s = p
         ncls = 0
-        while p < n and p < seg_end[s]:
-            ok = True
+        loaded[:] = False
+        while p < n and p < seg_end[s] and _is_plain(code, p, plain, functional):
+            clash = False
             for u in range(nunits):
-                if not plain[code[p, u, 0]]:
-                    ok = False
-            if not ok:
+                mem, _size, _align = _access(code[p, u, 0], 1)
+                if mem >= 0 and loaded[code[p, u, 2]]:
+                    clash = True
+            if clash:
                 break
             for j in range(ncls):
                 tr[j] = creg[s, j]
@@ -118,7 +148,10 @@ def _build(code, seg_end, plain, lanes, end, deltas, creg, cmem, calign, lo, hi,
                 cmem[s, j] = tm[j]
                 calign[s, j] = ta[j]
             ncls += extra
-            start[p] = s
+            if functional:
+                for u in range(nunits):
+                    if code[p, u, 0] == isa.OP_SLDH:
+                        loaded[code[p, u, 1]] = True
             p += 1
         for q in range(s, p):
             end[q] = p
@@ -155,6 +188,8 @@ def _build(code, seg_end, plain, lanes, end, deltas, creg, cmem, calign, lo, hi,
             deltas[p, B_BUSY0 + u] += 1
             if op == isa.OP_VFMA:
                 deltas[p, B_VFMA] += 1
+            elif op == isa.OP_SSTH:
+                deltas[p, B_SSTH] += 1
             mem, size, align = _access(op, lanes)
             if mem < 0:
                 continue
@@ -175,15 +210,19 @@ def _build(code, seg_end, plain, lanes, end, deltas, creg, cmem, calign, lo, hi,
                 deltas[p, B_LATENCY] += 1
 
 
-def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]:
+def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False
+                 ) -> tuple[np.ndarray, ...]:
     """Tables of the plain runs of linked ``code`` (bundles, units, fields).
 
     ``seg_end[p]`` is the end of the program holding PC p (runs never cross programs); ``lanes``
-    sizes vector accesses as the machine does. Returns ``(end, deltas, creg, cmem, calign, lo, hi,
-    mis)``: per PC the end of its run (``end[p] == p`` for a bundle that is not plain), the counter
-    deltas from p to the end (columns ``B_*``), and per class j its base register, memory
-    (``C_SM``/``C_AM``), alignment, smallest offset, largest offset + size and the OR of the
-    offsets' misaligned bits over [p, end). Unused classes have ``lo > hi``.
+    sizes vector accesses as the machine does; ``functional`` applies that mode's rules (no
+    ``vexp``/``vlog``; no access based on a register loaded earlier in the run).
+
+    Returns ``(end, deltas, creg, cmem, calign, lo, hi, mis)``: per PC the end of its run
+    (``end[p] == p`` for a bundle that is not plain), the counter deltas from p to the end
+    (columns ``B_*``), and per class j its base register, memory (``C_SM``/``C_AM``), alignment,
+    smallest offset, largest offset + size and the OR of the offsets' misaligned bits over
+    [p, end). Unused classes have ``lo > hi``.
     """
     n = code.shape[0]
     end = np.zeros(n, np.int64)
@@ -195,7 +234,8 @@ def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int) -> tuple[np.
     hi = np.full((n + 1, MAX_CLASSES), -_FAR, np.int64)
     mis = np.zeros((n + 1, MAX_CLASSES), np.int64)
     if n:
-        _build(np.ascontiguousarray(code), np.ascontiguousarray(seg_end, dtype=np.int64), PLAIN_OPS, int(lanes),
+        _build(np.ascontiguousarray(code), np.ascontiguousarray(seg_end, dtype=np.int64),
+               PLAIN_OPS_FUNCTIONAL if functional else PLAIN_OPS, int(lanes), bool(functional),
                end, deltas, creg, cmem, calign, lo, hi, mis)
     return end, deltas[:n], creg, cmem, calign, lo[:n], hi[:n], mis[:n]
 
@@ -231,18 +271,200 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
     stats[d, s_vfma] += deltas[p, B_VFMA]
     stats[d, s_latency] += deltas[p, B_LATENCY]
     stats[d, s_branch] += deltas[p, B_BRANCH]
-    for u in range(deltas.shape[1] - B_BUSY0):
+    for u in range(isa.N_UNITS):
         stats[d, s_busy0 + u] += deltas[p, B_BUSY0 + u]
     return e
 
 
 # ------------------------------------------------------------------------------------------
+# functional mode: the data of an accepted run, now or deferred
+# ------------------------------------------------------------------------------------------
+# A run's data effects touch only its DSP's registers, SM and AM, so they may wait until
+# something else looks at that state: a bundle of the DSP that is not plain (if it touches
+# vector registers or SM/AM), a DMA that reads or writes any SM/AM (a broadcast writes every
+# DSP's), or the end of the run. Waiting runs of all DSPs are then executed together, one DSP per
+# thread. The scalar side runs at once: ``sldh`` is replayed on the real registers when the run
+# is accepted (so branches, addresses and later runs see its loads) and again, on a copy of the
+# registers taken at acceptance, when the vector side executes. SM cannot change in between:
+# a run with ``ssth`` is executed at once (after the waiting ones), and every other writer of SM
+# is a DMA or a non-plain bundle, which wait for the runs first. The order of each DSP's effects
+# is therefore the bundle-by-bundle order, and the data are identical.
+QUEUE = 64                  # runs a DSP may have waiting
+# Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
+if numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "workqueue"
+
+
+@njit(cache=True)
+def run_plain(d, p, e, code, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    """The data effects of bundles [p, e) of a run DSP d may skip, in unit order, on scalar
+    registers ``sr`` (DSP d's, or a copy), as the bundle-by-bundle path computes them."""
+    sm0 = bases[0] + d * caps[0]
+    am0 = bases[1] + d * caps[1]
+    for q in range(p, e):
+        for u in range(code.shape[1]):
+            op = code[q, u, 0]
+            if op == 0 or op == isa.OP_NOP:
+                continue
+            r0 = code[q, u, 1]
+            r1 = code[q, u, 2]
+            if op == isa.OP_VFMA:
+                r2 = code[q, u, 3]
+                for k in range(lanes):
+                    vregs[d, r0, k] += vregs[d, r1, k] * vregs[d, r2, k]
+            elif op == isa.OP_SVBCAST:
+                x = f16tab[sr[r1] & 0xFFFF]
+                for k in range(lanes):
+                    vregs[d, r0, k] = x
+            elif op == isa.OP_VLDH:
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
+                for k in range(lanes):
+                    vregs[d, r0, k] = f16tab[mem16[i0 + k]]
+            elif op == isa.OP_SLDH:
+                sr[r0] = mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1]
+            elif op == isa.OP_VLDW:
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
+                for k in range(lanes):
+                    vregs[d, r0, k] = mem32[i0 + k]
+            elif op == isa.OP_VSTW:
+                r2 = code[q, u, 3]
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
+                for k in range(lanes):
+                    mem32[i0 + k] = vregs[d, r2, k]
+            elif op == isa.OP_VSTH:
+                r2 = code[q, u, 3]
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
+                for k in range(lanes):
+                    mem16[i0 + k] = f32_to_f16_bits(vregs[d, r2, k])
+            elif op == isa.OP_SSTH:
+                mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1] = np.uint16(sr[code[q, u, 3]] & 0xFFFF)
+            elif op == isa.OP_SVBCASTW:
+                xw = np.uint32(sr[r1] & 0xFFFFFFFF).view(np.float32)
+                for k in range(lanes):
+                    vregs[d, r0, k] = xw
+            elif op == isa.OP_VMAX:
+                r2 = code[q, u, 3]
+                for k in range(lanes):
+                    xa = vregs[d, r1, k]
+                    xb = vregs[d, r2, k]
+                    vregs[d, r0, k] = xa if (xa > xb or xa != xa) else xb
+
+
+@njit(cache=True)
+def _run_scalar(d, p, e, code, sr, mem16, bases, caps):
+    """The scalar side of bundles [p, e): their ``sldh`` loads, in order."""
+    sm0 = bases[0] + d * caps[0]
+    for q in range(p, e):
+        for u in range(code.shape[1]):
+            if code[q, u, 0] == isa.OP_SLDH:
+                sr[code[q, u, 1]] = mem16[(sm0 + sr[code[q, u, 2]] + code[q, u, 5]) >> 1]
+
+
+@njit(cache=True)
+def _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    for i in range(qn[d]):
+        run_plain(d, qp[d, i], qe[d, i], code, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+    qn[d] = 0
+
+
+@njit(cache=True, parallel=True)
+def _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM and AM
+        _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+
+
+@njit(cache=True)
+def flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
+    """Execute every waiting run (DSP by DSP in order; over threads if ``threads``)."""
+    waiting = 0
+    for d in range(qn.shape[0]):
+        waiting += qn[d]
+    if waiting == 0:
+        return
+    if threads:
+        _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+    else:
+        for d in range(qn.shape[0]):
+            _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+
+
+@njit(cache=True)
+def accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
+                qn, qp, qe, qregs, threads):
+    """Functional mode, a run :func:`try_skip` accepted: execute it, or queue it (``qn`` empty:
+    deferring is off; a run with scalar stores, or a full queue, runs the waiting ones first)."""
+    if qn.shape[0] == 0:
+        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        return
+    if deltas[p, B_SSTH] > 0:
+        flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        return
+    if qn[d] == qp.shape[1]:
+        flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+    i = qn[d]
+    qp[d, i] = p
+    qe[d, i] = e
+    for r in range(sregs.shape[1]):
+        qregs[d, i, r] = sregs[d, r]
+    qn[d] = i + 1
+    _run_scalar(d, p, e, code, sregs[d], mem16, bases, caps)
+
+
+@njit(cache=True)
+def must_flush(d, p, code, descs, desc_off, touches):
+    """Before DSP d runs bundle p by itself: must the waiting runs execute first?"""
+    if touches[p]:
+        return True
+    for u in range(code.shape[1]):
+        if code[p, u, 0] == isa.OP_DMA:
+            di = desc_off[d] + code[p, u, 2]
+            src = descs[di, 0]
+            dst = descs[di, 1]
+            if src == isa.SP_SM or src == isa.SP_AM or dst == isa.SP_SM or dst == isa.SP_AM \
+                    or descs[di, 6] == isa.DMA_BROADCAST:
+                return True
+    return False
+
+
+_TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
+                       isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
+
+
+def defer_buffers(code: np.ndarray, dsps: int, nregs: int, on: bool) -> tuple[np.ndarray, ...]:
+    """(touches, qn, qp, qe, qregs): per PC, whether a bundle touches vector registers, SM or AM;
+    the queue of waiting runs per DSP. Zero-length when deferring is off."""
+    if not on:
+        return (np.zeros(0, np.bool_), np.zeros(0, np.int64), np.zeros((0, QUEUE), np.int64),
+                np.zeros((0, QUEUE), np.int64), np.zeros((0, QUEUE, nregs), np.int64))
+    touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
+    return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE), np.int64), np.zeros((dsps, QUEUE), np.int64),
+            np.zeros((dsps, QUEUE, nregs), np.int64))
+
+
+# ------------------------------------------------------------------------------------------
 # pure-Python reference (tests)
 # ------------------------------------------------------------------------------------------
-def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int) -> tuple[np.ndarray, ...]:
+_MEMORY_OPS = (isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW)
+
+
+def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False
+                           ) -> tuple[np.ndarray, ...]:
     """:func:`build_blocks` written plainly: runs, then each PC's deltas and ranges by direct sums."""
     n = code.shape[0]
-    plain = [all(PLAIN_OPS[int(op)] for op in code[p, :, 0]) for p in range(n)]
+    table = PLAIN_OPS_FUNCTIONAL if functional else PLAIN_OPS
+
+    def is_plain(p):
+        if not all(table[int(op)] for op in code[p, :, 0]):
+            return False
+        if functional:      # an sldh, then an access based on the register it loads
+            units = [(int(code[p, u, 0]), int(code[p, u, 1]), int(code[p, u, 2])) for u in range(code.shape[1])]
+            for i, (op, r0, _) in enumerate(units):
+                if op == isa.OP_SLDH and any(o in _MEMORY_OPS and base == r0 for o, _, base in units[i + 1:]):
+                    return False
+        return True
+
+    plain = [is_plain(p) for p in range(n)]
 
     def accesses(p):
         out = []
@@ -264,8 +486,10 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int) ->
         if not plain[p]:
             p += 1
             continue
-        s, cls = p, []
+        s, cls, loaded = p, [], set()
         while p < n and p < seg_end[s] and plain[p]:
+            if any(k[0] in loaded for k in accesses(p)):
+                break
             new = [k[:3] for k in accesses(p)]
             merged = list(cls)
             for k in new:
@@ -274,6 +498,8 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int) ->
             if len(merged) > MAX_CLASSES:
                 break
             cls = merged
+            if functional:
+                loaded |= {int(code[p, u, 1]) for u in range(code.shape[1]) if code[p, u, 0] == isa.OP_SLDH}
             p += 1
         runs.append((s, p))
         for q in range(s, p):
@@ -295,6 +521,7 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int) ->
         ops = [int(op) for op in code[p, :, 0]]
         own[p, B_BUNDLES] = 1
         own[p, B_VFMA] = ops.count(isa.OP_VFMA)
+        own[p, B_SSTH] = ops.count(isa.OP_SSTH)
         for u, op in enumerate(ops):
             if op not in (0, isa.OP_NOP):
                 own[p, B_BUSY0 + u] = 1

@@ -1,6 +1,8 @@
 """Straight-line blocks (mtemu.blocks): tables against their reference, and every counter of a
 fast-forwarded timing run against the bundle-by-bundle run (kernels on many shapes, random
 programs, errors)."""
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,12 +12,17 @@ from mtemu import isa
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.blocks import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
 from mtemu.errors import MachineError
-from mtemu.kernels.attention import attention_backward_timing, attention_forward_timing
+from mtemu.kernels.attention import (
+    attention_backward_timing,
+    attention_forward_timing,
+    run_attention,
+    run_attention_backward,
+)
 from mtemu.kernels.attention.backward import _build_cached as build_backward
 from mtemu.kernels.attention.forward import _build_forward_cached as build_forward
 from mtemu.kernels.capacity import AttentionTiles
-from mtemu.kernels.gemm import GemmTiles, build_gemm
-from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, build_a_resident
+from mtemu.kernels.gemm import GemmTiles, build_gemm, reference_gemm
+from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, build_a_resident, reference_gemm_a_resident
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT, load_platform
 
@@ -229,3 +236,132 @@ def test_random_programs_fail_or_count_alike(prog, limit):
 
 def test_blocks_are_long_enough_to_matter():
     assert 1 < MIN_BUNDLES <= 16 and isa.N_UNITS == 8
+
+
+# ------------------------------------------------------------------------------------------
+# functional mode: the same data and counters, with the runs' data executed late (and on threads)
+# ------------------------------------------------------------------------------------------
+def functional_gemm(gp, platform, a, b, fast_forward, in_thread=False):
+    out = {}
+
+    def go():
+        c = Cluster(platform, ddr_bytes=gp.plan.ddr_bytes, functional=True)
+        c.write_ddr_u16(gp.plan.a_addr, a.view(np.uint16))
+        c.write_ddr_u16(gp.plan.b_addr, b.view(np.uint16))
+        stats = c.run([gp.program], init_sregs=gp.init_sregs, dsp_descriptors=gp.dsp_descriptors,
+                      fast_forward=fast_forward)
+        out["r"] = (counters(stats), c.read_ddr_u16(gp.plan.c_addr, a.shape[0] * b.shape[1]), c.sregs.copy(),
+                    c.vregs.copy())
+
+    if in_thread:           # not the main thread: waiting runs execute on this thread alone
+        th = threading.Thread(target=go)
+        th.start()
+        th.join()
+    else:
+        go()
+    return out["r"]
+
+
+def _same_run(x, y):
+    assert x[0] == y[0]
+    for u, v in zip(x[1:], y[1:], strict=True):
+        assert np.array_equal(u.view(np.uint8), v.view(np.uint8))
+
+
+@pytest.mark.parametrize("shape", [(96, 256, 96), (100, 200, 300), (7, 96, 500)])
+def test_functional_gemms_equal_the_bundle_by_bundle_run(shape):
+    rng = np.random.default_rng(sum(shape))
+    a = rng.standard_normal(shape[:2]).astype(np.float16)
+    b = rng.standard_normal(shape[1:]).astype(np.float16)
+    gp = build_gemm(*shape, GemmTiles(mg=48, k2=64, n2=64), SMALL)
+    full = functional_gemm(gp, SMALL, a, b, False)
+    _same_run(functional_gemm(gp, SMALL, a, b, True), full)
+    _same_run(functional_gemm(gp, SMALL, a, b, True, in_thread=True), full)
+    assert np.array_equal(full[1].view(np.float16).reshape(shape[0], shape[2]), reference_gemm(a, b))
+    ar = build_a_resident(*shape, AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64), SMALL)
+    full = functional_gemm(ar, SMALL, a, b, False)
+    _same_run(functional_gemm(ar, SMALL, a, b, True), full)
+    assert np.array_equal(full[1].view(np.float16).reshape(shape[0], shape[2]), reference_gemm_a_resident(a, b, 128))
+
+
+def test_functional_attention_equals_the_bundle_by_bundle_run(monkeypatch):
+    rng = np.random.default_rng(5)
+    tiles = AttentionTiles(br=32, bc=32, d=16, br_prime=8, bc_prime=16)
+    q, k, v = (rng.standard_normal((h, 96, 16)).astype(np.float16) for h in (2, 1, 1))
+    do = rng.standard_normal(q.shape).astype(np.float16)
+    results = {}
+    for ff in ("1", "0"):
+        monkeypatch.setenv("MTEMU_FAST_FORWARD", ff)
+        fwd = run_attention(q, k, v, tiles=tiles, platform=SMALL)
+        bwd = run_attention_backward(q, k, v, fwd.o, do, fwd.saved, tiles=tiles, platform=SMALL)
+        results[ff] = [fwd.cycles, fwd.stalls, bwd.cycles, bwd.stalls] + [
+            x.view(np.uint8) for x in (fwd.o, fwd.saved.p, fwd.saved.lse, bwd.dq, bwd.dk, bwd.dv)]
+    for x, y in zip(results["1"], results["0"], strict=True):
+        assert np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+
+
+@st.composite
+def random_functional_program(draw):
+    """Plain bundles around a loop with scalar loads feeding broadcasts, scalar stores, base changes,
+    local DMAs and exp (not plain in functional mode): every reason the waiting runs execute."""
+    b = ProgramBuilder(TINY)
+    descs = [b.descriptor("SM", "AM", 2, 64, 128, 256, "copy"), b.descriptor("AM", "SM", 1, 128, 128, 128, "copy")]
+    for r in range(1, 5):
+        b.bundle(ins("smovi", r, draw(st.sampled_from([0, 64, 512, 2048, TINY.sm_bytes - 2048]))))
+    b.bundle(ins("smovi", 5, draw(st.integers(1, 3))))
+    b.label("top")
+    for i in range(draw(st.integers(1, 30))):
+        op = draw(st.sampled_from(_PLAIN + ["smovi", "dma", "vexp"]))
+        reg, imm = draw(st.integers(1, 4)), draw(st.integers(0, 300)) * 4
+        if op == "vfma":
+            b.bundle(ins(op, i % 8, 16 + i % 24, 48 + i % 8))
+        elif op == "svbcast":
+            b.bundle(ins(op, 48 + i % 8, 20 + draw(st.integers(0, 29))))
+        elif op == "sldh":
+            b.bundle(ins(op, 20 + i % 30, (reg, imm)))
+        elif op == "ssth":
+            b.bundle(ins(op, (reg, imm), 20 + draw(st.integers(0, 29))))
+        elif op in ("vldh", "vldw"):
+            b.bundle(ins(op, 16 + i % 24, (reg, imm)))
+        elif op in ("vstw", "vsth"):
+            b.bundle(ins(op, (reg, imm), i % 8))
+        elif op == "smovi":
+            b.bundle(ins("smovi", reg, draw(st.sampled_from([0, 128, 1024]))))
+        elif op == "dma":
+            b.bundle(ins("dma", 0, draw(st.sampled_from(descs)), (0, 256), (0, 512)))
+            b.bundle(ins("dmawait", 0))
+        elif op == "vexp":
+            b.bundle(ins("vexp", 56 + i % 4, 16 + i % 24))
+        else:
+            b.bundle(ins("nop", "branch") if op == "nopb" else ins("nop"))
+        if op in ("vfma", "vexp", "vldh", "vldw", "svbcast", "sldh"):
+            b.nops(9)       # its result lands before anything may read or rewrite it
+    b.nops(10)
+    b.bundle(ins("bdec", 5, "top"))
+    b.bundle(ins("halt"))
+    return b.assemble()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_functional_program(), st.integers(0, 2**32 - 1))
+def test_random_functional_programs_compute_alike(prog, seed):
+    rng = np.random.default_rng(seed)
+    fill = rng.standard_normal(TINY.dsps * (TINY.sm_bytes + 4096) // 2).astype(np.float16).view(np.uint8)
+    out = []
+    for ff in (True, False):
+        c = Cluster(TINY, ddr_bytes=0, functional=True)
+        n_sm = TINY.sm_bytes
+        for d in range(TINY.dsps):
+            c.region("SM", 0, n_sm, d)[:] = fill[d * n_sm:(d + 1) * n_sm]
+            c.region("AM", 0, 4096, d)[:] = fill[TINY.dsps * n_sm + d * 4096:][:4096]
+        try:
+            stats = c.run([prog], fast_forward=ff)
+        except MachineError as exc:
+            out.append(("error", str(exc)))
+        else:
+            out.append((counters(stats), c.mem.copy(), c.sregs.copy(), c.vregs.copy()))
+    fast, full = out
+    assert fast[0] == full[0]
+    if fast[0] != "error":
+        for x, y in zip(fast[1:], full[1:], strict=True):
+            assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
