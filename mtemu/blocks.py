@@ -1,4 +1,4 @@
-"""Straight-line blocks for timing mode: advance a DSP over a run of data-only bundles in one step.
+"""Straight-line blocks: advance a DSP over a run of data-only bundles in one step.
 
 In timing mode (no data) a bundle whose instructions are all *plain* -- ``nop``, ``vfma``,
 ``svbcast(w)``, ``vexp``, ``vlog``, ``vmax`` and the SM/AM loads and stores -- changes nothing but
@@ -11,13 +11,20 @@ point to its end are therefore a suffix sum, and its addresses are in range and 
 
 :func:`build_blocks` tabulates, for every PC, where its run ends, the counter deltas from it to
 the end and the offset range per class (at most :data:`MAX_CLASSES` per run; a run with more is
-cut). The machine (:mod:`mtemu.machine`) uses them when it runs in timing mode without a trace:
-at a PC starting at least :data:`MIN_BUNDLES` plain bundles it checks the ranges against the
-current registers and the cycle limit and, if they pass, adds the deltas and jumps to the end.
-If any check fails it runs the bundles one by one, which reports the exact error. So the
-counters, cycles and errors are those of the bundle-by-bundle run by construction;
+cut). The machine (:mod:`mtemu.machine`) uses them whenever it runs without a trace: at a PC
+starting at least :data:`MIN_BUNDLES` plain bundles it checks the ranges against the current
+registers and the cycle limit and, if they pass, adds the deltas and jumps to the end. If any
+check fails it runs the bundles one by one, which reports the exact error. So the counters,
+cycles and errors are those of the bundle-by-bundle run by construction. In functional mode the
+run's data effects are then executed by :func:`run_plain` (now, or deferred: see the section
+below), where loads do write registers: a run there also ends before an access based on a
+register an ``sldh`` of the same run loaded, and ``vexp``/``vlog`` are not plain.
 ``tests/test_blocks.py`` checks the tables against :func:`build_blocks_reference` and whole
 kernels' counters against runs with ``fast_forward=False``.
+
+Numba caches ``machine._run`` keyed on machine.py alone, with the functions and constants it uses
+from here compiled in: after editing this module, clear the Numba cache (or touch machine.py),
+as for isa.py, trace.py and fp16.py.
 """
 from __future__ import annotations
 
