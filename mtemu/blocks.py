@@ -288,13 +288,15 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
 # ------------------------------------------------------------------------------------------
 # A run's data effects touch only its DSP's registers, SM and AM, so they may wait until
 # something else looks at that state: a bundle of the DSP that is not plain (if it touches
-# vector registers or SM/AM), a DMA that reads or writes any SM/AM (a broadcast writes every
-# DSP's), or the end of the run. Waiting runs of all DSPs are then executed together, one DSP per
-# thread. The scalar side runs at once: ``sldh`` is replayed on the real registers when the run
-# is accepted (so branches, addresses and later runs see its loads) and again, on a copy of the
-# registers taken at acceptance, when the vector side executes. SM cannot change in between:
-# a run with ``ssth`` is executed at once (after the waiting ones), and every other writer of SM
-# is a DMA or a non-plain bundle, which wait for the runs first. The order of each DSP's effects
+# vector registers or SM/AM) or a DMA of the DSP that reads or writes its SM/AM (then that DSP's
+# runs execute), a broadcast (it writes every DSP's SM or AM) or the end of the run (then every
+# DSP's waiting runs execute together, DSPs spread over threads). A kernel whose broadcast opens
+# each step so gets every DSP's step executed in parallel. The scalar side runs at once: ``sldh``
+# is replayed on the real registers when the run is accepted (so branches, addresses and later
+# runs see its loads) and again, on a copy of the registers taken at acceptance, when the vector
+# side executes. SM cannot change in between: a run with ``ssth`` is executed at once (after the
+# DSP's waiting ones), and every other writer of a DSP's SM is a non-plain bundle or a DMA, which
+# wait for that DSP's runs first. The order of each DSP's effects
 # is therefore the bundle-by-bundle order, and the data are identical.
 QUEUE = 64                  # runs a DSP may have waiting
 # Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
@@ -368,7 +370,8 @@ def _run_scalar(d, p, e, code, sr, mem16, bases, caps):
 
 
 @njit(cache=True)
-def _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+def flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    """Execute DSP d's waiting runs, in order."""
     for i in range(qn[d]):
         run_plain(d, qp[d, i], qe[d, i], code, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes)
     qn[d] = 0
@@ -377,7 +380,7 @@ def _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, c
 @njit(cache=True, parallel=True)
 def _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
     for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM and AM
-        _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
 
 
 @njit(cache=True)
@@ -392,23 +395,23 @@ def flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lan
         _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
     else:
         for d in range(qn.shape[0]):
-            _flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+            flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
 
 
 @njit(cache=True)
 def accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
                 qn, qp, qe, qregs, threads):
     """Functional mode, a run :func:`try_skip` accepted: execute it, or queue it (``qn`` empty:
-    deferring is off; a run with scalar stores, or a full queue, runs the waiting ones first)."""
+    deferring is off; a run with scalar stores, or a full queue, runs DSP d's waiting ones first)."""
     if qn.shape[0] == 0:
         run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
         return
     if deltas[p, B_SSTH] > 0:
-        flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
         run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
         return
     if qn[d] == qp.shape[1]:
-        flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
     i = qn[d]
     qp[d, i] = p
     qe[d, i] = e
@@ -420,18 +423,20 @@ def accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, 
 
 @njit(cache=True)
 def must_flush(d, p, code, descs, desc_off, touches):
-    """Before DSP d runs bundle p by itself: must the waiting runs execute first?"""
-    if touches[p]:
-        return True
+    """Before DSP d runs bundle p by itself, whose waiting runs must execute first: 0 none, 1 DSP d's
+    (the bundle touches d's vector registers, SM or AM, or its DMA reads or writes d's SM or AM),
+    2 every DSP's (a broadcast writes every SM or AM)."""
+    need = 1 if touches[p] else 0
     for u in range(code.shape[1]):
         if code[p, u, 0] == isa.OP_DMA:
             di = desc_off[d] + code[p, u, 2]
             src = descs[di, 0]
             dst = descs[di, 1]
-            if src == isa.SP_SM or src == isa.SP_AM or dst == isa.SP_SM or dst == isa.SP_AM \
-                    or descs[di, 6] == isa.DMA_BROADCAST:
-                return True
-    return False
+            if descs[di, 6] == isa.DMA_BROADCAST:
+                return 2
+            if src == isa.SP_SM or src == isa.SP_AM or dst == isa.SP_SM or dst == isa.SP_AM:
+                need = 1
+    return need
 
 
 _TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,

@@ -36,7 +36,7 @@ from numba import njit
 
 from . import isa
 from .assembler import Program
-from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, must_flush, try_skip
+from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, flush_dsp, must_flush, try_skip
 from .errors import MachineError
 from .fp16 import f16_to_f32_array, f32_to_f16_bits
 from .platform import DEFAULT, Platform
@@ -192,8 +192,13 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     t += e - p
                     p = e
                     continue
-            if deferring and must_flush(d, p, code, descs, desc_off, dq_touch):
-                flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+            if deferring:
+                need = must_flush(d, p, code, descs, desc_off, dq_touch)
+                if need == 1:
+                    flush_dsp(d, code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+                elif need == 2:
+                    flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                          threads)
             # ---------------------------------------------------------------------------------
             # yield before a shared-resource interaction if another DSP is behind us
             sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
