@@ -29,6 +29,9 @@ from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig
 
+from .speed import LOOP_ORDERS, functional_gemm, numpy_matmul_seconds, table5_timing
+from .speed import TABLE5_SHAPES as TABLE5_DIMS
+
 TIMING_SHAPE = (TABLE5_M, 4096, 4096)       # first Table 5 row
 FUNCTIONAL_N = 512                          # time_: 512^3 functional GEMM
 TRACK_FUNCTIONAL_N = 1024                   # track_: larger, so per-call overhead matters less
@@ -191,6 +194,59 @@ class TrackThroughput:
 
     track_functional_gmacs.unit = "GMAC/s"
     track_functional_gmacs.version = "1"
+
+
+class TrackTable5Speed:
+    """The Table 5 set in timing mode per loop order (bench/speed.py): seconds (target 5 s), emulated
+    bundles per second, and the ratio to NumPy's float32 matmul of the same shapes in the same run."""
+
+    params = [list(LOOP_ORDERS)]
+    param_names = ["loop_order"]
+    timeout = 900
+
+    def setup_cache(self):
+        warm_numba()
+        numpy_s = numpy_matmul_seconds(TABLE5_DIMS)
+        return {order: table5_timing(order, numpy_s) for order in LOOP_ORDERS}
+
+    setup_cache.timeout = 900
+
+    def track_table5_timing_seconds(self, cache, loop_order):
+        return cache[loop_order]["seconds"]
+
+    track_table5_timing_seconds.unit = "s"
+    track_table5_timing_seconds.version = "1"
+
+    def track_table5_timing_ratio_to_numpy(self, cache, loop_order):
+        return cache[loop_order]["ratio_to_numpy"]
+
+    track_table5_timing_ratio_to_numpy.unit = "x"
+    track_table5_timing_ratio_to_numpy.version = "1"
+
+    def track_table5_timing_bundles_per_s(self, cache, loop_order):
+        return cache[loop_order]["bundles_per_s"]
+
+    track_table5_timing_bundles_per_s.unit = "bundles/s"
+    track_table5_timing_bundles_per_s.version = "1"
+
+
+class TrackFunctionalSpeed:
+    """Functional 1024^3 GEMM (bench/speed.py): first call in the process (programs from the disk cache)
+    and warm call as ratios to NumPy's float32 matmul in the same run (target 10x), and bundles per second."""
+
+    timeout = 600
+
+    def setup_cache(self):
+        warm_numba()
+        return functional_gemm(TRACK_FUNCTIONAL_N)
+
+    setup_cache.timeout = 600
+
+    track_functional_first_call_ratio_to_numpy = cached_track(
+        "track_functional_first_call_ratio_to_numpy", "first_call_ratio_to_numpy", "x")
+    track_functional_warm_ratio_to_numpy = cached_track("track_functional_warm_ratio_to_numpy",
+                                                        "warm_ratio_to_numpy", "x")
+    track_functional_bundles_per_s = cached_track("track_functional_bundles_per_s", "bundles_per_s", "bundles/s")
 
 
 class TimePlanner:

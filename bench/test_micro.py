@@ -25,6 +25,8 @@ from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig
 
+from .speed import LOOP_ORDERS, TABLE5_SHAPES, functional_gemm, numpy_matmul_seconds, table5_timing
+
 STRAIGHT_BUNDLES = 4000          # scalar bundles before the halt
 LOOP_TRIPS = 20000
 LOOP_VFMAS = 16                  # independent accumulators per trip
@@ -127,3 +129,35 @@ def test_tuner_sweep_100_candidates(benchmark, tmp_path, monkeypatch):
     benchmark.extra_info["candidates"] = len(result.candidates)
     benchmark.extra_info["pruned"] = len(result.pruned)
     assert len(result.candidates) >= 100
+
+
+def _speed_info(benchmark, figures: dict) -> None:
+    for key, value in figures.items():
+        if isinstance(value, (int, float, str)):
+            benchmark.extra_info[key] = value
+
+
+def test_table5_timing_set_against_numpy(benchmark):
+    """Issue target: each Table 5 set in timing mode in 5 s or less; ratio to NumPy and bundles/s in
+    extra_info (bench/speed.py), for the A-resident (default) and the C-stationary loop order."""
+    mtemu.gemm_timing(64, 64, 64)                          # Numba loaded outside the timing
+    numpy_s = numpy_matmul_seconds(TABLE5_SHAPES)
+    out = {}
+
+    def both():
+        out.update({order: table5_timing(order, numpy_s) for order in LOOP_ORDERS})
+
+    benchmark.pedantic(both, rounds=1, iterations=1)
+    for order, figures in out.items():
+        _speed_info(benchmark, {f"{order}_{k}": v for k, v in figures.items()})
+        assert figures["bundles"] > 10**9
+
+
+def test_functional_gemm_1024_against_numpy(benchmark):
+    """Issue target: functional 1024^3 within 10x of NumPy's float32 matmul, first call included."""
+    a = np.ones((64, 64), np.float16)
+    mtemu.run_gemm(a, a)                                   # Numba loaded outside the timing
+    out = {}
+    benchmark.pedantic(lambda: out.update(functional_gemm(1024)), rounds=1, iterations=1)
+    _speed_info(benchmark, out)
+    assert out["bundles"] > 10**6

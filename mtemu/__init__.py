@@ -5,12 +5,36 @@ and ``mtemu.platform`` stay free of numba and the kernel generators.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
+import sys
+from pathlib import Path
 
 from ._version import __version__ as __version__
 from .errors import AssemblyError, CapacityError, MachineError, MtemuError, PlatformError
 from .platform import DEFAULT as DEFAULT_PLATFORM
 from .platform import Platform, load_platform
+
+# Numba keys a function's on-disk cache on its own file's timestamp only, so a compiled machine
+# that inlines code from another file (blocks, isa, fp16) can go stale and crash. Every state of
+# the jitted sources therefore gets its own cache folder (under NUMBA_CACHE_DIR if set).
+_JIT_SOURCES = ("machine.py", "blocks.py", "fp16.py", "isa.py", "trace.py", "accuracy.py")
+
+
+def _jit_cache_dir() -> str:
+    h = hashlib.sha256(__version__.encode())
+    for name in _JIT_SOURCES:
+        path = Path(__file__).parent / name
+        if path.exists():
+            h.update(name.encode() + path.read_bytes())
+    leaf = f"mtemu-jit-{h.hexdigest()[:12]}"
+    base = os.environ.get("NUMBA_CACHE_DIR") or str(Path.home() / ".cache" / "mtemu" / "numba")
+    return base if Path(base).name == leaf else str(Path(base) / leaf)
+
+
+if "numba" not in sys.modules:
+    os.environ["NUMBA_CACHE_DIR"] = _jit_cache_dir()
 
 # public name -> module that defines it, imported on first access
 _LAZY = {

@@ -27,6 +27,8 @@ zero-length arrays (one compiled signature) and costs one test per bundle.
 """
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +36,7 @@ from numba import njit
 
 from . import isa
 from .assembler import Program
+from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, flush_dsp, must_flush, try_skip
 from .errors import MachineError
 from .fp16 import f16_to_f32_array, f32_to_f16_bits
 from .platform import DEFAULT, Platform
@@ -99,8 +102,12 @@ def _tr_state(ev, nev, last, cut, d, t, st):
 def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
-         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts):
+         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
+         blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
+         dq_touch, dq_n, dq_p, dq_e, dq_regs, threads):
     tracing = tr_nev.shape[0] > 0
+    skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
+    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.blocks)
     time = np.zeros(dsps, np.int64)
     pc = lo.copy()
     state = np.zeros(dsps, np.int64)          # 0 running, 1 at barrier, 2 halted
@@ -173,6 +180,26 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
                 time[d] = t
                 return
+            # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
+            if skipping:
+                e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
+                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
+                             blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
+                if e >= 0:
+                    if functional:
+                        accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                                    blk_deltas, dq_n, dq_p, dq_e, dq_regs, threads)
+                    t += e - p
+                    p = e
+                    continue
+            if deferring:
+                need = must_flush(d, p, code, descs, desc_off, dq_touch)
+                if need == 1:
+                    flush_dsp(d, code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+                elif need == 2:
+                    flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                          threads)
+            # ---------------------------------------------------------------------------------
             # yield before a shared-resource interaction if another DSP is behind us
             sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
                 or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
@@ -434,6 +461,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
             p = next_p
         time[d] = t
         pc[d] = p
+    if deferring:
+        flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
         end = time[i]
@@ -562,12 +591,16 @@ class Cluster:
     def run(self, programs: list[Program], dsp_program: list[int] | None = None,
             init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = 10**13,
             dsp_descriptors: dict[int, np.ndarray] | None = None,
-            trace: TraceOptions | None = None) -> RunStats:
+            trace: TraceOptions | None = None, fast_forward: bool | None = None) -> RunStats:
         """Run ``programs[dsp_program[d]]`` on DSP d (default: program 0 everywhere).
 
         ``dsp_descriptors`` gives a DSP its own DMA descriptor table (same length as its
         program's), so one code array can serve DSPs whose transfers differ in size.
         ``trace`` records the run (``RunStats.trace``); the counters are the same either way.
+        ``fast_forward`` (without a trace): advance over straight-line runs of data-only bundles in
+        one step (:mod:`mtemu.blocks`); the counters and data are the same either way. Default: on,
+        unless the environment sets ``MTEMU_FAST_FORWARD=0`` (to check a result against the
+        bundle-by-bundle run).
         """
         p = self.platform
         if dsp_program is None:
@@ -605,10 +638,22 @@ class Cluster:
         buf = _trace_buffers(trace, p.dsps)
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
+        lanes = p.vector_lanes if self.functional else 1
+        if fast_forward is None:
+            fast_forward = os.environ.get("MTEMU_FAST_FORWARD", "1").strip() != "0"
+        skip = fast_forward and trace is None
+        if skip:
+            seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
+            blocks = build_blocks(code, seg_end, lanes, self.functional)
+        else:
+            blocks = empty_blocks()
+        defer = defer_buffers(code, p.dsps, p.scalar_registers, skip and self.functional)
+        # waiting runs execute on threads only from the main thread (one parallel launch at a time)
+        threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
         _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
-             self.functional, p.dsps, p.vector_lanes if self.functional else 1, p.latencies.branch_delay,
+             self.functional, p.dsps, lanes, p.latencies.branch_delay,
              p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-             stats, err, server_bytes, server_busy, *buf)
+             stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads)
         if err[0] != E_OK:
             raise MachineError(_describe_error(err, lo, p.dsps))
         cycles = int(stats[:, S_END].max())

@@ -55,7 +55,9 @@ class Candidate:
     latency_ms: float | None = None
     stalls: dict | None = None
     cached: bool = False
-    bound_utilization: float | None = None    # closed-form upper bound (set when screening)
+    bound_utilization: float | None = None    # closed-form upper bound (GEMM)
+    bound: str | None = None                  # what the closed form says bounds it: "ddr" or "compute" (GEMM)
+    top_stall: str | None = None              # the stall reason with the most DSP-cycles (emulated candidates)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -183,7 +185,19 @@ def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dic
     result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
                     progress, cache)
     result.screened = screened
+    _annotate(result, lambda t: gemm_bound(m, k, n, GemmTiles(**t), platform))
     return _write_outputs(result, out_dir, f"gemm_{m}x{k}x{n}", grid, ("mg", "n2"), GEMM_GRID)
+
+
+def _annotate(result: TuneResult, bound=None) -> None:
+    """Name each emulated candidate's top stall and, given ``bound`` (tiles -> GemmBound), its closed-form
+    bound; derived after the sweep, so cache entries and keys are unchanged."""
+    for c in [result.default, *result.candidates, *result.screened]:
+        if c.stalls:
+            c.top_stall = max(c.stalls, key=lambda k: (c.stalls[k], k))
+        if bound is not None:
+            b = bound(c.tiles)
+            c.bound, c.bound_utilization = b.bound, b.utilization
 
 
 def _screen(m: int, k: int, n: int, feasible: list[GemmTiles], default: GemmTiles, platform: Platform,
@@ -353,5 +367,6 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
     result = _sweep("attention", (heads, kv_heads, seq, head_dim), feasible, default, pruned, platform,
                     _emulate_attention, workers, scheduler, progress, cache)
+    _annotate(result)
     return _write_outputs(result, out_dir, f"attention_h{heads}_kv{kv_heads}_s{seq}_d{head_dim}", grid,
                           ("br", "bc"), ATTENTION_GRID)

@@ -6,7 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mtemu.cli import attention_bwd as cli_attention_bwd
+from mtemu.cli import attention_fwd as cli_attention_fwd
 from mtemu.cli import explain as cli_explain
+from mtemu.cli import gemm as cli_gemm
 from mtemu.cli import run as cli_run
 from mtemu.errors import MtemuError
 
@@ -16,8 +19,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def call(*argv):
     parser = argparse.ArgumentParser(prog="mtemu")
     sub = parser.add_subparsers(dest="command", required=True)
-    cli_run.register(sub)
-    cli_explain.register(sub)
+    for module in (cli_run, cli_explain, cli_gemm, cli_attention_bwd, cli_attention_fwd):
+        module.register(sub)
     args = parser.parse_args([str(a) for a in argv])
     return args.handler(args)
 
@@ -76,3 +79,48 @@ def test_explain_commands():
     assert payload["run"]["cycles"] == 2264 and payload["explanation"]["binding"] == "DMA latency"
     with pytest.raises(MtemuError, match="--m must be positive"):
         call("explain", "gemm", "--m", 0, "--k", 512, "--n", 768)
+
+
+SMALL_PLATFORM = ["--dsps", 4, "--vector-lanes", 32]
+
+
+@pytest.mark.parametrize("loop_order", ["c-stationary", "a-resident"])
+@pytest.mark.parametrize("mode", ["timing", "functional"])
+def test_gemm_command_traces_and_explains_either_loop_order(tmp_path, loop_order, mode):
+    shape = ["--m", 96, "--k", 256, "--n", 96, "--mg", 48, "--k2", 64, "--n2", 64, "--mode", mode,
+             "--loop-order", loop_order, *(["--kg", 128] if loop_order == "a-resident" else []), *SMALL_PLATFORM]
+    plain, _ = call("gemm", *shape, "--json")
+    trace, roof = tmp_path / "g.json", tmp_path / "g.png"
+    payload, text = call("gemm", *shape, "--trace", trace, "--trace-window", "0:500", "--explain",
+                         "--roofline", roof, "--json")
+    json.dumps(payload, allow_nan=False)
+    # tracing changes no counter; the trace and the explanation describe the same run
+    assert payload["cycles"] == plain["cycles"] and payload["stalls"] == plain["stalls"]
+    assert "trace" not in plain and "explanation" not in plain
+    ex = payload["explanation"]
+    assert ex["cycles"] == plain["cycles"] and ex["macs"] == 96 * 256 * 96 and roof.exists()
+    assert (ex["gemm"] is not None) == (loop_order == "c-stationary")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert payload["trace"]["spans"] == sum(e["ph"] == "X" for e in events) > 0
+    assert "bound by" in text and "trace: " in text and "roofline: " in text
+
+
+def test_attention_commands_trace_and_explain(tmp_path):
+    shape = ["--seq", 64, "--heads", 2, "--kv-heads", 1, "--head-dim", 16, *SMALL_PLATFORM]
+    for command, mode in (("attention-bwd", "timing"), ("attention-bwd", "functional"),
+                          ("attention-fwd", "timing"), ("attention-fwd", "functional")):
+        plain, _ = call(command, *shape, "--mode", mode, "--json")
+        trace = tmp_path / f"{command}-{mode}.json"
+        payload, text = call(command, *shape, "--mode", mode, "--trace", trace, "--explain", "--json")
+        json.dumps(payload, allow_nan=False)
+        assert payload["cycles"] == plain["cycles"] and payload["stalls"] == plain["stalls"]
+        assert payload["explanation"]["macs"] == plain["useful_macs"] and trace.exists()
+        assert "bound by" in text and "trace: " in text
+
+
+def test_kernel_commands_check_trace_flags_first():
+    with pytest.raises(MtemuError, match="--trace-window needs --trace"):
+        call("gemm", "--m", 96, "--k", 64, "--n", 96, "--trace-window", "0:10", *SMALL_PLATFORM)
+    with pytest.raises(MtemuError, match="--trace-max-events must be positive"):
+        call("attention-fwd", "--seq", 64, "--heads", 2, "--head-dim", 16, "--trace", "x.json",
+             "--trace-max-events", 0)

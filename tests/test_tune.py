@@ -37,6 +37,11 @@ def test_sweep_ranks_by_emulated_utilization_and_resumes_from_cache(cachedir):
     assert (cachedir / "out" / "gemm_256x512x768_heatmap.png").stat().st_size > 1000
     table = json.loads((cachedir / "out" / "gemm_256x512x768.json").read_text())
     assert set(table) >= {"default", "best", "candidates", "pruned"}
+    # each candidate names its closed-form bound and its top stall
+    for c in table["candidates"]:
+        b = gemm_bound(*SHAPE, GemmTiles(**c["tiles"]))
+        assert (c["bound"], c["bound_utilization"]) == (b.bound, b.utilization)
+        assert c["top_stall"] == max(c["stalls"], key=c["stalls"].get)
     again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     assert all(c.cached for c in again.candidates)
     assert [c.to_json() | {"cached": False} for c in again.candidates] == [c.to_json() for c in r.candidates]
@@ -82,6 +87,7 @@ def test_attention_sweep_prunes_ranks_and_caches(cachedir):
     assert (cachedir / "out" / "attention_h2_kv1_s256_d64_heatmap.png").stat().st_size > 1000
     again = tune_attention(256, 2, 1, 64, grid=grid, workers=1, out_dir=None, progress=False)
     assert all(c.cached for c in again.candidates)
+    assert all(c.top_stall in c.stalls and c.bound is None for c in again.candidates)
 
 
 def test_screening_by_the_bound_emulates_only_the_top_and_keeps_the_best(cachedir):
@@ -94,7 +100,8 @@ def test_screening_by_the_bound_emulates_only_the_top_and_keeps_the_best(cachedi
     # every screened candidate's bound is at most the cut's, and every bound is above the emulation
     cut = min(gemm_bound(*SHAPE, GemmTiles(**c.tiles)).utilization for c in top.candidates
               if c.tiles != top.default.tiles)
-    assert all(c.bound_utilization <= cut + 1e-12 and c.utilization is None for c in top.screened)
+    assert all(c.bound_utilization <= cut + 1e-12 and c.utilization is None and c.bound in ("ddr", "compute")
+               and c.top_stall is None for c in top.screened)
     by_tiles = {json.dumps(c.tiles, sort_keys=True): c.utilization for c in full.candidates}
     assert all(c.bound_utilization >= by_tiles[json.dumps(c.tiles, sort_keys=True)] for c in top.screened)
     assert "screened" in top.to_json() and os.path.getsize(top.heatmap) > 5000

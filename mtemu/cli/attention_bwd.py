@@ -16,15 +16,18 @@ from .args import (
     default_kv_heads,
     platform_from_args,
 )
+from .run import add_trace_args, report_extras, trace_options
 
 
 def _attention_bwd(args: argparse.Namespace) -> tuple[dict, str]:
+    trace, window = trace_options(args)
     plat = platform_from_args(args)
     tiles = attention_tiles_from_args(args, plat)
     causal = not args.no_causal
     if args.mode == "timing":
         r = attention_backward_timing(args.heads, args.kv_heads, args.seq, args.head_dim, causal=causal,
-                                      tiles=tiles, variant=args.variant, platform=plat, schedule=args.schedule)
+                                      tiles=tiles, variant=args.variant, platform=plat, schedule=args.schedule,
+                                      trace=trace)
         err = None
     else:
         check_attention_shape(args)
@@ -35,7 +38,7 @@ def _attention_bwd(args: argparse.Namespace) -> tuple[dict, str]:
         do = rng.standard_normal((args.heads, args.seq, args.head_dim)).astype(np.float16)
         o, saved = attention_forward_ref(q, k, v, causal)
         r = run_attention_backward(q, k, v, o, do, saved, causal=causal, tiles=tiles, variant=args.variant,
-                                   platform=plat, mode="functional", schedule=args.schedule)
+                                   platform=plat, mode="functional", schedule=args.schedule, trace=trace)
         ref = attention_backward_ref(q, k, v, o, do, saved, causal=causal)
         err = {n: float(np.abs(x.astype(np.float64) - y).max() / max(np.abs(y).max(), 1e-30))
                for n, x, y in zip(("dq", "dk", "dv"), (r.dq, r.dk, r.dv), ref, strict=True)}
@@ -51,7 +54,9 @@ def _attention_bwd(args: argparse.Namespace) -> tuple[dict, str]:
             f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()))
     if err is not None:
         text += "\n  max relative error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in err.items())
-    return payload, text
+    extra, lines = report_extras(r.stats, args, window, r.useful_macs)
+    payload.update(extra)
+    return payload, "\n".join([text] + lines)
 
 
 def register(sub) -> None:
@@ -66,5 +71,6 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
     add_attention_tile_args(p, "Algorithm-1 tiles (default: Br = Bc = vector lanes, Br' = Bc' = 32)")
     add_platform_args(p)
+    add_trace_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=lambda a: _attention_bwd(default_kv_heads(a)))

@@ -16,9 +16,11 @@ from .args import (
     default_kv_heads,
     platform_from_args,
 )
+from .run import add_trace_args, report_extras, trace_options
 
 
 def _attention_fwd(args: argparse.Namespace) -> tuple[dict, str]:
+    trace, window = trace_options(args)
     plat = platform_from_args(args)
     check_attention_shape(args)
     tiles = attention_tiles_from_args(args, plat)
@@ -30,7 +32,8 @@ def _attention_fwd(args: argparse.Namespace) -> tuple[dict, str]:
         q, k, v = np.zeros(shape_q, np.float16), np.zeros(shape_k, np.float16), np.zeros(shape_k, np.float16)
     else:
         q, k, v = (rng.standard_normal(s).astype(np.float16) for s in (shape_q, shape_k, shape_k))
-    r = run_attention(q, k, v, causal=causal, tiles=tiles, platform=plat, mode=args.mode, schedule=args.schedule)
+    r = run_attention(q, k, v, causal=causal, tiles=tiles, platform=plat, mode=args.mode, schedule=args.schedule,
+                      trace=trace)
     payload = r.to_json()
     text = (f"attention forward ({r.mode}) heads={r.heads} kv_heads={r.kv_heads} seq={r.seq} d={r.head_dim} "
             f"{'causal' if r.causal else 'non-causal'}, tiles {r.tiles.describe()}, K/V schedule {r.schedule}\n"
@@ -42,7 +45,9 @@ def _attention_fwd(args: argparse.Namespace) -> tuple[dict, str]:
         err = float(np.abs(r.o.astype(np.float64) - o).max() / max(np.abs(o.astype(np.float64)).max(), 1e-30))
         payload["max_rel_error_o_vs_float64"] = err
         text += f"\n  max relative error of O vs float64: {err:.2e}"
-    return payload, text
+    extra, lines = report_extras(r.stats, args, window, r.useful_macs)
+    payload.update(extra)
+    return payload, "\n".join([text] + lines)
 
 
 def register(sub) -> None:
@@ -54,5 +59,6 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
     add_attention_tile_args(p, "tiles (default: Br = Bc = vector lanes, Bc' = 32)")
     add_platform_args(p)
+    add_trace_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=lambda a: _attention_fwd(default_kv_heads(a)))

@@ -5,22 +5,36 @@ import argparse
 
 import numpy as np
 
+from ..explain import gemm_tile_moves
 from ..kernels.gemm import gemm_timing, run_gemm
 from ..kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing, run_a_resident
 from ..kernels.gemm_bound import a_resident_bound, gemm_bound
 from ..platform import Platform
+from ..trace import TraceOptions
 from .args import add_loop_order_args, add_platform_args, add_tile_args, any_tiles_from_args, platform_from_args
+from .run import add_trace_args, report_extras, trace_options
 
 
 def _gemm(args: argparse.Namespace) -> tuple[dict, str]:
+    trace, window = trace_options(args)
     plat = platform_from_args(args)
     tiles = any_tiles_from_args(args)
     if args.loop_order == "a-resident":
-        return _gemm_a_resident(args, plat, tiles)
-    if args.mode == "timing":
-        r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
+        payload, text, r = _gemm_a_resident(args, plat, tiles, trace)
+        gemm = None        # the closed form's tile moves describe the default loop order only
     else:
-        r = run_gemm(*_random_operands(args), platform=plat, tiles=tiles, mode="functional")
+        payload, text, r = _gemm_c_stationary(args, plat, tiles, trace)
+        gemm = gemm_tile_moves(args.m, args.k, args.n, tiles, plat) if (args.explain or args.roofline) else None
+    extra, lines = report_extras(r.stats, args, window, args.m * args.k * args.n, gemm)
+    payload.update(extra)
+    return payload, "\n".join([text] + lines)
+
+
+def _gemm_c_stationary(args: argparse.Namespace, plat: Platform, tiles, trace: TraceOptions | None):
+    if args.mode == "timing":
+        r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat, trace=trace)
+    else:
+        r = run_gemm(*_random_operands(args), platform=plat, tiles=tiles, mode="functional", trace=trace)
     # what bounds it: the closed-form DDR and VMAC times beside the emulated cycles
     bound = gemm_bound(args.m, args.k, args.n, tiles, plat)
     payload = r.to_json()
@@ -34,7 +48,7 @@ def _gemm(args: argparse.Namespace) -> tuple[dict, str]:
             f"  bound        {bound.bound}-bound: DDR {bound.ddr_cycles:.0f} / VMAC {bound.compute_cycles} cycles, "
             f"at most {100 * bound.utilization:.2f}%\n"
             f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()) + f" (total {total})")
-    return payload, text
+    return payload, text, r
 
 
 def _random_operands(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
@@ -43,11 +57,12 @@ def _random_operands(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
             rng.standard_normal((args.k, args.n)).astype(np.float16))
 
 
-def _gemm_a_resident(args: argparse.Namespace, plat: Platform, tiles: AResidentGemmTiles) -> tuple[dict, str]:
+def _gemm_a_resident(args: argparse.Namespace, plat: Platform, tiles: AResidentGemmTiles,
+                     trace: TraceOptions | None):
     if args.mode == "timing":
-        r = a_resident_timing(args.m, args.k, args.n, tiles=tiles, platform=plat)
+        r = a_resident_timing(args.m, args.k, args.n, tiles=tiles, platform=plat, trace=trace)
     else:
-        r = run_a_resident(*_random_operands(args), platform=plat, tiles=tiles)
+        r = run_a_resident(*_random_operands(args), platform=plat, tiles=tiles, trace=trace)
     t = r.tiles
     bound = a_resident_bound(args.m, args.k, args.n, t.mg, t.kg, t.n2, plat)
     payload = r.to_json()
@@ -57,7 +72,7 @@ def _gemm_a_resident(args: argparse.Namespace, plat: Platform, tiles: AResidentG
             f"{100 * bound:.2f}%)\n  throughput   {r.tmac_per_s:.3f} T MAC/s\n  latency      {r.latency_ms:.3f} ms\n"
             f"  DDR traffic  {r.ddr_bytes / 1e6:.1f} MB\n"
             f"  stalls (DSP-cycles): " + ", ".join(f"{k} {v}" for k, v in r.stalls.items()))
-    return payload, text
+    return payload, text, r
 
 
 def register(sub) -> None:
@@ -70,6 +85,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")
     add_tile_args(p)
     add_platform_args(p)
+    add_trace_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_gemm)
 

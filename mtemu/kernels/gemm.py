@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..machine import Cluster, RunStats
 from ..platform import DEFAULT, Platform
+from ..trace import TraceOptions
+from .program_cache import cached_program
 from .schedule import Op, check_registers, schedule
 
 # fixed scalar registers
@@ -327,6 +329,12 @@ def build_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platfor
 @functools.lru_cache(maxsize=32)
 def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_gemm(m, k, n, tiles, platform)
+    program, dsp_desc, init = cached_program("gemm", (m, k, n), tiles, platform, lambda: _assemble(plan, platform))
+    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+
+
+def _assemble(plan: GemmPlan, platform: Platform) -> tuple[Program, dict[int, np.ndarray], dict[int, dict[int, int]]]:
+    """The program of ``plan``, its per-DSP descriptor tables and initial registers."""
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
@@ -415,7 +423,7 @@ def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) 
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.k2, plan.n,
                                  platform.dsps)
-    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+    return program, dsp_desc, init
 
 
 def _desc_fields_arr(key: tuple, plan: GemmPlan, rows: int | None) -> np.ndarray:
@@ -456,11 +464,21 @@ class GemmResult:
     ddr_bytes: int
     memory: dict[str, int]
     c: np.ndarray | None = None
+    # the run's counters (and trace, if recorded): for mtemu.explain and the trace writer
+    stats: RunStats | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "c"}
-        d["tiles"] = asdict(self.tiles)
-        return d
+        return result_json(self, ("c", "stats"))
+
+
+def result_json(result, skip: tuple[str, ...]) -> dict:
+    """A kernel result's fields as plain JSON values, without the arrays and run counters in ``skip``."""
+    d = {f.name: getattr(result, f.name) for f in fields(result) if f.name not in skip}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            d[k] = dict(v)
+    d["tiles"] = asdict(result.tiles)
+    return d
 
 
 def reference_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -480,30 +498,33 @@ def _result(gp: GemmProgram, stats: RunStats, mode: str, platform: Platform, c=N
     return GemmResult(plan.m, plan.k, plan.n, plan.tiles, mode, stats.cycles, util,
                       gp.useful_macs / secs / 1e12, secs * 1e3, stats.stall_cycles(), stats.busy_cycles(),
                       stats.server_bytes["ddr"],
-                      {"sm": plan.sm_used, "am": plan.am_used, "gsm": plan.gsm_used, "ddr": plan.ddr_bytes}, c)
+                      {"sm": plan.sm_used, "am": plan.am_used, "gsm": plan.gsm_used, "ddr": plan.ddr_bytes}, c, stats)
 
 
-def _run(gp: GemmProgram, platform: Platform, functional: bool, a=None, b=None) -> tuple[RunStats, Cluster]:
+def _run(gp: GemmProgram, platform: Platform, functional: bool, a=None, b=None,
+         trace: TraceOptions | None = None) -> tuple[RunStats, Cluster]:
     plan = gp.plan
     cluster = Cluster(platform, ddr_bytes=plan.ddr_bytes, functional=functional)
     if functional:
         cluster.write_ddr_u16(plan.a_addr, a.view(np.uint16))
         cluster.write_ddr_u16(plan.b_addr, b.view(np.uint16))
-    stats = cluster.run([gp.program], init_sregs=gp.init_sregs, dsp_descriptors=gp.dsp_descriptors)
+    stats = cluster.run([gp.program], init_sregs=gp.init_sregs, dsp_descriptors=gp.dsp_descriptors, trace=trace)
     return stats, cluster
 
 
 def gemm_timing(m: int, k: int, n: int, *, tiles: GemmTiles | None = None,
-                platform: Platform | None = None) -> GemmResult:
-    """Emulate the GEMM in timing-only mode (no data) and return its statistics."""
+                platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
+    """Emulate the GEMM in timing-only mode (no data) and return its statistics
+    (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
     platform = platform or DEFAULT
     gp = build_gemm(m, k, n, tiles or DEFAULT_TILES, platform)
-    stats, _ = _run(gp, platform, False)
+    stats, _ = _run(gp, platform, False, trace=trace)
     return _result(gp, stats, "timing", platform)
 
 
 def run_gemm(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
-             tiles: GemmTiles | None = None, mode: str = "functional") -> GemmResult:
+             tiles: GemmTiles | None = None, mode: str = "functional",
+             trace: TraceOptions | None = None) -> GemmResult:
     """Multiply FP16 matrices on the emulated cluster; ``result.c`` holds the FP16 product."""
     platform = platform or DEFAULT
     if mode not in ("functional", "timing"):
@@ -519,8 +540,8 @@ def run_gemm(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
     n = b.shape[1]
     gp = build_gemm(m, k, n, tiles or DEFAULT_TILES, platform)
     if mode == "timing":
-        stats, _ = _run(gp, platform, False)
+        stats, _ = _run(gp, platform, False, trace=trace)
         return _result(gp, stats, mode, platform)
-    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b))
+    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b), trace)
     c = cluster.read_ddr_u16(gp.plan.c_addr, m * n).view(np.float16).reshape(m, n)
     return _result(gp, stats, mode, platform, c)

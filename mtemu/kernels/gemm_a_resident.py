@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .. import isa
-from ..assembler import Instr, ProgramBuilder, ins
+from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform
+from ..trace import TraceOptions
 from .gemm import (
     ALIGN,
     R_AROW,
@@ -50,6 +51,7 @@ from .gemm import (
     _run,
     plan_gemm,
 )
+from .program_cache import cached_program
 from .schedule import Op, schedule
 
 CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN, CH_B2 = 0, 1, 2, 3, 4, 5
@@ -211,6 +213,14 @@ def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AReside
 @functools.lru_cache(maxsize=16)
 def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_a_resident(m, k, n, tiles, platform)
+    program, dsp_desc, init = cached_program("gemm_a_resident", (m, k, n), tiles, platform,
+                                             lambda: _assemble(plan, platform))
+    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+
+
+def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[int, np.ndarray],
+                                                                 dict[int, dict[int, int]]]:
+    """The program of ``plan``, its per-DSP descriptor tables and initial registers."""
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
@@ -315,7 +325,7 @@ def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: P
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
                                  platform.dsps)
-    return GemmProgram(plan, program, dsp_desc, init, m * k * n)
+    return program, dsp_desc, init
 
 
 def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarray:
@@ -330,16 +340,16 @@ def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarr
 
 
 def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | None = None,
-                      platform: Platform | None = None) -> GemmResult:
-    """Emulate the A-resident GEMM in timing-only mode."""
+                      platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
+    """Emulate the A-resident GEMM in timing-only mode (``trace``: record the run in ``result.stats``)."""
     platform = platform or DEFAULT
     gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
-    stats, _ = _run(gp, platform, False)
+    stats, _ = _run(gp, platform, False, trace=trace)
     return _result(gp, stats, "timing", platform)
 
 
 def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
-                   tiles: AResidentGemmTiles | None = None) -> GemmResult:
+                   tiles: AResidentGemmTiles | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Multiply FP16 matrices with the A-resident kernel (functional); ``result.c`` is the product."""
     platform = platform or DEFAULT
     for name, x in (("a", a), ("b", b)):
@@ -350,6 +360,6 @@ def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = 
     m, k = a.shape
     n = b.shape[1]
     gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
-    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b))
+    stats, cluster = _run(gp, platform, True, np.ascontiguousarray(a), np.ascontiguousarray(b), trace)
     c = cluster.read_ddr_u16(gp.plan.c_addr, m * n).view(np.float16).reshape(m, n)
     return _result(gp, stats, "functional", platform, c)

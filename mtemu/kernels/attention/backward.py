@@ -40,7 +40,7 @@ one DSP does all the adds in loop order).
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 import numpy as np
@@ -48,6 +48,7 @@ import numpy as np
 from ...errors import CapacityError, MtemuError
 from ...machine import Cluster, RunStats
 from ...platform import DEFAULT, Platform
+from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_backward_args, _check_flag
 from ..capacity import AttentionTiles
 from ..schedule import Op, check_registers
@@ -681,10 +682,12 @@ class AttentionResult:
     dq: np.ndarray | None = None
     dk: np.ndarray | None = None
     dv: np.ndarray | None = None
+    # the run's counters (and trace, if recorded): for mtemu.explain and the trace writer
+    stats: RunStats | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("dq", "dk", "dv")}
-        d["tiles"] = asdict(self.tiles)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("dq", "dk", "dv", "stats")}
+        d["stalls"], d["memory"], d["tiles"] = dict(self.stalls), dict(self.memory), asdict(self.tiles)
         return d
 
 
@@ -702,27 +705,31 @@ def _result(ap: AttentionProgram, stats: RunStats, mode: str, platform: Platform
                            ap.schedule, stats.cycles, ap.useful_macs, ap.tile_pairs, util,
                            stats.cycles / platform.clock_hz * 1e3,
                            stats.stall_cycles(), stats.server_bytes["ddr"], stats.server_bytes["gsm"],
-                           {"sm": plan.sm_used, "am": plan.am_used, "gsm": plan.gsm_used, "ddr": plan.ddr_bytes})
+                           {"sm": plan.sm_used, "am": plan.am_used, "gsm": plan.gsm_used, "ddr": plan.ddr_bytes},
+                           stats=stats)
 
 
 def attention_backward_timing(heads: int, kv_heads: int, seq: int, head_dim: int, *, causal: bool = True,
                               tiles: AttentionTiles | None = None, variant: str = "resident",
-                              platform: Platform | None = None, schedule: str = "auto") -> AttentionResult:
-    """Emulate Algorithm 1 in timing-only mode (no data) for a shape and return its statistics."""
+                              platform: Platform | None = None, schedule: str = "auto",
+                              trace: TraceOptions | None = None) -> AttentionResult:
+    """Emulate Algorithm 1 in timing-only mode (no data) for a shape and return its statistics
+    (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
     platform = platform or DEFAULT
     _check_flag("causal", causal)
     tiles = tiles or default_tiles(head_dim, platform)
     ap = _build_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, variant, platform,
                        schedule)
     cluster = Cluster(platform, ddr_bytes=ap.plan.ddr_bytes, functional=False)
-    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)))
+    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)), trace=trace)
     return _result(ap, stats, "timing", platform)
 
 
 def run_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, do: np.ndarray,
                            saved: AttentionSaved, *, causal: bool = True, tiles: AttentionTiles | None = None,
                            variant: str = "resident", platform: Platform | None = None,
-                           mode: str = "functional", schedule: str = "auto") -> AttentionResult:
+                           mode: str = "functional", schedule: str = "auto",
+                           trace: TraceOptions | None = None) -> AttentionResult:
     """Algorithm 1 on the emulated cluster. FP16 (heads, seq, d) q, o, do; (kv_heads, seq, d) k, v;
     ``saved.p`` FP16 probabilities. Returns dq, dk, dv (FP16, functional mode) and statistics.
     ``schedule``: how K/V reach the DSPs, "auto", "gsm", "broadcast" or "own" (``_phases``)."""
@@ -733,7 +740,7 @@ def run_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.nd
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
     if mode == "timing":
         return attention_backward_timing(heads, kv_heads, seq, d, causal=causal, tiles=tiles, variant=variant,
-                                         platform=platform, schedule=schedule)
+                                         platform=platform, schedule=schedule, trace=trace)
     tiles = tiles or default_tiles(d, platform)
     ap = _build_cached(heads, kv_heads, seq, d, bool(causal), tiles, variant, platform, schedule)
     plan = ap.plan
@@ -743,7 +750,7 @@ def run_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.nd
         cluster.write_ddr_u16(dd[name], np.ascontiguousarray(x).view(np.uint16))
     # the kernel keeps P key-major (P^T per head), as the forward kernel stores it
     cluster.write_ddr_u16(dd["pt"], np.ascontiguousarray(saved.p.transpose(0, 2, 1)).view(np.uint16))
-    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)))
+    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)), trace=trace)
     res = _result(ap, stats, "functional", platform)
     res.dq = cluster.read_ddr_u16(dd["dq"], heads * seq * d).view(np.float16).reshape(heads, seq, d)
     res.dk = cluster.read_ddr_u16(dd["dk"], kv_heads * seq * d).view(np.float16).reshape(kv_heads, seq, d)

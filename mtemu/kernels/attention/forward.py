@@ -10,13 +10,14 @@ DSP's own loads ("own").
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
 from ...errors import CapacityError, MtemuError
-from ...machine import Cluster
+from ...machine import Cluster, RunStats
 from ...platform import DEFAULT, Platform
+from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_flag, _check_qkv
 from ..capacity import AttentionTiles
 from ..schedule import Op, check_registers
@@ -446,10 +447,12 @@ class AttentionForwardResult:
     memory: dict[str, int]
     o: np.ndarray | None = None
     saved: AttentionSaved | None = None
+    # the run's counters (and trace, if recorded): for mtemu.explain and the trace writer
+    stats: RunStats | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("o", "saved")}
-        d["tiles"] = asdict(self.tiles)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("o", "saved", "stats")}
+        d["stalls"], d["memory"], d["tiles"] = dict(self.stalls), dict(self.memory), asdict(self.tiles)
         return d
 
 
@@ -462,27 +465,34 @@ def _build_forward_cached(heads, kv_heads, seq, d, causal, tiles, platform, sche
 
 def attention_forward_timing(heads: int, kv_heads: int, seq: int, head_dim: int, *, causal: bool = True,
                              tiles: AttentionTiles | None = None, platform: Platform | None = None,
-                             schedule: str = "auto") -> AttentionForwardResult:
-    """Emulate the attention forward in timing-only mode (no data) and return its statistics."""
+                             schedule: str = "auto", trace: TraceOptions | None = None) -> AttentionForwardResult:
+    """Emulate the attention forward in timing-only mode (no data) and return its statistics
+    (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
     platform = platform or DEFAULT
     _check_flag("causal", causal)
     tiles = tiles or default_tiles(head_dim, platform)
     ap = _build_forward_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, platform,
                                schedule)
+    stats = Cluster(platform, ddr_bytes=ap.plan.ddr_bytes, functional=False).run(
+        ap.programs, dsp_program=list(range(platform.dsps)), trace=trace)
+    return _forward_result(ap, stats, "timing", platform)
+
+
+def _forward_result(ap: AttentionProgram, stats: RunStats, mode: str, platform: Platform) -> AttentionForwardResult:
     plan = ap.plan
-    stats = Cluster(platform, ddr_bytes=plan.ddr_bytes, functional=False).run(
-        ap.programs, dsp_program=list(range(platform.dsps)))
     util = ap.useful_macs / (platform.peak_macs_per_cycle * stats.cycles)
-    return AttentionForwardResult(heads, kv_heads, seq, head_dim, bool(causal), "timing", plan.tiles, ap.schedule,
-                                  stats.cycles, ap.useful_macs, ap.tile_pairs, util,
+    return AttentionForwardResult(plan.heads, plan.kv_heads, plan.seq, plan.d, plan.causal, mode, plan.tiles,
+                                  ap.schedule, stats.cycles, ap.useful_macs, ap.tile_pairs, util,
                                   stats.cycles / platform.clock_hz * 1e3, stats.stall_cycles(),
                                   stats.server_bytes["ddr"],
-                                  {"sm": plan.sm_used, "am": plan.am_used, "gsm": 0, "ddr": plan.ddr_bytes})
+                                  {"sm": plan.sm_used, "am": plan.am_used, "gsm": 0, "ddr": plan.ddr_bytes},
+                                  stats=stats)
 
 
 def run_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = True,
                   tiles: AttentionTiles | None = None, platform: Platform | None = None,
-                  mode: str = "functional", schedule: str = "auto") -> AttentionForwardResult:
+                  mode: str = "functional", schedule: str = "auto",
+                  trace: TraceOptions | None = None) -> AttentionForwardResult:
     """Attention forward on the emulated cluster: O (FP16), the saved state Algorithm 1 consumes
     (P as FP16, row logsumexp as FP32) and statistics. Two passes over the key tiles: online row
     max/sum, then P = exp(s - lse) written key-major to DDR and O^T += V^T P^T in FP32."""
@@ -501,13 +511,8 @@ def run_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool =
         for name, x in (("q", q), ("k", k), ("v", v)):
             cluster.write_ddr_u16(dd[name], np.ascontiguousarray(x).view(np.uint16))
         cluster.write_ddr_u16(dd["mask"], causal_bias_table(plan, platform.vector_lanes).view(np.uint16))
-    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)))
-    util = ap.useful_macs / (platform.peak_macs_per_cycle * stats.cycles)
-    res = AttentionForwardResult(heads, kv_heads, seq, d, bool(causal), mode, plan.tiles, ap.schedule, stats.cycles,
-                                 ap.useful_macs,
-                                 ap.tile_pairs, util, stats.cycles / platform.clock_hz * 1e3, stats.stall_cycles(),
-                                 stats.server_bytes["ddr"],
-                                 {"sm": plan.sm_used, "am": plan.am_used, "gsm": 0, "ddr": plan.ddr_bytes})
+    stats = cluster.run(ap.programs, dsp_program=list(range(platform.dsps)), trace=trace)
+    res = _forward_result(ap, stats, mode, platform)
     if functional:
         res.o = cluster.read_ddr_u16(dd["o"], heads * seq * d).view(np.float16).reshape(heads, seq, d)
         pt = cluster.read_ddr_u16(dd["pt"], heads * seq * seq).view(np.float16).reshape(heads, seq, seq)

@@ -1,0 +1,91 @@
+"""Emulator speed against NumPy, both measured in the same process: what both suites report.
+
+- :func:`table5_timing`: the Table 5 set (M = 2048, (K, N) from ``mtemu.validate.TABLE5``) in
+  timing mode on ``platforms/mt3000-raw-ddr.toml``, with the A-resident loop order (the default)
+  or the C-stationary one: wall seconds, emulated bundles per second, and the ratio to NumPy's
+  float32 matmul of the same five shapes.
+- :func:`functional_gemm`: an n^3 functional GEMM (default loop order), its first call in the
+  process (programs come from the disk cache, as in a new process; the cache is filled first if
+  needed) and a warm call, against NumPy's float32 matmul of the same shape.
+
+Every call starts with the in-process program caches cleared, so it measures what a new process
+with warm disk caches (Numba, built programs) would see. Ratios are emulator / NumPy: lower is
+better; the targets are 5 s for each Table 5 set and 10x for the functional 1024^3 first call.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mtemu.kernels import gemm, gemm_a_resident
+from mtemu.kernels.gemm import GemmTiles, build_gemm, gemm_timing, run_gemm
+from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
+from mtemu.platform import load_platform
+from mtemu.validate import TABLE5, TABLE5_M
+
+RAW_DDR = Path(__file__).resolve().parent.parent / "platforms" / "mt3000-raw-ddr.toml"
+TABLE5_SHAPES = [(TABLE5_M, k, n) for k, n, *_ in TABLE5]
+LOOP_ORDERS = ("a-resident", "c-stationary")
+
+
+def _clear_program_caches() -> None:
+    gemm._build_cached.cache_clear()
+    gemm_a_resident._build_cached.cache_clear()
+
+
+def numpy_matmul_seconds(shapes: list[tuple[int, int, int]], repeat: int = 3, seed: int = 0) -> float:
+    """Best of ``repeat`` of the summed float32 matmul time over ``shapes`` (operands made outside the timing)."""
+    rng = np.random.default_rng(seed)
+    total = 0.0
+    for m, k, n in shapes:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        a @ b
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        total += best
+    return total
+
+
+def table5_timing(loop_order: str = "a-resident", numpy_s: float | None = None) -> dict:
+    """The Table 5 set in timing mode: seconds, bundles per second, ratio to NumPy, cycles per shape."""
+    plat = load_platform(str(RAW_DDR))
+    run = (lambda s: a_resident_timing(*s, tiles=AResidentGemmTiles(), platform=plat)) if loop_order == "a-resident" \
+        else (lambda s: gemm_timing(*s, tiles=GemmTiles(), platform=plat))
+    for s in TABLE5_SHAPES:          # fill the disk cache of built programs (not timed)
+        (gemm_a_resident.build_a_resident(*s, AResidentGemmTiles(), plat) if loop_order == "a-resident"
+         else build_gemm(*s, GemmTiles(), plat))
+    _clear_program_caches()
+    t0 = time.perf_counter()
+    results = [run(s) for s in TABLE5_SHAPES]
+    seconds = time.perf_counter() - t0
+    bundles = sum(r.stats.bundles for r in results)
+    numpy_s = numpy_matmul_seconds(TABLE5_SHAPES) if numpy_s is None else numpy_s
+    return {"loop_order": loop_order, "seconds": seconds, "bundles": bundles, "bundles_per_s": bundles / seconds,
+            "numpy_seconds": numpy_s, "ratio_to_numpy": seconds / numpy_s,
+            "cycles": {f"{r.m}x{r.k}x{r.n}": r.cycles for r in results}}
+
+
+def functional_gemm(n: int = 1024, seed: int = 0) -> dict:
+    """n^3 functional GEMM: first call (program from the disk cache) and warm call, against NumPy."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n)).astype(np.float16)
+    b = rng.standard_normal((n, n)).astype(np.float16)
+    build_gemm(n, n, n)                 # the program is on disk (built once if it was not)
+    _clear_program_caches()
+    t0 = time.perf_counter()
+    first = run_gemm(a, b)
+    first_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run_gemm(a, b)
+    warm_s = time.perf_counter() - t0
+    numpy_s = numpy_matmul_seconds([(n, n, n)], repeat=5, seed=seed)
+    bundles = first.stats.bundles
+    return {"n": n, "first_call_seconds": first_s, "warm_seconds": warm_s, "numpy_seconds": numpy_s,
+            "first_call_ratio_to_numpy": first_s / numpy_s, "warm_ratio_to_numpy": warm_s / numpy_s,
+            "bundles": bundles, "bundles_per_s": bundles / warm_s}

@@ -1,0 +1,558 @@
+"""Straight-line blocks: advance a DSP over a run of data-only bundles in one step.
+
+In timing mode (no data) a bundle whose instructions are all *plain* -- ``nop``, ``vfma``,
+``svbcast(w)``, ``vexp``, ``vlog``, ``vmax`` and the SM/AM loads and stores -- changes nothing but
+counters: it takes one cycle, adds to its units' busy counts (and ``vfma`` or the stall it pads
+for), and checks the addresses it would touch against the memory. No scalar register changes
+(loads write registers only in functional mode), so every address in a run of plain bundles is
+``s[r] + imm`` with ``s[r]`` fixed for the whole run. The counters of the run from any entry
+point to its end are therefore a suffix sum, and its addresses are in range and aligned iff, per
+(base register, memory, alignment) class, the smallest and largest offsets are.
+
+:func:`build_blocks` tabulates, for every PC, where its run ends, the counter deltas from it to
+the end and the offset range per class (at most :data:`MAX_CLASSES` per run; a run with more is
+cut). The machine (:mod:`mtemu.machine`) uses them whenever it runs without a trace: at a PC
+starting at least :data:`MIN_BUNDLES` plain bundles it checks the ranges against the current
+registers and the cycle limit and, if they pass, adds the deltas and jumps to the end. If any
+check fails it runs the bundles one by one, which reports the exact error. So the counters,
+cycles and errors are those of the bundle-by-bundle run by construction. In functional mode the
+run's data effects are then executed by :func:`run_plain` (now, or deferred: see the section
+below), where loads do write registers: a run there also ends before an access based on a
+register an ``sldh`` of the same run loaded, and ``vexp``/``vlog`` are not plain.
+``tests/test_blocks.py`` checks the tables against :func:`build_blocks_reference` and whole
+kernels' counters against runs with ``fast_forward=False``.
+
+Numba caches ``machine._run`` keyed on machine.py alone, with the functions and constants it uses
+from here compiled in: after editing this module, clear the Numba cache (or touch machine.py),
+as for isa.py, trace.py and fp16.py.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from . import isa
+from .fp16 import f32_to_f16_bits
+
+MAX_CLASSES = 8             # (register, memory, alignment) classes per run
+MIN_BUNDLES = 8             # shorter runs go bundle by bundle (the checks would cost more)
+# columns of the per-PC counter deltas
+B_BUNDLES, B_VFMA, B_LATENCY, B_BRANCH = 0, 1, 2, 3
+B_BUSY0 = 4                 # + unit
+B_SSTH = B_BUSY0 + isa.N_UNITS   # scalar stores (functional mode runs them at once, see below)
+N_BCOLS = B_SSTH + 1
+# class memories (index into the machine's caps): SM or AM
+C_SM, C_AM = 0, 1
+_FAR = np.int64(1) << 50    # empty range sentinel: lo = FAR, hi = -FAR
+
+PLAIN_OPS = np.zeros(isa.N_OPCODES, np.bool_)
+for _op in (0, isa.OP_NOP, isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
+            isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW):
+    PLAIN_OPS[_op] = True
+# functional mode: exp and log stay with the bundle-by-bundle path (one libm call per lane there;
+# a vectorised math library here could round differently)
+PLAIN_OPS_FUNCTIONAL = PLAIN_OPS.copy()
+PLAIN_OPS_FUNCTIONAL[isa.OP_VEXP] = False
+PLAIN_OPS_FUNCTIONAL[isa.OP_VLOG] = False
+
+
+@njit(cache=True)
+def _access(op, lanes):
+    """(memory class, bytes, alignment) of a plain memory op; memory -1 if it touches none."""
+    if op == isa.OP_SLDH or op == isa.OP_SSTH:
+        return C_SM, 2, 2
+    if op == isa.OP_VLDH or op == isa.OP_VSTH:
+        return C_AM, 2 * lanes, 2
+    if op == isa.OP_VLDW or op == isa.OP_VSTW:
+        return C_AM, 4 * lanes, 4
+    return -1, 0, 0
+
+
+@njit(cache=True)
+def _bundle_classes(code, p, lanes, creg, cmem, calign, ncls):
+    """How many classes bundle ``p`` would add to the ``ncls`` in (creg, cmem, calign)."""
+    extra = 0
+    for u in range(code.shape[1]):
+        mem, _size, align = _access(code[p, u, 0], lanes)
+        if mem < 0:
+            continue
+        r = code[p, u, 2]
+        seen = False
+        for j in range(ncls + extra):
+            if creg[j] == r and cmem[j] == mem and calign[j] == align:
+                seen = True
+                break
+        if not seen:
+            creg[ncls + extra] = r
+            cmem[ncls + extra] = mem
+            calign[ncls + extra] = align
+            extra += 1
+    return extra
+
+
+@njit(cache=True)
+def _is_plain(code, p, plain, functional):
+    """Bundle p may join a run: every instruction plain, and (functional mode) no access based on a
+    register an earlier unit of the same bundle loads with ``sldh``."""
+    loaded = -1
+    for u in range(code.shape[1]):
+        op = code[p, u, 0]
+        if not plain[op]:
+            return False
+        if functional:
+            mem, _size, _align = _access(op, 1)
+            if mem >= 0 and code[p, u, 2] == loaded:
+                return False
+            if op == isa.OP_SLDH:
+                loaded = code[p, u, 1]
+    return True
+
+
+@njit(cache=True)
+def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, calign, lo, hi, mis):
+    n = code.shape[0]
+    nunits = code.shape[1]
+    # forward: cut the code into runs of plain bundles with at most MAX_CLASSES classes each; in
+    # functional mode also before an access based on a register an earlier bundle of the run
+    # loaded (sldh writes registers there), so every base is the value it had at the run's entry
+    tr = np.zeros(MAX_CLASSES + nunits, np.int64)
+    tm = np.zeros(MAX_CLASSES + nunits, np.int64)
+    ta = np.zeros(MAX_CLASSES + nunits, np.int64)
+    nregs = 1
+    for p in range(n):
+        for u in range(nunits):
+            for f in range(1, 5):
+                if code[p, u, f] + 1 > nregs:
+                    nregs = code[p, u, f] + 1
+    loaded = np.zeros(nregs, np.bool_)
+    p = 0
+    while p < n:
+        if not _is_plain(code, p, plain, functional):
+            end[p] = p
+            p += 1
+            continue
+        s = p
+        ncls = 0
+        loaded[:] = False
+        while p < n and p < seg_end[s] and _is_plain(code, p, plain, functional):
+            clash = False
+            for u in range(nunits):
+                mem, _size, _align = _access(code[p, u, 0], 1)
+                if mem >= 0 and loaded[code[p, u, 2]]:
+                    clash = True
+            if clash:
+                break
+            for j in range(ncls):
+                tr[j] = creg[s, j]
+                tm[j] = cmem[s, j]
+                ta[j] = calign[s, j]
+            extra = _bundle_classes(code, p, lanes, tr, tm, ta, ncls)
+            if ncls + extra > MAX_CLASSES:
+                break
+            for j in range(ncls, ncls + extra):
+                creg[s, j] = tr[j]
+                cmem[s, j] = tm[j]
+                calign[s, j] = ta[j]
+            ncls += extra
+            if functional:
+                for u in range(nunits):
+                    if code[p, u, 0] == isa.OP_SLDH:
+                        loaded[code[p, u, 1]] = True
+            p += 1
+        for q in range(s, p):
+            end[q] = p
+            for j in range(MAX_CLASSES):
+                creg[q, j] = creg[s, j]
+                cmem[q, j] = cmem[s, j]
+                calign[q, j] = calign[s, j]
+    # backward: suffix sums of the counters and suffix ranges of every class
+    for p in range(n - 1, -1, -1):
+        e = end[p]
+        if e == p:
+            continue
+        nxt = p + 1 < e
+        for c in range(deltas.shape[1]):
+            deltas[p, c] = deltas[p + 1, c] if nxt else 0
+        for j in range(MAX_CLASSES):
+            lo[p, j] = lo[p + 1, j] if nxt else _FAR
+            hi[p, j] = hi[p + 1, j] if nxt else -_FAR
+            mis[p, j] = mis[p + 1, j] if nxt else 0
+        deltas[p, B_BUNDLES] += 1
+        useful = False
+        reason = isa.ST_LATENCY
+        found_nop = False
+        for u in range(nunits):
+            op = code[p, u, 0]
+            if op == 0:
+                continue
+            if op == isa.OP_NOP:
+                if not found_nop:
+                    reason = code[p, u, 5]
+                    found_nop = True
+                continue
+            useful = True
+            deltas[p, B_BUSY0 + u] += 1
+            if op == isa.OP_VFMA:
+                deltas[p, B_VFMA] += 1
+            elif op == isa.OP_SSTH:
+                deltas[p, B_SSTH] += 1
+            mem, size, align = _access(op, lanes)
+            if mem < 0:
+                continue
+            r = code[p, u, 2]
+            imm = code[p, u, 5]
+            for j in range(MAX_CLASSES):
+                if creg[p, j] == r and cmem[p, j] == mem and calign[p, j] == align:
+                    if imm < lo[p, j]:
+                        lo[p, j] = imm
+                    if imm + size > hi[p, j]:
+                        hi[p, j] = imm + size
+                    mis[p, j] |= imm & (align - 1)
+                    break
+        if not useful:
+            if reason == isa.ST_BRANCH:
+                deltas[p, B_BRANCH] += 1
+            else:
+                deltas[p, B_LATENCY] += 1
+
+
+def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False
+                 ) -> tuple[np.ndarray, ...]:
+    """Tables of the plain runs of linked ``code`` (bundles, units, fields).
+
+    ``seg_end[p]`` is the end of the program holding PC p (runs never cross programs); ``lanes``
+    sizes vector accesses as the machine does; ``functional`` applies that mode's rules (no
+    ``vexp``/``vlog``; no access based on a register loaded earlier in the run).
+
+    Returns ``(end, deltas, creg, cmem, calign, lo, hi, mis)``: per PC the end of its run
+    (``end[p] == p`` for a bundle that is not plain), the counter deltas from p to the end
+    (columns ``B_*``), and per class j its base register, memory (``C_SM``/``C_AM``), alignment,
+    smallest offset, largest offset + size and the OR of the offsets' misaligned bits over
+    [p, end). Unused classes have ``lo > hi``.
+    """
+    n = code.shape[0]
+    end = np.zeros(n, np.int64)
+    deltas = np.zeros((n + 1, N_BCOLS), np.int64)
+    creg = np.full((n, MAX_CLASSES), -1, np.int64)
+    cmem = np.full((n, MAX_CLASSES), -1, np.int64)
+    calign = np.zeros((n, MAX_CLASSES), np.int64)
+    lo = np.full((n + 1, MAX_CLASSES), _FAR, np.int64)
+    hi = np.full((n + 1, MAX_CLASSES), -_FAR, np.int64)
+    mis = np.zeros((n + 1, MAX_CLASSES), np.int64)
+    if n:
+        _build(np.ascontiguousarray(code), np.ascontiguousarray(seg_end, dtype=np.int64),
+               PLAIN_OPS_FUNCTIONAL if functional else PLAIN_OPS, int(lanes), bool(functional),
+               end, deltas, creg, cmem, calign, lo, hi, mis)
+    return end, deltas[:n], creg, cmem, calign, lo[:n], hi[:n], mis[:n]
+
+
+def empty_blocks() -> tuple[np.ndarray, ...]:
+    """Zero-length tables: the machine runs bundle by bundle (functional mode, tracing)."""
+    z1 = np.zeros(0, np.int64)
+    z2 = np.zeros((0, MAX_CLASSES), np.int64)
+    return z1, np.zeros((0, N_BCOLS), np.int64), z2, z2, z2, z2, z2, z2
+
+
+@njit(cache=True)
+def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_latency, s_branch, s_busy0,
+             end, deltas, creg, cmem, calign, lo, hi, mis):
+    """Advance DSP d over the plain run at PC p if it is long enough, its addresses are in range and
+    aligned and it ends within the cycle limit: add its counters to ``stats`` and return its end PC.
+    Otherwise return -1 and touch nothing (the caller runs the bundles one by one)."""
+    if p >= end.shape[0]:
+        return -1
+    e = end[p]
+    nb = e - p
+    if nb < MIN_BUNDLES or t + nb - 1 > max_cycles:
+        return -1
+    for j in range(MAX_CLASSES):
+        if lo[p, j] > hi[p, j]:
+            continue
+        base = sregs[d, creg[p, j]]
+        if base + lo[p, j] < 0 or base + hi[p, j] > caps[cmem[p, j]]:
+            return -1
+        if ((base & (calign[p, j] - 1)) | mis[p, j]) != 0:
+            return -1
+    stats[d, s_bundles] += deltas[p, B_BUNDLES]
+    stats[d, s_vfma] += deltas[p, B_VFMA]
+    stats[d, s_latency] += deltas[p, B_LATENCY]
+    stats[d, s_branch] += deltas[p, B_BRANCH]
+    for u in range(isa.N_UNITS):
+        stats[d, s_busy0 + u] += deltas[p, B_BUSY0 + u]
+    return e
+
+
+# ------------------------------------------------------------------------------------------
+# functional mode: the data of an accepted run, now or deferred
+# ------------------------------------------------------------------------------------------
+# A run's data effects touch only its DSP's registers, SM and AM, so they may wait until
+# something else looks at that state: a bundle of the DSP that is not plain (if it touches
+# vector registers or SM/AM) or a DMA of the DSP that reads or writes its SM/AM (then that DSP's
+# runs execute), a broadcast (it writes every DSP's SM or AM) or the end of the run (then every
+# DSP's waiting runs execute together, DSPs spread over threads). A kernel whose broadcast opens
+# each step so gets every DSP's step executed in parallel. The scalar side runs at once: ``sldh``
+# is replayed on the real registers when the run is accepted (so branches, addresses and later
+# runs see its loads) and again, on a copy of the registers taken at acceptance, when the vector
+# side executes. SM cannot change in between: a run with ``ssth`` is executed at once (after the
+# DSP's waiting ones), and every other writer of a DSP's SM is a non-plain bundle or a DMA, which
+# wait for that DSP's runs first. The order of each DSP's effects
+# is therefore the bundle-by-bundle order, and the data are identical.
+QUEUE = 64                  # runs a DSP may have waiting
+# Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
+if numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "workqueue"
+
+
+@njit(cache=True)
+def run_plain(d, p, e, code, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    """The data effects of bundles [p, e) of a run DSP d may skip, in unit order, on scalar
+    registers ``sr`` (DSP d's, or a copy), as the bundle-by-bundle path computes them."""
+    sm0 = bases[0] + d * caps[0]
+    am0 = bases[1] + d * caps[1]
+    for q in range(p, e):
+        for u in range(code.shape[1]):
+            op = code[q, u, 0]
+            if op == 0 or op == isa.OP_NOP:
+                continue
+            r0 = code[q, u, 1]
+            r1 = code[q, u, 2]
+            if op == isa.OP_VFMA:
+                r2 = code[q, u, 3]
+                for k in range(lanes):
+                    vregs[d, r0, k] += vregs[d, r1, k] * vregs[d, r2, k]
+            elif op == isa.OP_SVBCAST:
+                x = f16tab[sr[r1] & 0xFFFF]
+                for k in range(lanes):
+                    vregs[d, r0, k] = x
+            elif op == isa.OP_VLDH:
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
+                for k in range(lanes):
+                    vregs[d, r0, k] = f16tab[mem16[i0 + k]]
+            elif op == isa.OP_SLDH:
+                sr[r0] = mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1]
+            elif op == isa.OP_VLDW:
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
+                for k in range(lanes):
+                    vregs[d, r0, k] = mem32[i0 + k]
+            elif op == isa.OP_VSTW:
+                r2 = code[q, u, 3]
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
+                for k in range(lanes):
+                    mem32[i0 + k] = vregs[d, r2, k]
+            elif op == isa.OP_VSTH:
+                r2 = code[q, u, 3]
+                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
+                for k in range(lanes):
+                    mem16[i0 + k] = f32_to_f16_bits(vregs[d, r2, k])
+            elif op == isa.OP_SSTH:
+                mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1] = np.uint16(sr[code[q, u, 3]] & 0xFFFF)
+            elif op == isa.OP_SVBCASTW:
+                xw = np.uint32(sr[r1] & 0xFFFFFFFF).view(np.float32)
+                for k in range(lanes):
+                    vregs[d, r0, k] = xw
+            elif op == isa.OP_VMAX:
+                r2 = code[q, u, 3]
+                for k in range(lanes):
+                    xa = vregs[d, r1, k]
+                    xb = vregs[d, r2, k]
+                    vregs[d, r0, k] = xa if (xa > xb or xa != xa) else xb
+
+
+@njit(cache=True)
+def _run_scalar(d, p, e, code, sr, mem16, bases, caps):
+    """The scalar side of bundles [p, e): their ``sldh`` loads, in order."""
+    sm0 = bases[0] + d * caps[0]
+    for q in range(p, e):
+        for u in range(code.shape[1]):
+            if code[q, u, 0] == isa.OP_SLDH:
+                sr[code[q, u, 1]] = mem16[(sm0 + sr[code[q, u, 2]] + code[q, u, 5]) >> 1]
+
+
+@njit(cache=True)
+def flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    """Execute DSP d's waiting runs, in order."""
+    for i in range(qn[d]):
+        run_plain(d, qp[d, i], qe[d, i], code, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+    qn[d] = 0
+
+
+@njit(cache=True, parallel=True)
+def _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM and AM
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+
+
+@njit(cache=True)
+def flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
+    """Execute every waiting run (DSP by DSP in order; over threads if ``threads``)."""
+    waiting = 0
+    for d in range(qn.shape[0]):
+        waiting += qn[d]
+    if waiting == 0:
+        return
+    if threads:
+        _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+    else:
+        for d in range(qn.shape[0]):
+            flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+
+
+@njit(cache=True)
+def accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
+                qn, qp, qe, qregs, threads):
+    """Functional mode, a run :func:`try_skip` accepted: execute it, or queue it (``qn`` empty:
+    deferring is off; a run with scalar stores, or a full queue, runs DSP d's waiting ones first)."""
+    if qn.shape[0] == 0:
+        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        return
+    if deltas[p, B_SSTH] > 0:
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        return
+    if qn[d] == qp.shape[1]:
+        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+    i = qn[d]
+    qp[d, i] = p
+    qe[d, i] = e
+    for r in range(sregs.shape[1]):
+        qregs[d, i, r] = sregs[d, r]
+    qn[d] = i + 1
+    _run_scalar(d, p, e, code, sregs[d], mem16, bases, caps)
+
+
+@njit(cache=True)
+def must_flush(d, p, code, descs, desc_off, touches):
+    """Before DSP d runs bundle p by itself, whose waiting runs must execute first: 0 none, 1 DSP d's
+    (the bundle touches d's vector registers, SM or AM, or its DMA reads or writes d's SM or AM),
+    2 every DSP's (a broadcast writes every SM or AM)."""
+    need = 1 if touches[p] else 0
+    for u in range(code.shape[1]):
+        if code[p, u, 0] == isa.OP_DMA:
+            di = desc_off[d] + code[p, u, 2]
+            src = descs[di, 0]
+            dst = descs[di, 1]
+            if descs[di, 6] == isa.DMA_BROADCAST:
+                return 2
+            if src == isa.SP_SM or src == isa.SP_AM or dst == isa.SP_SM or dst == isa.SP_AM:
+                need = 1
+    return need
+
+
+_TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
+                       isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
+
+
+def defer_buffers(code: np.ndarray, dsps: int, nregs: int, on: bool) -> tuple[np.ndarray, ...]:
+    """(touches, qn, qp, qe, qregs): per PC, whether a bundle touches vector registers, SM or AM;
+    the queue of waiting runs per DSP. Zero-length when deferring is off."""
+    if not on:
+        return (np.zeros(0, np.bool_), np.zeros(0, np.int64), np.zeros((0, QUEUE), np.int64),
+                np.zeros((0, QUEUE), np.int64), np.zeros((0, QUEUE, nregs), np.int64))
+    touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
+    return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE), np.int64), np.zeros((dsps, QUEUE), np.int64),
+            np.zeros((dsps, QUEUE, nregs), np.int64))
+
+
+# ------------------------------------------------------------------------------------------
+# pure-Python reference (tests)
+# ------------------------------------------------------------------------------------------
+_MEMORY_OPS = (isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW)
+
+
+def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False
+                           ) -> tuple[np.ndarray, ...]:
+    """:func:`build_blocks` written plainly: runs, then each PC's deltas and ranges by direct sums."""
+    n = code.shape[0]
+    table = PLAIN_OPS_FUNCTIONAL if functional else PLAIN_OPS
+
+    def is_plain(p):
+        if not all(table[int(op)] for op in code[p, :, 0]):
+            return False
+        if functional:      # an sldh, then an access based on the register it loads
+            units = [(int(code[p, u, 0]), int(code[p, u, 1]), int(code[p, u, 2])) for u in range(code.shape[1])]
+            for i, (op, r0, _) in enumerate(units):
+                if op == isa.OP_SLDH and any(o in _MEMORY_OPS and base == r0 for o, _, base in units[i + 1:]):
+                    return False
+        return True
+
+    plain = [is_plain(p) for p in range(n)]
+
+    def accesses(p):
+        out = []
+        for u in range(code.shape[1]):
+            op = int(code[p, u, 0])
+            if op in (isa.OP_SLDH, isa.OP_SSTH):
+                out.append((int(code[p, u, 2]), C_SM, 2, int(code[p, u, 5]), 2))
+            elif op in (isa.OP_VLDH, isa.OP_VSTH):
+                out.append((int(code[p, u, 2]), C_AM, 2, int(code[p, u, 5]), 2 * lanes))
+            elif op in (isa.OP_VLDW, isa.OP_VSTW):
+                out.append((int(code[p, u, 2]), C_AM, 4, int(code[p, u, 5]), 4 * lanes))
+        return out
+
+    end = np.arange(n, dtype=np.int64)
+    classes: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    runs = []
+    p = 0
+    while p < n:
+        if not plain[p]:
+            p += 1
+            continue
+        s, cls, loaded = p, [], set()
+        while p < n and p < seg_end[s] and plain[p]:
+            if any(k[0] in loaded for k in accesses(p)):
+                break
+            new = [k[:3] for k in accesses(p)]
+            merged = list(cls)
+            for k in new:
+                if k not in merged:
+                    merged.append(k)
+            if len(merged) > MAX_CLASSES:
+                break
+            cls = merged
+            if functional:
+                loaded |= {int(code[p, u, 1]) for u in range(code.shape[1]) if code[p, u, 0] == isa.OP_SLDH}
+            p += 1
+        runs.append((s, p))
+        for q in range(s, p):
+            end[q] = p
+            classes[q] = cls
+    # each bundle's own counters and per-class ranges, then suffix sums / minima / maxima per run
+    own = np.zeros((n, N_BCOLS), np.int64)
+    own_lo = np.full((n, MAX_CLASSES), _FAR, np.int64)
+    own_hi = np.full((n, MAX_CLASSES), -_FAR, np.int64)
+    own_mis = np.zeros((n, MAX_CLASSES), np.int64)
+    creg = np.full((n, MAX_CLASSES), -1, np.int64)
+    cmem = np.full((n, MAX_CLASSES), -1, np.int64)
+    calign = np.zeros((n, MAX_CLASSES), np.int64)
+    for p in range(n):
+        if end[p] == p:
+            continue
+        for j, (r, mem, align) in enumerate(classes[p]):
+            creg[p, j], cmem[p, j], calign[p, j] = r, mem, align
+        ops = [int(op) for op in code[p, :, 0]]
+        own[p, B_BUNDLES] = 1
+        own[p, B_VFMA] = ops.count(isa.OP_VFMA)
+        own[p, B_SSTH] = ops.count(isa.OP_SSTH)
+        for u, op in enumerate(ops):
+            if op not in (0, isa.OP_NOP):
+                own[p, B_BUSY0 + u] = 1
+        if all(op in (0, isa.OP_NOP) for op in ops):
+            nops = [int(code[p, u, 5]) for u, op in enumerate(ops) if op == isa.OP_NOP]
+            reason = nops[0] if nops else isa.ST_LATENCY
+            own[p, B_BRANCH if reason == isa.ST_BRANCH else B_LATENCY] = 1
+        for r, mem, align, imm, size in accesses(p):
+            j = classes[p].index((r, mem, align))
+            own_lo[p, j] = min(own_lo[p, j], imm)
+            own_hi[p, j] = max(own_hi[p, j], imm + size)
+            own_mis[p, j] |= imm & (align - 1)
+    deltas = np.zeros((n, N_BCOLS), np.int64)
+    lo = np.full((n, MAX_CLASSES), _FAR, np.int64)
+    hi = np.full((n, MAX_CLASSES), -_FAR, np.int64)
+    mis = np.zeros((n, MAX_CLASSES), np.int64)
+    for a, e in runs:
+        deltas[a:e] = np.cumsum(own[a:e][::-1], axis=0)[::-1]
+        lo[a:e] = np.minimum.accumulate(own_lo[a:e][::-1], axis=0)[::-1]
+        hi[a:e] = np.maximum.accumulate(own_hi[a:e][::-1], axis=0)[::-1]
+        mis[a:e] = np.bitwise_or.accumulate(own_mis[a:e][::-1], axis=0)[::-1]
+    return end, deltas, creg, cmem, calign, lo, hi, mis

@@ -1,0 +1,135 @@
+"""Built kernel programs on disk, so a new process loads a GEMM's program instead of building it.
+
+Building a Table 5 GEMM (list-scheduling its micro-kernels, assembling and hazard-checking some
+30 000 bundles) takes seconds; emulating it in timing mode takes a fraction of that. Each built
+program is kept as ``<cache>/programs/<key>.npz`` (``np.savez_compressed``: code, descriptors,
+per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial registers
+and the key itself). The key hashes, like the latency profiles: the kernel name, the version of
+the sources that generate its program (:func:`generator_version`), the shape, the
+tiles and the platform digest.
+
+Files are written atomically. A file that cannot be read, or whose header names another key, is
+rebuilt and rewritten with a :class:`ProgramCacheWarning`; a cache folder that cannot be written
+only costs the rebuild next time. ``MTEMU_CACHE_DIR`` moves the cache (default
+``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns it off.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import warnings
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rtcommon.fileio import atomic_write_bytes
+
+from .. import isa
+from .._version import __version__
+from ..assembler import Program
+from ..platform import Platform
+
+FORMAT = 1          # bump when the file layout changes
+_ROOT = Path(__file__).resolve().parent.parent
+
+# Sources that generate a kernel's program (its bits, not its timing). The platform enters the key
+# through its digest.
+_GENERATOR_SOURCES = {
+    "gemm": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm.py"),
+    "gemm_a_resident": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm.py",
+                        "kernels/gemm_a_resident.py"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def generator_version(kernel: str) -> str:
+    """Hash of the sources that generate ``kernel``'s programs ('gemm' or 'gemm_a_resident')."""
+    h = hashlib.sha256(f"{__version__}|program".encode())
+    for rel in _GENERATOR_SOURCES[kernel]:
+        h.update(rel.encode())
+        h.update((_ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+Built = tuple[Program, dict[int, np.ndarray], dict[int, dict[int, int]]]
+
+
+class ProgramCacheWarning(UserWarning):
+    """A cached program could not be used (unreadable or for another key); it was rebuilt."""
+
+
+def program_cache_dir() -> Path:
+    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu")) / "programs"
+
+
+def enabled() -> bool:
+    return os.environ.get("MTEMU_PROGRAM_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def cache_key(kernel: str, shape: tuple[int, ...], tiles, platform: Platform) -> str:
+    """The identity of one built program (a JSON string; its hash names the file)."""
+    return json.dumps([FORMAT, kernel, generator_version(kernel), [int(x) for x in shape], asdict(tiles),
+                       platform.digest()], sort_keys=True)
+
+
+def cache_path(key: str) -> Path:
+    return program_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+
+
+def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platform, build: Callable[[], Built]) -> Built:
+    """``build()`` (program, per-DSP descriptor tables, initial registers), or its copy on disk."""
+    if not enabled():
+        return build()
+    key = cache_key(kernel, shape, tiles, platform)
+    path = cache_path(key)
+    if path.exists():
+        try:
+            return _load(path, key)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            warnings.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
+    built = build()
+    try:
+        atomic_write_bytes(path, _dump(key, *built))
+    except OSError:
+        pass            # a read-only cache costs the build next time, nothing else
+    return built
+
+
+def _dump(key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
+          init_sregs: dict[int, dict[int, int]]) -> bytes:
+    dsps = sorted(dsp_descriptors)
+    header = {"key": key, "labels": program.labels, "descriptor_names": list(program.descriptor_names),
+              "dsp_descriptors": dsps,
+              "init_sregs": [[int(d), [[int(r), int(v)] for r, v in sorted(regs.items())]]
+                             for d, regs in sorted(init_sregs.items())]}
+    tables = (np.stack([dsp_descriptors[d] for d in dsps]) if dsps
+              else np.zeros((0,) + program.descriptors.shape, np.int64))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, header=np.array(json.dumps(header, sort_keys=True)), code=program.code,
+                        descriptors=program.descriptors, tables=tables)
+    return buf.getvalue()
+
+
+def _load(path: Path, key: str) -> Built:
+    with np.load(path, allow_pickle=False) as z:
+        header = json.loads(str(z["header"]))
+        if header.get("key") != key:
+            raise ValueError("the file holds another program (key mismatch)")
+        code = np.ascontiguousarray(z["code"], dtype=np.int64)
+        descs = np.ascontiguousarray(z["descriptors"], dtype=np.int64)
+        tables = np.asarray(z["tables"], dtype=np.int64)
+    if code.ndim != 3 or code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) or descs.ndim != 2 \
+            or descs.shape[1:] != (isa.N_DESC,) or tables.shape[1:] != descs.shape \
+            or tables.shape[0] != len(header["dsp_descriptors"]):
+        raise ValueError(f"arrays of unexpected shape (code {code.shape}, descriptors {descs.shape}, "
+                         f"tables {tables.shape})")
+    program = Program(code, descs, {str(k): int(v) for k, v in header["labels"].items()},
+                      [str(x) for x in header["descriptor_names"]])
+    dsp_descriptors = {int(d): tables[i].copy() for i, d in enumerate(header["dsp_descriptors"])}
+    init = {int(d): {int(r): int(v) for r, v in regs} for d, regs in header["init_sregs"]}
+    return program, dsp_descriptors, init

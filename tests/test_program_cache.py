@@ -1,0 +1,88 @@
+"""Built GEMM programs on disk: identical to a fresh build, keyed by kernel, shape, tiles and platform,
+rebuilt with a warning when a file is unreadable or holds another program."""
+import numpy as np
+import pytest
+
+from mtemu.kernels import gemm, gemm_a_resident
+from mtemu.kernels.gemm import GemmTiles
+from mtemu.kernels.gemm_a_resident import AResidentGemmTiles
+from mtemu.kernels.program_cache import ProgramCacheWarning, cache_key, cache_path
+from mtemu.platform import DEFAULT
+
+SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
+CASES = [(gemm, "gemm", GemmTiles(mg=48, k2=64, n2=64)),
+         (gemm_a_resident, "gemm_a_resident", AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64))]
+SHAPE = (96, 256, 96)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MTEMU_PROGRAM_CACHE", raising=False)
+    for mod, _, _ in CASES:
+        mod._build_cached.cache_clear()
+    yield tmp_path
+    for mod, _, _ in CASES:
+        mod._build_cached.cache_clear()
+
+
+def build(mod, tiles, shape=SHAPE, platform=SMALL):
+    mod._build_cached.cache_clear()      # past the in-process cache, to the disk
+    return mod._build_cached(*shape, tiles, platform)
+
+
+def same(a, b) -> bool:
+    pa, pb = a.program, b.program
+    return (np.array_equal(pa.code, pb.code) and np.array_equal(pa.descriptors, pb.descriptors)
+            and pa.labels == pb.labels and pa.descriptor_names == pb.descriptor_names
+            and a.init_sregs == b.init_sregs and a.dsp_descriptors.keys() == b.dsp_descriptors.keys()
+            and all(np.array_equal(a.dsp_descriptors[d], b.dsp_descriptors[d]) for d in a.dsp_descriptors)
+            and a.plan == b.plan and a.useful_macs == b.useful_macs)
+
+
+@pytest.mark.parametrize("mod, kernel, tiles", CASES)
+def test_a_loaded_program_is_the_built_one(mod, kernel, tiles, monkeypatch):
+    monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "0")
+    fresh = build(mod, tiles)
+    path = cache_path(cache_key(kernel, SHAPE, tiles, SMALL))
+    assert not path.exists()                              # off: nothing written
+    monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "1")
+    written = build(mod, tiles)
+    assert path.exists() and same(fresh, written)
+    loaded = build(mod, tiles)
+    assert same(fresh, loaded)
+    assert loaded.program.code.flags.c_contiguous and loaded.program.code.dtype == np.int64
+
+
+def test_the_key_separates_kernels_shapes_tiles_and_platforms():
+    t = GemmTiles(mg=48, k2=64, n2=64)
+    keys = {cache_key("gemm", SHAPE, t, SMALL), cache_key("gemm_a_resident", SHAPE, t, SMALL),
+            cache_key("gemm", (96, 256, 97), t, SMALL), cache_key("gemm", SHAPE, GemmTiles(mg=96), SMALL),
+            cache_key("gemm", SHAPE, t, SMALL.with_overrides(dma_latency_cycles=601))}
+    assert len({cache_path(k) for k in keys}) == 5
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key"])
+def test_a_damaged_file_is_rebuilt_with_a_warning(damage):
+    mod, kernel, tiles = CASES[0]
+    fresh = build(mod, tiles)
+    path = cache_path(cache_key(kernel, SHAPE, tiles, SMALL))
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "garbage":
+        path.write_bytes(b"not a zip file at all")
+    else:   # a valid file of another program under this name
+        build(mod, tiles, shape=(96, 256, 192))
+        path.write_bytes(cache_path(cache_key(kernel, (96, 256, 192), tiles, SMALL)).read_bytes())
+    with pytest.warns(ProgramCacheWarning, match="rebuilding"):
+        again = build(mod, tiles)
+    assert same(fresh, again)
+    assert same(fresh, build(mod, tiles))                 # rewritten: loads without a warning
+
+
+def test_an_unwritable_cache_only_costs_the_build(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("MTEMU_CACHE_DIR", str(blocker))
+    mod, _, tiles = CASES[0]
+    assert build(mod, tiles).program.bundles > 0
