@@ -37,7 +37,8 @@ def main(models: list[str]) -> None:
               f"({time.time() - t:.0f} s)", flush=True)
         for f in (SCRATCH / "profiles").glob("*.json"):
             shutil.copyfile(f, SHIPPED_DIR / f.name)
-        shutil.copyfile(SCRATCH / "gemm_cache.json", SHIPPED_DIR / "gemm_cache.json")
+        if (SCRATCH / "gemm_cache.json").exists():       # nothing new was emulated when it is missing
+            shutil.copyfile(SCRATCH / "gemm_cache.json", SHIPPED_DIR / "gemm_cache.json")
 
 
 if __name__ == "__main__":
