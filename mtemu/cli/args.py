@@ -3,6 +3,7 @@ attention shapes, comma-separated lists."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, fields
 
 from ..errors import MtemuError
@@ -30,7 +31,7 @@ def platform_from_args(args: argparse.Namespace) -> Platform:
         v = getattr(args, "plat_" + name, None)
         if v is not None:
             if typ in (int, "int"):
-                if v != int(v):
+                if not math.isfinite(v) or v != int(v):
                     raise MtemuError(f"--{name.replace('_', '-')} must be an integer, got {v}")
                 v = int(v)
             overrides[name] = v
