@@ -59,9 +59,10 @@ def bounded_int(flag: str, low: int = -INT_LIMIT, high: int = INT_LIMIT) -> Call
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            bound = f">= {low}" if high == INT_LIMIT else f"in {low}..{high}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
         return value
     parse.__name__ = "int"
     return parse

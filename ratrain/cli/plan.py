@@ -9,9 +9,16 @@ from __future__ import annotations
 import argparse
 
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import MAX_MICRO_BATCH, METHODS, Planner
-from ratrain.spec.models import from_hf_config, get_model, list_models
+from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
+from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
+from ratrain.spec.parallel import ZERO_STAGES
 from ratrain.spec.platform import GIB, TrainingPlatform
+
+# Beyond these the enumeration (divisors of N and of G/D) is not a plan anyone can run, and
+# trial division of a 30-digit N would not finish.
+MAX_CLUSTERS = 1 << 20
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SEQ = 1 << 22
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -57,6 +64,41 @@ def _row(c) -> str:
             f"+ pref {bd.e_pref_ms / 1e3:.2f} + rec {bd.e_rec_ms / 1e3:.2f}]")
 
 
+def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
+    """Refuse restrictions the planner cannot enumerate, so that an empty search is never reported
+    as "no configuration fits the memory budget"."""
+    for name, limit in (("clusters", MAX_CLUSTERS), ("global_batch", MAX_GLOBAL_BATCH), ("seq", MAX_SEQ)):
+        if getattr(args, name) > limit:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)} is above the planner's limit {limit}")
+    if args.zero_stages is not None:
+        bad = [z for z in args.zero_stages if z not in ZERO_STAGES]
+        if bad:
+            raise ConfigError(f"--zero-stages {','.join(map(str, bad))}: ZeRO stages are "
+                              f"{', '.join(map(str, ZERO_STAGES))}")
+        if args.method == "zero3-heavy" and 3 not in args.zero_stages:
+            raise ConfigError("--method zero3-heavy searches Z=3 only; --zero-stages leaves it out")
+    if args.tp_degrees is not None:
+        for t in args.tp_degrees:
+            if t > MAX_TP:
+                raise ConfigError(f"--tp-degrees {t}: the planner searches T up to {MAX_TP}")
+            if args.clusters % t:
+                raise ConfigError(f"--tp-degrees {t} does not divide --clusters {args.clusters}")
+            try:
+                check_tp(model, t)
+            except ConfigError as exc:
+                raise ConfigError(f"--tp-degrees {t}: {exc}") from None
+            if model.vocab % t:
+                raise ConfigError(f"--tp-degrees {t}: model {model.name}: vocab={model.vocab} not divisible "
+                                  f"by tp={t}")
+        if args.method == "tp-heavy" and 2 not in args.tp_degrees:
+            raise ConfigError("--method tp-heavy searches T=2 only; --tp-degrees leaves it out")
+    if args.micro_batches is not None:
+        usable = [b for b in args.micro_batches if args.global_batch % b == 0]
+        if not usable:
+            raise ConfigError(f"--micro-batches {','.join(map(str, args.micro_batches))}: none divides "
+                              f"--global-batch {args.global_batch}")
+
+
 def run(args: argparse.Namespace) -> tuple[dict, str]:
     model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
     platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
@@ -64,6 +106,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         value = getattr(args, name)
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    check_search_space(model, args)
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition)
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
@@ -73,6 +116,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
              f"method {args.method}, profile {args.profile}",
              f"enumerated {result.enumerated}, pruned by memory {result.pruned_by_memory}, timed {result.timed} "
              f"({result.configs_per_s:.0f} configurations/s; {result.profile_s:.1f} s building profiles)"]
+    if result.enumerated == 0:
+        raise ConfigError(f"{model.name}: nothing to search on {args.clusters} clusters with global batch "
+                          f"{args.global_batch}: no P*D*T = N with P <= {model.layers} layers, T <= {MAX_TP} "
+                          f"dividing the model, D dividing the global batch (and the --tp-degrees/"
+                          f"--micro-batches/--zero-stages given)")
     if result.best is None:
         lines.append("no configuration fits the memory budget (OOM)")
     else:
