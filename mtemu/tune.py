@@ -47,7 +47,7 @@ GEMM_GRID = {
 
 
 # Seconds to reach a Dask scheduler before giving up (an unreachable address fails fast).
-SCHEDULER_TIMEOUT_S = 10
+SCHEDULER_TIMEOUT_S = 5
 
 
 def tune_cache_dir() -> Path:
@@ -272,8 +272,9 @@ def _refuse_unusable_grid(grid: dict | None, feasible: list, pruned: list[Candid
     """A grid the user gave that yields no feasible candidate would silently emulate the defaults only."""
     if grid and not feasible:
         reasons = sorted({c.reason for c in pruned})
-        raise MtemuError(f"no tile set from the given lists {grid} fits this shape and platform "
-                         f"({len(pruned)} pruned; e.g. {reasons[0] if reasons else 'none'})")
+        why = (f"{len(pruned)} pruned, e.g. {reasons[0]}" if reasons
+               else "no combination with Br' <= Br and Bc' <= Bc")
+        raise MtemuError(f"no tile set from the given lists {grid} is usable for this shape and platform ({why})")
 
 
 def _distributed():
