@@ -54,12 +54,9 @@ CHUNK_BUNDLES = 1 << 22
 MAX_CYCLES_LIMIT = 1 << 60
 # Default of Cluster.run: about 95 minutes of emulated time; program runs derive their own.
 DEFAULT_MAX_CYCLES = 10 ** 13
-# Immediates of address operands: |imm| <= 2**48 keeps register + immediate from wrapping into
-# a valid address.
-MAX_ADDRESS_IMM = 1 << 48
-# Descriptor bounds: (rows - 1) * stride + row_bytes and rows * row_bytes stay below 2**62.
-MAX_DESC_ROWS = 1 << 31
-MAX_DESC_EXTENT = 1 << 46
+# Address operands and descriptors are bounded (isa.MAX_*): register + immediate cannot wrap into a
+# valid address and (rows - 1) * stride + row_bytes, rows * row_bytes stay far below 2**63.
+MAX_ADDRESS_IMM, MAX_DESC_ROWS, MAX_DESC_EXTENT = isa.MAX_ADDRESS_IMM, isa.MAX_DESC_ROWS, isa.MAX_DESC_EXTENT
 # per-DSP stat columns
 S_CYCLES, S_BUNDLES, S_VFMA, S_DMA_BYTES, S_DMAS, S_END = 0, 1, 2, 3, 4, 5
 S_STALL0 = 6                      # + isa.ST_* (latency, branch, dma_wait, barrier)
