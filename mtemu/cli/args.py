@@ -6,6 +6,8 @@ import argparse
 import math
 from dataclasses import asdict, fields
 
+from rtcommon.hostmem import check_host_memory
+
 from ..errors import MtemuError
 from ..kernels.attention import default_tiles
 from ..kernels.capacity import AttentionTiles
@@ -105,6 +107,22 @@ def check_attention_shape(args: argparse.Namespace) -> None:
         raise MtemuError("--heads, --kv-heads, --seq and --head-dim must be positive")
     if args.heads % args.kv_heads:
         raise MtemuError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
+    if getattr(args, "mode", "timing") == "functional":
+        check_host_memory(functional_attention_bytes(args.heads, args.seq, args.head_dim),
+                          f"functional attention (heads={args.heads}, seq={args.seq}, head_dim={args.head_dim}) "
+                          f"with its float64 reference", MtemuError)
+
+
+def functional_attention_bytes(heads: int, seq: int, head_dim: int) -> int:
+    """Host bytes of a functional attention run: the float64 reference's few (heads, seq, seq)
+    matrices and (heads, seq, d) tensors, the random inputs, and the cluster's FP16 P and tensors."""
+    return 48 * heads * seq * seq + 96 * heads * seq * head_dim
+
+
+def check_gemm_host_memory(m: int, k: int, n: int) -> None:
+    """Functional GEMM: float64 random operands and reference (8 bytes an element) plus the
+    cluster's FP16 copies; refuse before allocating what the host does not have."""
+    check_host_memory(12 * (m * k + k * n + m * n), f"functional GEMM {m}x{k}x{n} with its reference", MtemuError)
 
 
 def attention_tiles_from_args(args: argparse.Namespace, platform: Platform) -> AttentionTiles:
