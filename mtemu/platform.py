@@ -128,7 +128,7 @@ LATENCY_RANGE = (0, 10 ** 6)
 def _unit_hint(name: str, value: float) -> str:
     """What a too-small value probably meant: 30 for a bandwidth is 30 GB/s, 1.75 for a clock 1.75 GHz."""
     unit = RANGES[name][2]
-    if unit in ("bytes/s", "Hz") and 0 < value < 1e6:
+    if unit in ("bytes/s", "Hz") and 0.01 <= value < 1e4:
         big = "GB/s" if unit == "bytes/s" else "GHz"
         return f" ({name} is in {unit}; for {value:g} {big} write {value:g}e9)"
     if unit == "bytes" and 0 < value < 64:

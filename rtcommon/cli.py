@@ -75,7 +75,7 @@ def _output(kind: str, flag: str) -> Callable[[str], str]:
         if text == ".":
             return text       # the working folder (`mtemu run`'s default): checked when written
         try:
-            check(text, flag)
+            check(text, "")      # argparse names the flag itself
         except UserError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return text
