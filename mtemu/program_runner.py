@@ -263,7 +263,7 @@ def load_kernel(path: str | Path, platform: Platform, dsps: int | None = None) -
             built = build(plat)
         except MtemuError:
             raise
-        except Exception as exc:     # the user's code: report it on one line, naming the file
+        except (Exception, SystemExit) as exc:   # the user's code: report it on one line, naming the file
             raise MtemuError(f"{path}: build(platform) failed: {type(exc).__name__}: {exc}") from None
         if isinstance(built, Program):
             built = Kernel([built])
@@ -293,7 +293,7 @@ def _import(path: Path):
         spec.loader.exec_module(module)
     except MtemuError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:   # SystemExit: a script that calls sys.exit
         raise MtemuError(f"{path}: loading failed: {type(exc).__name__}: {exc}") from None
     return module
 

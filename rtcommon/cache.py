@@ -54,8 +54,8 @@ def read_json_cache(path: str | os.PathLike, validate: Validator | None = None) 
             raw = handle.read()
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        warn(f"{where}: unreadable ({exc.strerror or exc}); ignored (it will be rebuilt)")
+    except OSError as exc:      # one warning per folder: every entry in it fails alike
+        warn(f"cannot read the cache in {Path(where).parent} ({exc.strerror or exc}); running without it")
         return None
     try:
         data = parse_json(raw.decode("utf-8"), where)

@@ -131,7 +131,7 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
         payload, text = result
         out = dumps_strict(payload) if getattr(args, "json", False) else text
     except KeyboardInterrupt:
-        print(f"\n{name}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except expected as exc:
         return _fail(name, str(exc))
