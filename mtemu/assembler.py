@@ -566,7 +566,9 @@ def _parse_operand(tok: str, where: str):
     tok = tok.strip()
     m = _ADDR_RE.match(tok)
     if m:
-        off = int(m.group(2).replace(" ", "")) if m.group(2) else 0
+        sign_digits = m.group(2).replace(" ", "") if m.group(2) else "0"
+        # "[s1+-4]" is s1 - 4: the signs multiply
+        off = (-1 if sign_digits.count("-") % 2 else 1) * int(sign_digits.lstrip("+-"))
         return (m.group(1), off, m.group(3)) if m.group(3) else (m.group(1), off)
     if len(tok) > 40 and re.fullmatch(r"-?(\d+|0x[0-9a-fA-F]+)", tok):
         raise AssemblyError(f"{where}: integer {tok[:20]}... of {len(tok)} digits is out of range")

@@ -67,7 +67,8 @@ SRV_DDR, SRV_GSM, SRV_LOCAL = 0, 1, 2
 # DMA trace record columns (mtemu.trace.DMA_FIELDS)
 TD_ISSUE, TD_SERVER, TD_SRC, TD_DST, TD_BYTES, TD_ROWS, TD_DSP, TD_CHANNEL, TD_MODE = range(N_DMA_FIELDS)
 assert DMA_FIELDS[TD_MODE] == "mode"
-ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, then PCs (deadlock)
+ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, then PCs (deadlock);
+#                         E_DMA_LATE: err[7] the transfer's end, err[8] its issue cycle
 
 
 # FP16 -> FP32 for every bit pattern: the hot loop widens by table lookup (exact by construction).
@@ -385,6 +386,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         # the transfer alone runs past the limit: too slow, not a loop
                         _fail(err, E_DMA_LATE, d, p, u, srv, nbytes, max_cycles)
                         err[7] = np.int64(min(start + dur, 4e18))
+                        err[ERR_FIELDS] = t
                         time[d] = t
                         return
                     srv_free[srv] = start + dur
@@ -779,8 +781,8 @@ def _validate_raw(prog: Program, p: Platform) -> None:
             raise MachineError("nop reason must be 0 (latency) or 1 (branch)")
     addressing = np.isin(ops, [isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH,
                                isa.OP_DMA])
-    imms = np.abs(code[:, :, isa.F_IMM0:isa.F_IMM1 + 1]).max(axis=2)
-    far = addressing & ((imms > MAX_ADDRESS_IMM) | (imms < 0))     # abs(-2**63) stays negative
+    imms = code[:, :, isa.F_IMM0:isa.F_IMM1 + 1]
+    far = addressing & ((imms > MAX_ADDRESS_IMM) | (imms < -MAX_ADDRESS_IMM)).any(axis=2)
     if far.any():
         b, u = np.argwhere(far)[0]
         raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: address offset {code[b, u, isa.F_IMM0]}/"
@@ -870,9 +872,14 @@ def _describe_error(err: np.ndarray, lo: np.ndarray, dsps: int, stats: np.ndarra
             f"; platform: ddr_bandwidth {platform.ddr_bandwidth:g}, gsm_bandwidth {platform.gsm_bandwidth:g}, "
             f"local_bandwidth {platform.local_bandwidth:g} bytes/s, dma_latency_cycles {platform.dma_latency_cycles}, "
             f"dma_row_overhead_cycles {platform.dma_row_overhead_cycles:g}")
-        return (f"{where}: a DMA of {addr} bytes on the {server} server would end at cycle {int(err[7])}, past the "
-                f"cycle limit {size}: the transfer is too slow, not a loop (check the DMA rates are in bytes/s"
-                f"{rates})")
+        clock = int(err[ERR_FIELDS])
+        own = int(err[7]) - clock          # issue to last byte: latency, queueing and transfer
+        head = (f"{where}: a DMA of {addr} bytes on the {server} server would end at cycle {int(err[7])}, past the "
+                f"cycle limit {size}")
+        if own * 2 > size:
+            return (f"{head}: this one transfer takes {own} cycles from issue, too slow, not a loop (check the "
+                    f"DMA rates are in bytes/s{rates})")
+        return head + _why_long(stats, d, clock)
     return f"{where}: machine error {code}"
 
 

@@ -25,7 +25,7 @@ def available_bytes() -> int | None:
 
 
 def format_bytes(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 100 else f"{nbytes / 2 ** 20:.2f} MiB"
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / 2 ** 20:.2f} MiB"
 
 
 def check_host_memory(nbytes: float, what: str, error: type[UserError] = UserError) -> None:
