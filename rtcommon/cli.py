@@ -123,6 +123,8 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:       # a usage error (one line, status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
     name = f"{prog} {getattr(args, 'command', '')}".strip()
     try:
         result = args.handler(args)

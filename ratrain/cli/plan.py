@@ -21,14 +21,20 @@ MAX_GLOBAL_BATCH = 1 << 24
 MAX_SEQ = 1 << 22
 
 
-def _int_list(text: str) -> tuple[int, ...]:
+def _int_list(text: str, minimum: int = 1) -> tuple[int, ...]:
+    kind = "positive" if minimum == 1 else f">= {minimum}"
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(",") if v.strip() and len(v.strip()) <= 30)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} integers, got {text!r}") from None
+    if not values or len(values) != len([v for v in text.split(",") if v.strip()]) or any(v < minimum for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} integers, got {text!r}")
     return values
+
+
+def _stage_list(text: str) -> tuple[int, ...]:
+    """ZeRO stages: 0 is a stage."""
+    return _int_list(text, minimum=0)
 
 
 def register(subparsers) -> None:
@@ -48,7 +54,7 @@ def register(subparsers) -> None:
                    help=f"micro-batch sizes to try (default: divisors of G/D up to {MAX_MICRO_BATCH})")
     p.add_argument("--tp-degrees", type=_int_list, default=None, metavar="T1,T2,...",
                    help="tensor-parallel degrees to try (default: valid divisors of N up to 8)")
-    p.add_argument("--zero-stages", type=_int_list, default=None, metavar="Z1,Z2,...",
+    p.add_argument("--zero-stages", type=_stage_list, default=None, metavar="Z1,Z2,...",
                    help="ZeRO stages to try (default: 0,1,2,3)")
     p.add_argument("--partition", choices=("balanced", "uniform"), default="balanced")
     p.add_argument("--platform", metavar="FILE", help="platform file (.toml or .json)")
