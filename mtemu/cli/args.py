@@ -151,6 +151,6 @@ def parse_floats(text: str, flag: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MtemuError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not vals or any(not v > 0 for v in vals):
-        raise MtemuError(f"{flag}: expected positive numbers, got {text!r}")
+    if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise MtemuError(f"{flag}: expected positive finite numbers, got {text!r}")
     return vals
