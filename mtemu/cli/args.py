@@ -107,10 +107,13 @@ def check_attention_shape(args: argparse.Namespace) -> None:
         raise MtemuError("--heads, --kv-heads, --seq and --head-dim must be positive")
     if args.heads % args.kv_heads:
         raise MtemuError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
-    if getattr(args, "mode", "timing") == "functional":
-        check_host_memory(functional_attention_bytes(args.heads, args.seq, args.head_dim),
-                          f"functional attention (heads={args.heads}, seq={args.seq}, head_dim={args.head_dim}) "
-                          f"with its float64 reference", MtemuError)
+    functional = getattr(args, "mode", "timing") == "functional"
+    # timing mode still holds FP16 Q, K, V (zeros) of the shape
+    need = (functional_attention_bytes(args.heads, args.seq, args.head_dim) if functional
+            else 6 * args.heads * args.seq * args.head_dim)
+    check_host_memory(need, f"{'functional' if functional else 'timing'} attention (heads={args.heads}, "
+                      f"seq={args.seq}, head_dim={args.head_dim})" + (" with its float64 reference" if functional
+                                                                      else ""), MtemuError)
 
 
 def functional_attention_bytes(heads: int, seq: int, head_dim: int) -> int:
