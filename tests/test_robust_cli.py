@@ -196,3 +196,19 @@ def test_correctness_refuses_a_diverged_run(capsys, tmp_path):
     err = capsys.readouterr().err
     assert rc == 2 and "loss is nan" in err and "training diverged" in err
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"ddr_bandwidth": 30}', "ddr_bandwidth is in bytes/s; for 30 GB/s write 30e9"),
+    ("memory_budget_bytes = 20\n", "for 20 GiB write 20 * 2**30"),
+    ('{"link_latency_s": 1e9}', "link_latency_s = 1000000000.0 is outside the sane range"),
+    ("[" * 1000 + "]" * 1000, "nested deeper"),
+])
+def test_training_platform_files_are_checked(capsys, tmp_path, text, match):
+    path = tmp_path / ("p.toml" if "=" in text else "p.json")
+    path.write_text(text)
+    for argv in (["memory", "--model", "llama2-7b"], ["plan", "--model", "llama2-7b", "--clusters", "8",
+                                                     "--global-batch", "8", "--profile", "roofline"]):
+        assert ratrain_main(argv + ["--platform", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert match in err and err.count("\n") == 1, err

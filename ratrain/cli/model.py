@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ratrain.cli.platform_file import load_training_platform
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
@@ -19,7 +20,7 @@ from ratrain.spec.parallel import (
     PREFETCH_POLICIES,
     ParallelConfig,
 )
-from ratrain.spec.platform import GIB, TrainingPlatform
+from ratrain.spec.platform import GIB
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +96,7 @@ def run_memory(args) -> tuple[dict, str]:
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=args.activation,
                          prefetch=args.prefetch, partition=args.partition)
-    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    platform = load_training_platform(args.platform)
     stages = stage_memory(spec, cfg, platform)
     peak = max_peak(stages)
     fits = peak <= platform.memory_budget_bytes

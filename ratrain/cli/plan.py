@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 
+from ratrain.cli.platform_file import load_training_platform
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
 from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
 from ratrain.spec.parallel import ZERO_STAGES
-from ratrain.spec.platform import GIB, TrainingPlatform
+from ratrain.spec.platform import GIB
 
 # Beyond these the enumeration (divisors of N and of G/D) is not a plan anyone can run, and
 # trial division of a 30-digit N would not finish.
@@ -107,7 +108,7 @@ def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
     model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
-    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    platform = load_training_platform(args.platform)
     for name in ("clusters", "global_batch", "seq", "top"):
         value = getattr(args, name)
         if value < 1:

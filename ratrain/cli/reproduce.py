@@ -1,14 +1,14 @@
 """`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
 from __future__ import annotations
 
+from ratrain.cli.platform_file import load_training_platform
 from ratrain.repro.experiment import Settings, format_checks
 from ratrain.repro.report import EXPERIMENT_NAMES, reproduce
-from ratrain.spec.platform import TrainingPlatform
 
 
 def _reproduce(args):
     which = [args.experiment] if args.experiment else None
-    platform = TrainingPlatform.from_file(args.platform) if args.platform else TrainingPlatform()
+    platform = load_training_platform(args.platform)
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform)
     exps = reproduce(which, args.out, progress=not args.json, settings=settings)
     if args.experiment:
