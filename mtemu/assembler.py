@@ -168,7 +168,14 @@ def _addr(value, where: str, space: int, nsregs: int) -> tuple[int, int]:
         if isa.SPACES.index(sp) != space:
             raise AssemblyError(f"{where}: operand in the wrong memory space: {sp} given, this unit addresses "
                                 f"{isa.SPACES[space]}")
-    return _reg("s", value[0], where, nsregs), _imm(value[1], where)
+    return _reg("s", value[0], where, nsregs), _offset(value[1], where)
+
+
+def _offset(value, where: str) -> int:
+    off = _imm(value, where)
+    if abs(off) > isa.MAX_ADDRESS_IMM:
+        raise AssemblyError(f"{where}: address offset {off} is beyond any memory (|offset| <= {isa.MAX_ADDRESS_IMM})")
+    return off
 
 
 def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
@@ -336,7 +343,7 @@ def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.nd
 def _dma_addr(value, where: str, ns: int) -> tuple[int, int]:
     if not isinstance(value, tuple) or len(value) != 2:
         raise AssemblyError(f"{where}: expected an address (sreg, offset), got {value!r}")
-    return _reg("s", value[0], where, ns), _imm(value[1], where)
+    return _reg("s", value[0], where, ns), _offset(value[1], where)
 
 
 def _check_descriptor(d: Descriptor, name: str, platform: Platform) -> np.ndarray:
@@ -351,6 +358,10 @@ def _check_descriptor(d: Descriptor, name: str, platform: Platform) -> np.ndarra
                             f"(rows={d.rows}, row_bytes={d.row_bytes})")
     if d.src_stride < 0 or d.dst_stride < 0:
         raise AssemblyError(f"{where}: strides must be non-negative")
+    reach = max(d.rows - 1, 0) * max(d.src_stride, d.dst_stride) + d.row_bytes
+    if d.rows > isa.MAX_DESC_ROWS or reach > isa.MAX_DESC_EXTENT:
+        raise AssemblyError(f"{where}: spans {reach} bytes in {d.rows} rows, more than any memory "
+                            f"(at most {isa.MAX_DESC_EXTENT} bytes in {isa.MAX_DESC_ROWS} rows)")
     if d.rows > 1 and d.dst_stride < d.row_bytes:
         raise AssemblyError(f"{where}: dst_stride {d.dst_stride} < row_bytes {d.row_bytes}: rows would overlap")
     if d.row_bytes % 2:
@@ -551,12 +562,16 @@ def disassemble(prog: Program) -> str:
 _ADDR_RE = re.compile(r"^\[\s*(s\d+)\s*([+-]\s*-?\d+)?\s*\](?:@(\w+))?$")
 
 
-def _parse_operand(tok: str, line_no: int):
+def _parse_operand(tok: str, where: str):
     tok = tok.strip()
     m = _ADDR_RE.match(tok)
     if m:
-        off = int(m.group(2).replace(" ", "")) if m.group(2) else 0
+        sign_digits = m.group(2).replace(" ", "") if m.group(2) else "0"
+        # "[s1+-4]" is s1 - 4: the signs multiply
+        off = (-1 if sign_digits.count("-") % 2 else 1) * int(sign_digits.lstrip("+-"))
         return (m.group(1), off, m.group(3)) if m.group(3) else (m.group(1), off)
+    if len(tok) > 40 and re.fullmatch(r"-?(\d+|0x[0-9a-fA-F]+)", tok):
+        raise AssemblyError(f"{where}: integer {tok[:20]}... of {len(tok)} digits is out of range")
     if re.fullmatch(r"-?\d+", tok):
         return int(tok)
     if re.fullmatch(r"0x[0-9a-fA-F]+", tok):
@@ -585,7 +600,10 @@ def parse(text: str, platform: Platform = DEFAULT, source: str = "<text>",
           check_hazards: bool = True) -> Program:
     """Assemble the text form. Errors name the source line as well as bundle and unit."""
     builder = ProgramBuilder(platform)
+    if not isinstance(text, str):
+        raise AssemblyError(f"{source}: program text must be a str, got {type(text).__name__}")
     desc_ids: dict[str, int] = {}
+    desc_lines: dict[str, int] = {}
     pending: list[tuple[int, list[Instr]]] = []
     for line_no, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -608,10 +626,11 @@ def parse(text: str, platform: Platform = DEFAULT, source: str = "<text>",
                     int(kv.pop("src_stride")), int(kv.pop("dst_stride")), kv.pop("mode", "copy"), name=parts[1])
             except KeyError as exc:
                 raise AssemblyError(f"{where}: .desc {parts[1]} is missing field {exc.args[0]}") from None
-            except ValueError as exc:
+            except (ValueError, OverflowError) as exc:
                 raise AssemblyError(f"{where}: .desc {parts[1]}: {exc}") from None
             if kv:
                 raise AssemblyError(f"{where}: .desc {parts[1]} has unknown field(s) {', '.join(kv)}")
+            desc_lines.setdefault(parts[1], line_no)
             continue
         if line.endswith(":") and not line.startswith("{"):
             try:
@@ -626,7 +645,7 @@ def parse(text: str, platform: Platform = DEFAULT, source: str = "<text>",
         for part in filter(None, (p.strip() for p in body.split("|"))):
             head, _, rest = part.partition(" ")
             op, _, unit = head.partition("@")
-            args = [_parse_operand(t, line_no) for t in _split_args(rest)] if rest.strip() else []
+            args = [_parse_operand(t, where) for t in _split_args(rest)] if rest.strip() else []
             if op == "dma" and len(args) >= 2 and isinstance(args[1], str):
                 if args[1] not in desc_ids:
                     raise AssemblyError(f"{where}: unknown DMA descriptor '{args[1]}'")
@@ -639,6 +658,11 @@ def parse(text: str, platform: Platform = DEFAULT, source: str = "<text>",
     except AssemblyError as exc:
         msg = str(exc)
         m = re.match(r"bundle (\d+)", msg)
+        d = re.match(r"DMA descriptor '([^']+)'", msg)
         if m and int(m.group(1)) < len(pending):
             msg = f"{source}:{pending[int(m.group(1))][0]}: {msg}"
+        elif d and d.group(1) in desc_lines:
+            msg = f"{source}:{desc_lines[d.group(1)]}: {msg}"
+        elif not msg.startswith(source):
+            msg = f"{source}: {msg}"
         raise AssemblyError(msg) from None

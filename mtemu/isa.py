@@ -34,6 +34,12 @@ DESC_FIELDS = ("src_space", "dst_space", "rows", "row_bytes", "src_stride", "dst
 D_SRC, D_DST, D_ROWS, D_ROWB, D_SSTR, D_DSTR, D_MODE = range(7)
 N_DESC = len(DESC_FIELDS)
 DMA_COPY, DMA_BROADCAST, DMA_REDUCE_ADD = range(3)
+# Bounds that keep the machine's address arithmetic inside int64 whatever a register holds:
+# a descriptor spans at most MAX_DESC_EXTENT bytes ((rows - 1) * stride + row_bytes) in at most
+# MAX_DESC_ROWS rows, and an address operand's offset is at most MAX_ADDRESS_IMM in size.
+MAX_DESC_ROWS = 1 << 31
+MAX_DESC_EXTENT = 1 << 46
+MAX_ADDRESS_IMM = 1 << 48
 DMA_MODES = ("copy", "broadcast", "reduce_add")
 
 # --- stall reasons (NOP padding and machine waits) ------------------------------------------

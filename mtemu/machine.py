@@ -27,23 +27,39 @@ zero-length arrays (one compiled signature) and costs one test per bundle.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass, field
+from time import monotonic
 
 import numpy as np
 from numba import njit
+
+from rtcommon.hostmem import check_host_memory
 
 from . import isa
 from .assembler import Program
 from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, flush_dsp, must_flush, try_skip
 from .errors import MachineError
 from .fp16 import f16_to_f32_array, f32_to_f16_bits
-from .platform import DEFAULT, Platform
+from .platform import DEFAULT, Platform, validate_platform
 from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
 
 # error codes
-E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL = 0, 1, 2, 3, 4, 5, 6
+E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL, E_DMA_LATE = 0, 1, 2, 3, 4, 5, 6, 7
+# run-state control words (``ctl``): DSP whose slice a budget cut (-1: none), finished flag,
+# bundles this call may still issue
+C_RESUME, C_DONE, C_BUDGET = 0, 1, 2
+# Bundles per call of the jitted loop: between calls Python sees Ctrl-C and the wall clock.
+CHUNK_BUNDLES = 1 << 22
+# Largest cycle limit: emulated times stay far below int64 overflow.
+MAX_CYCLES_LIMIT = 1 << 60
+# Default of Cluster.run: about 95 minutes of emulated time; program runs derive their own.
+DEFAULT_MAX_CYCLES = 10 ** 13
+# Address operands and descriptors are bounded (isa.MAX_*): register + immediate cannot wrap into a
+# valid address and (rows - 1) * stride + row_bytes, rows * row_bytes stay far below 2**63.
+MAX_ADDRESS_IMM, MAX_DESC_ROWS, MAX_DESC_EXTENT = isa.MAX_ADDRESS_IMM, isa.MAX_DESC_ROWS, isa.MAX_DESC_EXTENT
 # per-DSP stat columns
 S_CYCLES, S_BUNDLES, S_VFMA, S_DMA_BYTES, S_DMAS, S_END = 0, 1, 2, 3, 4, 5
 S_STALL0 = 6                      # + isa.ST_* (latency, branch, dma_wait, barrier)
@@ -54,7 +70,8 @@ SRV_DDR, SRV_GSM, SRV_LOCAL = 0, 1, 2
 # DMA trace record columns (mtemu.trace.DMA_FIELDS)
 TD_ISSUE, TD_SERVER, TD_SRC, TD_DST, TD_BYTES, TD_ROWS, TD_DSP, TD_CHANNEL, TD_MODE = range(N_DMA_FIELDS)
 assert DMA_FIELDS[TD_MODE] == "mode"
-ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, then PCs (deadlock)
+ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, then PCs (deadlock);
+#                         E_DMA_LATE: err[7] the transfer's end, err[8] its issue cycle
 
 
 # FP16 -> FP32 for every bit pattern: the hot loop widens by table lookup (exact by construction).
@@ -104,23 +121,30 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
          tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
          blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_p, dq_e, dq_regs, threads):
+         dq_touch, dq_n, dq_p, dq_e, dq_regs, threads,
+         time, pc, state, chan, srv_free, ctl):
+    """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
+    bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
+    so the next call continues exactly where this one stopped."""
     tracing = tr_nev.shape[0] > 0
     skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
     deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.blocks)
-    time = np.zeros(dsps, np.int64)
-    pc = lo.copy()
-    state = np.zeros(dsps, np.int64)          # 0 running, 1 at barrier, 2 halted
-    chan = np.zeros((dsps, 64), np.int64)     # completion cycle of each channel's last transfer
-    srv_free = np.zeros(3 + dsps, np.float64)
+    # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
+    # of each channel's last transfer; srv_free: when each DMA server frees
     nunits = code.shape[1]
+    budget = ctl[C_BUDGET]
     while True:
         d = -1
-        best = np.int64(1) << 62
-        for i in range(dsps):
-            if state[i] == 0 and time[i] < best:
-                best = time[i]
-                d = i
+        if ctl[C_RESUME] >= 0:
+            # finish the slice the budget cut: the others' clocks (and so `limit`) are unchanged
+            d = ctl[C_RESUME]
+            ctl[C_RESUME] = -1
+        else:
+            best = np.int64(1) << 62
+            for i in range(dsps):
+                if state[i] == 0 and time[i] < best:
+                    best = time[i]
+                    d = i
         if d < 0:
             waiting = 0
             halted = 0
@@ -200,6 +224,13 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                           threads)
             # ---------------------------------------------------------------------------------
+            if budget <= 0:
+                # out of bundles for this call: stop before bundle p, resume here next call
+                time[d] = t
+                pc[d] = p
+                ctl[C_RESUME] = d
+                return
+            budget -= 1
             # yield before a shared-resource interaction if another DSP is behind us
             sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
                 or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
@@ -260,7 +291,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     sregs[d, code[p, u, 1]] = code[p, u, 5]
                 elif op == isa.OP_SLDH or op == isa.OP_SSTH:
                     a = sregs[d, code[p, u, 2]] + code[p, u, 5]
-                    if a < 0 or a + 2 > caps[0]:
+                    if a < 0 or a > caps[0] - 2:
                         _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
                         time[d] = t
                         return
@@ -278,7 +309,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     a = sregs[d, code[p, u, 2]] + code[p, u, 5]
                     half = op == isa.OP_VLDH or op == isa.OP_VSTH
                     size = lanes * 2 if half else lanes * 4
-                    if a < 0 or a + size > caps[1]:
+                    if a < 0 or a > caps[1] - size:
                         _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
                         time[d] = t
                         return
@@ -323,20 +354,20 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     sbase, scap = _space_base_cap(src_sp, d, caps, bases)
                     dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
                     align = 4 if mode == isa.DMA_REDUCE_ADD else 2
-                    send = sa + (rows - 1) * sstr + rowb
-                    dend = da + (rows - 1) * dstr + rowb
                     if rows == 0:
                         # an empty transfer touches no memory
                         sa = 0
                         da = 0
-                        send = 0
-                        dend = 0
-                    if sa < 0 or send > scap:
-                        _fail(err, E_ADDR, d, p, u, src_sp, sa, send - sa)
+                    # extents are bounded by the descriptor check (< 2**46); test the start
+                    # first so that start + extent cannot overflow
+                    sext = (rows - 1) * sstr + rowb if rows > 0 else 0
+                    dext = (rows - 1) * dstr + rowb if rows > 0 else 0
+                    if sa < 0 or sa > scap or sext > scap - sa:
+                        _fail(err, E_ADDR, d, p, u, src_sp, sa, sext)
                         time[d] = t
                         return
-                    if da < 0 or dend > dcap:
-                        _fail(err, E_ADDR, d, p, u, dst_sp, da, dend - da)
+                    if da < 0 or da > dcap or dext > dcap - da:
+                        _fail(err, E_ADDR, d, p, u, dst_sp, da, dext)
                         time[d] = t
                         return
                     if (sa % align) or (da % align) or (sstr % align) or (dstr % align):
@@ -378,6 +409,13 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if chan[d, ch] > start:
                         start = float(chan[d, ch])
                     dur = nbytes / bw + rows * row_overhead
+                    if start + dur > max_cycles:
+                        # the transfer alone runs past the limit: too slow, not a loop
+                        _fail(err, E_DMA_LATE, d, p, u, srv, nbytes, max_cycles)
+                        err[7] = np.int64(min(start + dur, 4e18))
+                        err[ERR_FIELDS] = t
+                        time[d] = t
+                        return
                     srv_free[srv] = start + dur
                     chan[d, ch] = np.int64(np.ceil(start + dur))
                     server_bytes[min(srv, 2)] += nbytes
@@ -463,6 +501,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
         pc[d] = p
     if deferring:
         flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+    ctl[C_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
         end = time[i]
@@ -524,7 +563,9 @@ class Cluster:
     vregs: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        p = self.platform
+        p = self.platform = validate_platform(self.platform, "Cluster platform")
+        if isinstance(self.ddr_bytes, bool) or not isinstance(self.ddr_bytes, (int, np.integer)):
+            raise MachineError(f"ddr_bytes must be an integer, got {self.ddr_bytes!r}")
         if self.ddr_bytes < 0 or self.ddr_bytes > p.ddr_bytes:
             raise MachineError(f"workload needs {self.ddr_bytes} bytes of DDR; the platform has {p.ddr_bytes}")
         self.ddr_bytes = (self.ddr_bytes + 63) // 64 * 64
@@ -534,6 +575,9 @@ class Cluster:
         self.bases = np.array([0, sm_total, sm_total + am_total, sm_total + am_total + p.gsm_bytes], dtype=np.int64)
         total = int(self.bases[3] + self.ddr_bytes)
         if self.functional:
+            regs = p.dsps * p.vector_registers * p.vector_lanes * 4
+            check_host_memory(total + regs, f"a functional cluster of {p.dsps} DSPs with {self.ddr_bytes} bytes "
+                              f"of DDR", MachineError)
             self.mem = np.zeros(total // 2, dtype=np.uint16)
             self.vregs = np.zeros((p.dsps, p.vector_registers, p.vector_lanes), dtype=np.float32)
         else:
@@ -589,9 +633,10 @@ class Cluster:
 
     # running ----------------------------------------------------------------------------
     def run(self, programs: list[Program], dsp_program: list[int] | None = None,
-            init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = 10**13,
+            init_sregs: dict[int, dict[int, int]] | None = None, max_cycles: int = DEFAULT_MAX_CYCLES,
             dsp_descriptors: dict[int, np.ndarray] | None = None,
-            trace: TraceOptions | None = None, fast_forward: bool | None = None) -> RunStats:
+            trace: TraceOptions | None = None, fast_forward: bool | None = None,
+            max_seconds: float | None = None) -> RunStats:
         """Run ``programs[dsp_program[d]]`` on DSP d (default: program 0 everywhere).
 
         ``dsp_descriptors`` gives a DSP its own DMA descriptor table (same length as its
@@ -601,8 +646,14 @@ class Cluster:
         one step (:mod:`mtemu.blocks`); the counters and data are the same either way. Default: on,
         unless the environment sets ``MTEMU_FAST_FORWARD=0`` (to check a result against the
         bundle-by-bundle run).
+        ``max_cycles`` stops a run whose emulated time passes it; ``max_seconds`` one that takes
+        longer on the host (both raise :class:`MachineError` saying whether a loop or a slow DMA
+        ran out the limit). The jitted loop runs in chunks, so Ctrl-C interrupts within a second.
         """
         p = self.platform
+        max_cycles = _check_limit(max_cycles, "max_cycles", integer=True)
+        if max_seconds is not None:
+            max_seconds = _check_limit(max_seconds, "max_seconds", integer=False)
         if dsp_program is None:
             dsp_program = [0] * p.dsps
         if len(dsp_program) != p.dsps:
@@ -619,17 +670,21 @@ class Cluster:
                 if table.shape != own.shape:
                     raise MachineError(f"DSP {d}: descriptor table shape {table.shape} differs from its "
                                        f"program's {own.shape}")
-                _check_descriptor_table(table, f"DSP {d}")
+                _check_descriptor_table(table, f"DSP {d}", programs[dsp_program[d]].code)
                 desc_off[d] = base
                 base += table.shape[0]
                 extra.append(table)
             descs = np.ascontiguousarray(np.concatenate([descs] + extra))
         self.sregs[:] = 0
         for d, regs in (init_sregs or {}).items():
+            if not isinstance(d, (int, np.integer)) or not 0 <= d < p.dsps:
+                raise MachineError(f"initial registers given for DSP {d!r}, outside 0..{p.dsps - 1}")
             for r, v in regs.items():
-                if not 0 < r < p.scalar_registers:
+                if not isinstance(r, (int, np.integer)) or not 0 < r < p.scalar_registers:
                     raise MachineError(f"DSP {d}: initial scalar register s{r} out of range "
                                        f"1..{p.scalar_registers - 1}")
+                if not isinstance(v, (int, np.integer)) or not -(1 << 63) <= v < (1 << 63):
+                    raise MachineError(f"DSP {d}: initial value of s{r} must be a 64-bit integer, got {v!r}")
                 self.sregs[d, r] = v
         stats = np.zeros((p.dsps, N_STATS), dtype=np.int64)
         err = np.zeros(ERR_FIELDS + 2 * p.dsps, dtype=np.int64)
@@ -650,12 +705,22 @@ class Cluster:
         defer = defer_buffers(code, p.dsps, p.scalar_registers, skip and self.functional)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
-        _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
-             self.functional, p.dsps, lanes, p.latencies.branch_delay,
-             p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-             stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads)
-        if err[0] != E_OK:
-            raise MachineError(_describe_error(err, lo, p.dsps))
+        run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
+                     np.zeros((p.dsps, 64), np.int64), np.zeros(3 + p.dsps, np.float64),
+                     np.array([-1, 0, CHUNK_BUNDLES], np.int64))
+        ctl = run_state[-1]
+        started = monotonic()
+        while True:
+            _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
+                 self.functional, p.dsps, lanes, p.latencies.branch_delay,
+                 p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
+                 stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads, *run_state)
+            if err[0] != E_OK:
+                raise MachineError(_describe_error(err, lo, p.dsps, stats, p))
+            if ctl[C_DONE]:
+                break
+            if max_seconds is not None and monotonic() - started > max_seconds:
+                raise MachineError(_describe_timeout(run_state, stats, lo, max_seconds, p))
         cycles = int(stats[:, S_END].max())
         busy = {"ddr": float(server_busy[0]), "gsm": float(server_busy[1])}
         busy.update({f"local{d}": float(server_busy[2 + d]) for d in range(p.dsps)})
@@ -668,10 +733,21 @@ class Cluster:
                                         "local": int(server_bytes[2])}, p, p.vector_lanes, busy, recorded)
 
 
+def _check_limit(value, name: str, integer: bool):
+    """A positive cycle or seconds limit (cycles at most MAX_CYCLES_LIMIT, so time cannot overflow)."""
+    ok = isinstance(value, (int, np.integer)) if integer else isinstance(value, (int, float, np.number))
+    if isinstance(value, bool) or not ok or not math.isfinite(value) or value <= 0:
+        raise MachineError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    if integer and value > MAX_CYCLES_LIMIT:
+        raise MachineError(f"{name} = {value} is above the largest supported limit {MAX_CYCLES_LIMIT}")
+    return int(value) if integer else float(value)
+
+
 def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ...]:
     """Recording arrays for ``_run``; zero-length when tracing is off (same compiled signature)."""
     cap, dcap, bcap, n = (0, 0, 0, 0) if opts is None else (opts.capacity, opts.dma_capacity,
                                                               opts.barrier_capacity, dsps)
+    check_host_memory(16 * n * cap + 88 * dcap + 24 * bcap, "the trace buffers", MachineError)
     return (np.zeros((n, cap, 2), np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64),
             np.full(n, -1, np.int64), np.zeros((dcap, N_DMA_FIELDS), np.int64), np.zeros((dcap, 2), np.float64),
             np.zeros((bcap, 3), np.int64), np.zeros(2, np.int64))
@@ -683,7 +759,9 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform):
         raise MachineError("no program to run")
     offsets, doffs = [], []
     total, dtotal = 0, 0
-    for prog in programs:
+    for index, prog in enumerate(programs):
+        if not isinstance(prog, Program):
+            raise MachineError(f"program {index}: expected an assembled Program, got {type(prog).__name__}")
         offsets.append(total)
         doffs.append(dtotal)
         total += prog.bundles
@@ -692,7 +770,7 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform):
             raise MachineError("program code must have shape (bundles, 8, 7)")
         _validate_raw(prog, p)
         if prog.descriptors.shape[0]:
-            _check_descriptor_table(prog.descriptors, "program")
+            _check_descriptor_table(prog.descriptors, f"program {index}", prog.code)
     code = np.concatenate([pr.code for pr in programs]) if total else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64)
     descs = (np.concatenate([pr.descriptors for pr in programs]) if dtotal
              else np.zeros((1, isa.N_DESC), np.int64))
@@ -747,6 +825,14 @@ def _validate_raw(prog: Program, p: Platform) -> None:
         reasons = code[:, :, isa.F_IMM0][nop]
         if ((reasons != isa.ST_LATENCY) & (reasons != isa.ST_BRANCH)).any():
             raise MachineError("nop reason must be 0 (latency) or 1 (branch)")
+    addressing = np.isin(ops, [isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH,
+                               isa.OP_DMA])
+    imms = code[:, :, isa.F_IMM0:isa.F_IMM1 + 1]
+    far = addressing & ((imms > MAX_ADDRESS_IMM) | (imms < -MAX_ADDRESS_IMM)).any(axis=2)
+    if far.any():
+        b, u = np.argwhere(far)[0]
+        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: address offset {code[b, u, isa.F_IMM0]}/"
+                           f"{code[b, u, isa.F_IMM1]} is beyond any memory (|offset| <= {MAX_ADDRESS_IMM})")
     ndesc = prog.descriptors.shape[0]
     dma = ops == isa.OP_DMA
     if dma.any():
@@ -764,7 +850,22 @@ def _validate_raw(prog: Program, p: Platform) -> None:
         raise MachineError("program has no halt instruction")
 
 
-def _check_descriptor_table(table: np.ndarray, who: str) -> None:
+def _check_descriptor_table(table: np.ndarray, who: str, code: np.ndarray | None = None) -> None:
+    """Refuse a malformed or absurd descriptor, naming it and the first PC whose DMA uses it."""
+    if table.ndim != 2 or table.shape[1] != isa.N_DESC:
+        raise MachineError(f"{who}: DMA descriptor table must have shape (n, {isa.N_DESC}), got {table.shape}")
+    # sizes first, in float: (rows - 1) * stride could overflow int64 for an absurd descriptor
+    rows = table[:, isa.D_ROWS].astype(np.float64)
+    rowb = table[:, isa.D_ROWB].astype(np.float64)
+    reach = np.maximum(rows - 1, 0) * np.maximum(table[:, isa.D_SSTR], table[:, isa.D_DSTR]).astype(np.float64)
+    huge = (rows > MAX_DESC_ROWS) | (rowb > MAX_DESC_EXTENT) | (reach + rowb > MAX_DESC_EXTENT) \
+        | (np.abs(table[:, isa.D_SSTR]) > MAX_DESC_EXTENT) | (np.abs(table[:, isa.D_DSTR]) > MAX_DESC_EXTENT)
+    if huge.any():
+        i = int(np.argmax(huge))
+        raise MachineError(f"{who}{_used_at(code, i)}: DMA descriptor {i} spans more than any memory "
+                           f"(rows {table[i, isa.D_ROWS]}, row bytes {table[i, isa.D_ROWB]}, strides "
+                           f"{table[i, isa.D_SSTR]}/{table[i, isa.D_DSTR]}; limit {MAX_DESC_EXTENT} bytes): "
+                           f"{table[i].tolist()}")
     spaces_ok = (table[:, isa.D_SRC] >= 0) & (table[:, isa.D_SRC] < 4) \
         & (table[:, isa.D_DST] >= 0) & (table[:, isa.D_DST] < 4)
     sizes_ok = (table[:, isa.D_ROWS] >= 0) & (table[:, isa.D_ROWB] > 0) & (table[:, isa.D_ROWB] % 2 == 0) \
@@ -772,8 +873,15 @@ def _check_descriptor_table(table: np.ndarray, who: str) -> None:
     mode_ok = (table[:, isa.D_MODE] >= 0) & (table[:, isa.D_MODE] < len(isa.DMA_MODES))
     bad = ~(spaces_ok & sizes_ok & mode_ok)
     if bad.any():
-        raise MachineError(f"{who}: DMA descriptor {int(np.argmax(bad))} is malformed: "
-                           f"{table[np.argmax(bad)].tolist()}")
+        i = int(np.argmax(bad))
+        raise MachineError(f"{who}{_used_at(code, i)}: DMA descriptor {i} is malformed: {table[i].tolist()}")
+
+
+def _used_at(code: np.ndarray | None, desc: int) -> str:
+    if code is None:
+        return ""
+    hits = np.argwhere((code[:, :, isa.F_OP] == isa.OP_DMA) & (code[:, :, isa.F_R1] == desc))
+    return f", PC {int(hits[0][0])}" if len(hits) else ""
 
 
 def _dsp_list(ids: list[int]) -> str:
@@ -783,7 +891,8 @@ def _dsp_list(ids: list[int]) -> str:
     return ", ".join(map(str, ids))
 
 
-def _describe_error(err: np.ndarray, lo: np.ndarray, dsps: int) -> str:
+def _describe_error(err: np.ndarray, lo: np.ndarray, dsps: int, stats: np.ndarray | None = None,
+                    platform: Platform | None = None) -> str:
     code, d, pc, unit, space, addr, size = (int(x) for x in err[:7])
     rel = pc - int(lo[d]) if 0 <= d < len(lo) else pc
     where = f"DSP {d}, PC {rel}, unit {isa.UNITS[unit]}"
@@ -802,5 +911,41 @@ def _describe_error(err: np.ndarray, lo: np.ndarray, dsps: int) -> str:
         return (f"{where}: deadlock: DSP(s) {_dsp_list(waiting)} wait at a barrier (PC {', '.join(map(str, at))}) "
                 f"that halted DSP(s) {_dsp_list(halted)} will never reach")
     if code == E_CYCLES:
-        return f"{where}: cycle limit {size} exceeded (infinite loop?)"
+        return f"{where}: cycle limit {size} exceeded" + _why_long(stats, d, addr)
+    if code == E_DMA_LATE:
+        server = ("DDR", "GSM")[space] if space < 2 else "local SM<->AM"
+        rates = "" if platform is None else (
+            f"; platform: ddr_bandwidth {platform.ddr_bandwidth:g}, gsm_bandwidth {platform.gsm_bandwidth:g}, "
+            f"local_bandwidth {platform.local_bandwidth:g} bytes/s, dma_latency_cycles {platform.dma_latency_cycles}, "
+            f"dma_row_overhead_cycles {platform.dma_row_overhead_cycles:g}")
+        clock = int(err[ERR_FIELDS])
+        own = int(err[7]) - clock          # issue to last byte: latency, queueing and transfer
+        head = (f"{where}: a DMA of {addr} bytes on the {server} server would end at cycle {int(err[7])}, past the "
+                f"cycle limit {size}")
+        if own * 2 > size:
+            return (f"{head}: this one transfer takes {own} cycles from issue, too slow, not a loop (check the "
+                    f"DMA rates are in bytes/s{rates})")
+        return head + _why_long(stats, d, clock)
     return f"{where}: machine error {code}"
+
+
+def _why_long(stats: np.ndarray | None, d: int, cycles: int) -> str:
+    """Tell a loop from slow transfers by where DSP d's cycles went."""
+    if stats is None or not 0 <= d < stats.shape[0]:
+        return " (infinite loop?)"
+    bundles = int(stats[d, S_BUNDLES])
+    dma_wait = int(stats[d, S_STALL0 + isa.ST_DMA])
+    if cycles > 0 and dma_wait * 2 > cycles:
+        return (f" (DSP {d} spent {dma_wait} of its {cycles} cycles waiting for DMA: transfers too slow for the "
+                f"limit, not a loop; check the platform's DMA rates are in bytes/s, or raise the limit if this "
+                f"much data is intended)")
+    return (f" (DSP {d} issued {bundles} bundles without halting: a loop that never ends? raise the limit if "
+            f"the program is just long)")
+
+
+def _describe_timeout(run_state: tuple, stats: np.ndarray, lo: np.ndarray, seconds: float, p: Platform) -> str:
+    clock, pc, state = run_state[0], run_state[1], run_state[2]
+    running = [i for i in range(p.dsps) if state[i] != 2]
+    d = min(running, key=lambda i: int(clock[i])) if running else 0
+    return (f"DSP {d}, PC {int(pc[d] - lo[d])}: wall-clock limit of {seconds:g} s reached at emulated cycle "
+            f"{int(clock[d])}" + _why_long(stats, d, int(clock[d])))

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
+
+from rtcommon.jsonio import load_table_file
 
 from .errors import PlatformError
 
@@ -97,14 +100,7 @@ class Platform:
     @classmethod
     def from_file(cls, path: str | Path) -> "Platform":
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise PlatformError(f"{p}: cannot read platform file ({exc.strerror})") from None
-        try:
-            data = tomllib.loads(text) if p.suffix.lower() == ".toml" else json.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise PlatformError(f"{p}: not valid {'TOML' if p.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+        data = load_table_file(p, "platform file", PlatformError)
         return cls.from_dict(data, str(p))
 
     @classmethod
@@ -138,15 +134,86 @@ _INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector
 _FLOAT_FIELDS = {"clock_hz", "ddr_bandwidth", "gsm_bandwidth", "local_bandwidth",
                  "dma_row_overhead_cycles"}
 
+# Sane range and unit of every numeric field. The bounds keep emulated time and addresses far
+# from int64 overflow (sizes <= 2**44 bytes, latencies <= 1e9 cycles) and catch unit slips:
+# a bandwidth of 30 is 30 B/s, not 30 GB/s, and would starve every kernel.
+RANGES: dict[str, tuple[float, float, str]] = {
+    "dsps": (1, 1024, "DSPs"),
+    "sm_bytes": (64, 2 ** 32, "bytes"),
+    "am_bytes": (64, 2 ** 32, "bytes"),
+    "gsm_bytes": (64, 2 ** 40, "bytes"),
+    "ddr_bytes": (64, 2 ** 44, "bytes"),
+    "clock_hz": (1e6, 1e11, "Hz"),
+    "vector_lanes": (2, 65536, "MACs per VMAC"),
+    "scalar_registers": (16, 4096, "registers"),
+    "vector_registers": (8, 4096, "registers"),
+    "ddr_bandwidth": (1e6, 1e16, "bytes/s"),
+    "gsm_bandwidth": (1e6, 1e16, "bytes/s"),
+    "local_bandwidth": (1e6, 1e16, "bytes/s"),
+    "dma_channels": (1, 64, "channels"),
+    "dma_latency_cycles": (0, 10 ** 9, "cycles"),
+    "dma_row_overhead_cycles": (0, 1e6, "cycles"),
+}
+LATENCY_RANGE = (0, 10 ** 6)
 
-def _check_number(source: str, name: str, value: Any, integer: bool, allow_zero: bool = False) -> Any:
-    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+
+def _unit_hint(name: str, value: float) -> str:
+    """What a too-small value probably meant: 30 for a bandwidth is 30 GB/s, 1.75 for a clock 1.75 GHz."""
+    unit = RANGES[name][2]
+    if unit in ("bytes/s", "Hz") and 0.01 <= value < 1e4:
+        big = "GB/s" if unit == "bytes/s" else "GHz"
+        return f" ({name} is in {unit}; for {value:g} {big} write {value:g}e9)"
+    if unit == "bytes" and 0 < value < 64:
+        return f" ({name} is in bytes; for {value:g} MiB write {int(value * MIB)})"
+    return f" ({unit})"
+
+
+def _check_number(source: str, name: str, value: Any, integer: bool, bounds: tuple[float, float]) -> Any:
+    # numbers.Integral/Real also admit NumPy scalars (np.int64 from a computed size)
+    ok_type = isinstance(value, Integral) if integer else isinstance(value, Real)
     if isinstance(value, bool) or not ok_type:
         kind = "an integer" if integer else "a number"
         raise PlatformError(f"{source}: field '{name}' must be {kind}, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise PlatformError(f"{source}: field '{name}' must be positive, got {value!r}")
+    if not math.isfinite(value):
+        raise PlatformError(f"{source}: field '{name}' must be a finite number, got {value!r}")
+    lo, hi = bounds
+    if not lo <= value <= hi:
+        hint = _unit_hint(name, value) if name in RANGES else ""
+        raise PlatformError(f"{source}: field '{name}' = {value!r} is outside the sane range "
+                            f"{lo:g}..{hi:g}{hint}")
     return int(value) if integer else float(value)
+
+
+def validate_platform(plat: Any, source: str = "platform") -> "Platform":
+    """Check every field of ``plat`` (type, finiteness, sane range, alignment); return it.
+
+    Runs on every platform the CLIs or files build and on every :class:`~mtemu.machine.Cluster`,
+    so a NaN clock or a bandwidth in the wrong unit is an error, never a wrong utilization."""
+    if not isinstance(plat, Platform):
+        raise PlatformError(f"{source}: expected an mtemu Platform, got {type(plat).__name__} "
+                            f"(build one with mtemu.load_platform or Platform().with_overrides)")
+    if not isinstance(plat.name, str) or not plat.name:
+        raise PlatformError(f"{source}: field 'name' must be a non-empty string, got {plat.name!r}")
+    for name, (lo, hi, _unit) in RANGES.items():
+        _check_number(source, name, getattr(plat, name), name in _INT_FIELDS, (lo, hi))
+    if not isinstance(plat.latencies, Latencies):
+        raise PlatformError(f"{source}: field 'latencies' must be a Latencies table, got {plat.latencies!r}")
+    for f in fields(Latencies):
+        _check_number(source, f"latencies.{f.name}", getattr(plat.latencies, f.name), True, LATENCY_RANGE)
+    for name in ("sm_bytes", "am_bytes", "gsm_bytes"):
+        if getattr(plat, name) % 64:
+            raise PlatformError(f"{source}: field '{name}' must be a multiple of 64 bytes")
+    if plat.vector_lanes % 2:
+        raise PlatformError(f"{source}: field 'vector_lanes' must be even")
+    return plat
+
+
+def as_platform(value: Any, who: str = "platform") -> "Platform":
+    """A library entry point's ``platform`` argument: None is the default, a Platform is checked,
+    anything else (a dict, a file name) is refused with a named error."""
+    if value is None:
+        return DEFAULT
+    return validate_platform(value, who)
 
 
 def _apply(base: Platform, values: dict[str, Any], source: str) -> Platform:
@@ -166,27 +233,15 @@ def _apply(base: Platform, values: dict[str, Any], source: str) -> Platform:
             for lname, lval in value.items():
                 if lname not in lat_known:
                     raise PlatformError(f"{source}: unknown latency field 'latencies.{lname}'")
-                lat[lname] = _check_number(source, f"latencies.{lname}", lval, True, allow_zero=True)
+                lat[lname] = _check_number(source, f"latencies.{lname}", lval, True, LATENCY_RANGE)
             changes[name] = replace(base.latencies, **lat)
         elif name == "name":
             if not isinstance(value, str) or not value:
                 raise PlatformError(f"{source}: field 'name' must be a non-empty string")
             changes[name] = value
-        elif name in _INT_FIELDS:
-            changes[name] = _check_number(source, name, value, True,
-                                          allow_zero=name in {"dma_latency_cycles"})
-        elif name in _FLOAT_FIELDS:
-            changes[name] = _check_number(source, name, value, False,
-                                          allow_zero=name == "dma_row_overhead_cycles")
-    plat = replace(base, **changes)
-    for name in ("sm_bytes", "am_bytes", "gsm_bytes"):
-        if getattr(plat, name) % 64:
-            raise PlatformError(f"{source}: field '{name}' must be a multiple of 64 bytes")
-    if plat.vector_lanes % 2:
-        raise PlatformError(f"{source}: field 'vector_lanes' must be even")
-    if plat.scalar_registers < 16 or plat.vector_registers < 8:
-        raise PlatformError(f"{source}: need at least 16 scalar and 8 vector registers")
-    return plat
+        elif name in RANGES:
+            changes[name] = _check_number(source, name, value, name in _INT_FIELDS, RANGES[name][:2])
+    return validate_platform(replace(base, **changes), source)
 
 
 DEFAULT = Platform()

@@ -39,7 +39,7 @@ from rtcommon.fileio import atomic_write_bytes
 from . import isa
 from .assembler import Program, parse
 from .errors import MachineError, MtemuError
-from .machine import Cluster, RunStats
+from .machine import MAX_CYCLES_LIMIT, Cluster, RunStats
 from .platform import Platform
 from .trace import TraceOptions
 
@@ -263,7 +263,7 @@ def load_kernel(path: str | Path, platform: Platform, dsps: int | None = None) -
             built = build(plat)
         except MtemuError:
             raise
-        except Exception as exc:     # the user's code: report it on one line, naming the file
+        except (Exception, SystemExit) as exc:   # the user's code: report it on one line, naming the file
             raise MtemuError(f"{path}: build(platform) failed: {type(exc).__name__}: {exc}") from None
         if isinstance(built, Program):
             built = Kernel([built])
@@ -293,7 +293,7 @@ def _import(path: Path):
         spec.loader.exec_module(module)
     except MtemuError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:   # SystemExit: a script that calls sys.exit
         raise MtemuError(f"{path}: loading failed: {type(exc).__name__}: {exc}") from None
     return module
 
@@ -393,7 +393,8 @@ def default_max_cycles(kernel: Kernel, platform: Platform, data_bytes: int) -> i
     """A generous cycle limit derived from the program's static size and the data it moves."""
     bundles = sum(p.bundles for p in kernel.programs)
     ddr_cycles = data_bytes / (platform.ddr_bandwidth / platform.clock_hz)
-    return int(MAX_CYCLES_FLOOR + MAX_CYCLES_PER_BUNDLE * bundles + MAX_CYCLES_PER_DDR_CYCLE * ddr_cycles)
+    limit = MAX_CYCLES_FLOOR + MAX_CYCLES_PER_BUNDLE * bundles + MAX_CYCLES_PER_DDR_CYCLE * ddr_cycles
+    return int(min(limit, MAX_CYCLES_LIMIT))     # the machine's largest (overflow-safe) limit
 
 
 def _place(cluster: Cluster, arr: np.ndarray, region: Region, platform: Platform) -> None:

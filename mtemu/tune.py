@@ -2,13 +2,17 @@
 
 Candidates that do not fit SM/AM/GSM or the register file are pruned before anything is
 emulated. Every emulated candidate is cached as its own small JSON file keyed by
-(kernel, shape, tiles, platform hash, emulator version) and written atomically, so a rerun is
-instant, an interrupted sweep resumes where it stopped, and a crash mid-write loses nothing.
-Sweeps run on local processes, or on an existing Dask distributed cluster (``scheduler``).
+(kernel, shape, tiles, platform hash, emulator version), written atomically as soon as that
+candidate finishes, so a rerun is instant, a sweep killed by Ctrl-C or SIGKILL resumes where it
+stopped, and a crash mid-write loses nothing. Entries are validated when read (a corrupt or
+impossible entry is re-emulated with a warning); an unwritable cache folder only costs the cache.
+Sweeps run on local processes, or on an existing Dask distributed cluster (``scheduler``), which
+is contacted before any work starts.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import os
@@ -22,6 +26,7 @@ from typing import Iterable
 
 import numpy as np
 
+from rtcommon.cache import check_fields, read_json_cache, write_json_cache
 from rtcommon.fileio import atomic_write_figure, atomic_write_json
 
 from .errors import AssemblyError, CapacityError, MtemuError
@@ -29,7 +34,7 @@ from .kernels.attention import attention_backward_timing, default_tiles, plan_at
 from .kernels.capacity import AttentionTiles
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
 from .kernels.gemm_bound import gemm_bound
-from .platform import DEFAULT, Platform
+from .platform import DEFAULT, Platform, as_platform
 from .version import emulator_version
 
 # Default GEMM grid: the dimensions that decide DDR traffic, plus two micro-kernel shapes.
@@ -39,6 +44,10 @@ GEMM_GRID = {
     "n2": (384, 576, 768, 960, 1152),
     "mr_nv": ((6, 4), (8, 3)),
 }
+
+
+# Seconds to reach a Dask scheduler before giving up (an unreachable address fails fast).
+SCHEDULER_TIMEOUT_S = 5
 
 
 def tune_cache_dir() -> Path:
@@ -66,7 +75,7 @@ class Candidate:
 def gemm_candidates(m: int, k: int, n: int, grid: dict | None = None, platform: Platform = DEFAULT
                     ) -> tuple[list[GemmTiles], list[Candidate]]:
     """(feasible tiles, pruned candidates with the capacity they exceed)."""
-    grid = {**GEMM_GRID, **(grid or {})}
+    grid = {**GEMM_GRID, **check_grid(grid, GEMM_GRID)}
     feasible, pruned, seen = [], [], set()
     for mg, k2, n2, (mr, nv) in itertools.product(grid["mg"], grid["k2"], grid["n2"], grid["mr_nv"]):
         t = GemmTiles(mg=mg, k2=k2, n2=n2, mr=mr, nv=nv)
@@ -92,6 +101,12 @@ def _emulate(args: tuple) -> dict:
 class _Bar:
     def __init__(self, total: int, enabled: bool):
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.time()
+
+    def close(self) -> None:
+        """End an unfinished bar's line (so an error or "interrupted" starts on a new line)."""
+        if self.enabled and 0 < self.done < self.total:
+            print(file=sys.stderr, flush=True)
+            self.enabled = False
 
     def step(self, note: str = "") -> None:
         self.done += 1
@@ -150,10 +165,15 @@ def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Cand
     for _ in results:
         bar.step("cached")
     args = [(*shape, asdict(t), platform) for t, _ in todo]
-    for (t, path), res in zip(todo, _map(args, workers, scheduler, bar, emulate), strict=False):
-        results[t] = Candidate(asdict(t), True, **res)
-        if cache:
-            atomic_write_json(path, res)
+    try:
+        # each entry is written the moment its candidate finishes: a killed sweep resumes there
+        for i, res in _map(args, workers, scheduler, bar, emulate):
+            t, path = todo[i]
+            results[t] = Candidate(asdict(t), True, **res)
+            if cache and not write_json_cache(path, res):
+                cache = False
+    finally:
+        bar.close()
     ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
     return TuneResult(kernel, shape, results[default], ranked, pruned)
 
@@ -179,9 +199,13 @@ def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dic
     The bound is an upper bound, so a screened candidate can only be missed if the bound's
     optimism (largest near the compute/DDR balance) reorders it past the cut.
     """
+    platform = as_platform(platform)
+    _check_common(workers, top=None)
     feasible, pruned = gemm_candidates(m, k, n, grid, platform)
+    _refuse_unusable_grid(grid, feasible, pruned)
     default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
     feasible, screened = _screen(m, k, n, feasible, default, platform, emulate_top)
+    scheduler = _connect(scheduler)
     result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
                     progress, cache)
     result.screened = screened
@@ -214,43 +238,109 @@ def _screen(m: int, k: int, n: int, feasible: list[GemmTiles], default: GemmTile
     return order[:top], screened
 
 
+def _valid_entry(data: dict) -> str | None:
+    """None if a cached candidate is possible: utilization in (0, 1], whole positive cycles, a positive
+    finite latency, non-negative whole stall counts."""
+    reason = check_fields(data, {"utilization": (1e-12, 1.0), "cycles": (1, 2 ** 62, True),
+                                 "latency_ms": (1e-15, 1e15)})
+    if reason:
+        return reason
+    stalls = data.get("stalls")
+    if not isinstance(stalls, dict) or not stalls:
+        return "field 'stalls' is not a table of counts"
+    return check_fields(stalls, {k: (0, 2 ** 62, True) for k in stalls})
+
+
 def _read(path: Path) -> dict | None:
+    data = read_json_cache(path, _valid_entry)
+    if data is None:
+        return None
+    return {k: data[k] for k in ("utilization", "cycles", "latency_ms", "stalls")}
+
+
+def check_grid(grid: dict | None, base: dict) -> dict:
+    """A user's tile lists: known names, non-empty lists of positive integers (``mr_nv``: pairs)."""
+    if grid is None:
+        return {}
+    if not isinstance(grid, dict):
+        raise MtemuError(f"grid must be a dict of tile lists, got {type(grid).__name__}")
+    out = {}
+    for name, values in grid.items():
+        if name not in base:
+            raise MtemuError(f"grid: unknown tile {name!r} (known: {', '.join(base)})")
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise MtemuError(f"grid {name!r}: expected a list of values, got {values!r}")
+        values = tuple(values)
+        width = 2 if name == "mr_nv" else 1
+        flat = [v for pair in values for v in pair] if width == 2 and all(
+            isinstance(p, (tuple, list)) and len(p) == 2 for p in values) else values
+        if not values or (width == 2 and len(flat) != 2 * len(values)) or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in flat):
+            kind = "(mr, nv) pairs of positive integers" if width == 2 else "positive integers"
+            raise MtemuError(f"grid {name!r}: expected a non-empty list of {kind}, got {values!r}")
+        out[name] = tuple(tuple(p) for p in values) if width == 2 else values
+    return out
+
+
+def _refuse_unusable_grid(grid: dict | None, feasible: list, pruned: list[Candidate]) -> None:
+    """A grid the user gave that yields no feasible candidate would silently emulate the defaults only."""
+    if grid and not feasible:
+        reasons = sorted({c.reason for c in pruned})
+        why = (f"{len(pruned)} pruned, e.g. {reasons[0]}" if reasons
+               else "no combination with Br' <= Br and Bc' <= Bc")
+        raise MtemuError(f"no tile set from the given lists {grid} is usable for this shape and platform ({why})")
+
+
+def _distributed():
+    """``dask.distributed``, loaded only when a scheduler is asked for (optional, ~1 s to import)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("utilization"), float):
-        return None
-    return {k: data[k] for k in ("utilization", "cycles", "latency_ms", "stalls") if k in data}
+        return importlib.import_module("dask.distributed")
+    except ImportError:
+        raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
 
 
-def _map(args: list, workers: int | None, scheduler: str | None, bar: _Bar, fn=None) -> Iterable[dict]:
-    """Results in the order of ``args``; progress as they complete."""
+def _connect(scheduler):
+    """A Dask client for ``scheduler`` (an address or a Client), reached before any work starts."""
+    if scheduler is None or not isinstance(scheduler, str):
+        return scheduler
+    try:
+        return _distributed().Client(scheduler, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise MtemuError(f"cannot reach the Dask scheduler at {scheduler!r} within {SCHEDULER_TIMEOUT_S} s "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def _map(args: list, workers: int | None, scheduler, bar: _Bar, fn=None) -> Iterable[tuple[int, dict]]:
+    """(index into ``args``, result) as each completes, with progress."""
     fn = fn or _emulate
     if not args:
-        return []
-    if scheduler:
-        try:   # optional and slow to import (~1 s): only when a Dask scheduler is asked for
-            from dask.distributed import Client, as_completed
-        except ImportError:
-            raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
-        client = Client(scheduler) if isinstance(scheduler, str) else scheduler
+        return
+    if scheduler is not None:
+        client = _connect(scheduler)
         futures = client.map(fn, args, pure=False)
-        for _f in as_completed(futures):
+        index = {f.key: i for i, f in enumerate(futures)}
+        for f in _distributed().as_completed(futures):
+            res = f.result()
             bar.step("dask")
-        return client.gather(futures)
+            yield index[f.key], res
+        return
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(args) == 1:
-        out = []
-        for a in args:
-            out.append(fn(a))
+        for i, a in enumerate(args):
+            res = fn(a)
             bar.step()
-        return out
+            yield i, res
+        return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(fn, a) for a in args]
-        for _f in done_order(futures):
-            bar.step()
-        return [f.result() for f in futures]
+        futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
+        try:
+            for f in done_order(futures):
+                res = f.result()
+                bar.step()
+                yield futures[f], res
+        finally:
+            for f in futures:
+                f.cancel()
 
 
 def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str, str] = ("mg", "n2"),
@@ -306,7 +396,14 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     atomic_write_figure(path, fig, dpi=100)
 
 
+def _check_common(workers: int | None, top: int | None) -> None:
+    for name, value in (("workers", workers), ("top", top)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise MtemuError(f"{name} must be a positive integer, got {value!r}")
+
+
 def format_tune(result: TuneResult, top: int = 5) -> str:
+    _check_common(None, top)
     d = result.default
     lines = [f"{result.kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
              f"{len(result.pruned)} pruned by capacity"
@@ -342,7 +439,7 @@ def _emulate_attention(args: tuple) -> dict:
 
 def attention_candidates(heads: int, kv_heads: int, seq: int, d: int, grid: dict | None = None,
                          platform: Platform = DEFAULT) -> tuple[list, list[Candidate]]:
-    grid = {**ATTENTION_GRID, **(grid or {})}
+    grid = {**ATTENTION_GRID, **check_grid(grid, ATTENTION_GRID)}
     feasible, pruned = [], []
     for br, bc, brp, bcp in itertools.product(grid["br"], grid["bc"], grid["br_prime"], grid["bc_prime"]):
         if brp > br or bcp > bc:
@@ -362,9 +459,13 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
                    out_dir: str | Path | None = "results/tune", progress: bool = True,
                    cache: bool = True) -> TuneResult:
     """Tile sweep of the resident Algorithm-1 backward (causal), ranked by emulated utilization."""
+    platform = as_platform(platform)
+    _check_common(workers, top=None)
     feasible, pruned = attention_candidates(heads, kv_heads, seq, head_dim, grid, platform)
+    _refuse_unusable_grid(grid, feasible, pruned)
     default = default_tiles(head_dim, platform)
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
+    scheduler = _connect(scheduler)
     result = _sweep("attention", (heads, kv_heads, seq, head_dim), feasible, default, pruned, platform,
                     _emulate_attention, workers, scheduler, progress, cache)
     _annotate(result)

@@ -8,3 +8,7 @@ class RatrainError(UserError):
 
 class ConfigError(RatrainError):
     """A model config, platform file or parallel configuration is malformed or unsupported."""
+
+
+class DivergedError(RatrainError):
+    """A training run produced a non-finite loss: there is no curve to compare."""

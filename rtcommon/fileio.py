@@ -8,10 +8,46 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 # mkstemp creates files readable by the owner only; results should get the permissions a plain
 # open() would give. Read the process umask once (setting it back at once), at import.
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+def _first_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (what a later mkdir(parents=True) builds on)."""
+    probe = path
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def check_output_dir(path: str | os.PathLike, flag: str = "output folder") -> None:
+    """Refuse a folder we could not create or write into, before any work is done: a file in the
+    way (ENOTDIR), a read-only or unsearchable ancestor. Missing parents are fine (we create them).
+    ``flag`` (e.g. "--out") starts the message; empty to start with the path."""
+    target = Path(os.fspath(path) or ".")
+    base = _first_existing(target.absolute())
+    if not base.is_dir():
+        what = "is a file" if base == target.absolute() else f"has a file in the way ({base})"
+        raise UserError(f"{flag} {target}: {what}, not a folder".strip())
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {target}: {base} is not writable".strip())
+
+
+def check_output_file(path: str | os.PathLike, flag: str = "output file") -> None:
+    """Refuse an output file that could not be written: a folder of that name, a file in the way
+    of its folder, or a folder we could not create or write into."""
+    target = Path(os.fspath(path))
+    if not os.fspath(path) or target.is_dir():
+        raise UserError(f"{flag} {target}: is a folder, not a file".strip())
+    base = _first_existing(target.absolute().parent)
+    if not base.is_dir():
+        raise UserError(f"{flag} {target}: has a file in the way ({base})".strip())
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {target}: {base} is not writable".strip())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -3,7 +3,10 @@ attention shapes, comma-separated lists."""
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, fields
+
+from rtcommon.hostmem import check_host_memory
 
 from ..errors import MtemuError
 from ..kernels.attention import default_tiles
@@ -31,7 +34,7 @@ def platform_from_args(args: argparse.Namespace) -> Platform:
         v = getattr(args, "plat_" + name, None)
         if v is not None:
             if typ in (int, "int"):
-                if v != int(v):
+                if not math.isfinite(v) or v != int(v):
                     raise MtemuError(f"--{name.replace('_', '-')} must be an integer, got {v}")
                 v = int(v)
             overrides[name] = v
@@ -105,6 +108,25 @@ def check_attention_shape(args: argparse.Namespace) -> None:
         raise MtemuError("--heads, --kv-heads, --seq and --head-dim must be positive")
     if args.heads % args.kv_heads:
         raise MtemuError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
+    functional = getattr(args, "mode", "timing") == "functional"
+    # timing mode still holds FP16 Q, K, V (zeros) of the shape
+    need = (functional_attention_bytes(args.heads, args.seq, args.head_dim) if functional
+            else 6 * args.heads * args.seq * args.head_dim)
+    check_host_memory(need, f"{'functional' if functional else 'timing'} attention (heads={args.heads}, "
+                      f"seq={args.seq}, head_dim={args.head_dim})" + (" with its float64 reference" if functional
+                                                                      else ""), MtemuError)
+
+
+def functional_attention_bytes(heads: int, seq: int, head_dim: int) -> int:
+    """Host bytes of a functional attention run: the float64 reference's few (heads, seq, seq)
+    matrices and (heads, seq, d) tensors, the random inputs, and the cluster's FP16 P and tensors."""
+    return 48 * heads * seq * seq + 96 * heads * seq * head_dim
+
+
+def check_gemm_host_memory(m: int, k: int, n: int) -> None:
+    """Functional GEMM: float64 random operands and reference (8 bytes an element) plus the
+    cluster's FP16 copies; refuse before allocating what the host does not have."""
+    check_host_memory(12 * (m * k + k * n + m * n), f"functional GEMM {m}x{k}x{n} with its reference", MtemuError)
 
 
 def attention_tiles_from_args(args: argparse.Namespace, platform: Platform) -> AttentionTiles:
@@ -133,6 +155,6 @@ def parse_floats(text: str, flag: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise MtemuError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not vals or any(not v > 0 for v in vals):
-        raise MtemuError(f"{flag}: expected positive numbers, got {text!r}")
+    if not vals or any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise MtemuError(f"{flag}: expected positive finite numbers, got {text!r}")
     return vals

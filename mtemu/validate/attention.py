@@ -3,7 +3,7 @@ emulated cycles only."""
 from __future__ import annotations
 
 from ..kernels.attention import attention_backward_timing
-from ..platform import DEFAULT, Platform
+from ..platform import DEFAULT, Platform, as_platform
 
 PAPER_SPEEDUP = (1.24, 1.54)     # Fig. 10 range; a target only
 VALIDATE_SEQS = (512, 1024, 2048, 4096)
@@ -19,7 +19,7 @@ def validate_heads(seq: int, platform: Platform = DEFAULT) -> int:
 def validate_attention(platform: Platform | None = None, seqs: tuple[int, ...] = VALIDATE_SEQS,
                        head_dim: int = 128, causal: bool = True) -> list[dict]:
     """Resident (Algorithm 1) vs DDR-staged backward in timing mode, one row per sequence length."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
     rows = []
     for seq in seqs:
         heads = validate_heads(seq, platform)

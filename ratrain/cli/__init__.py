@@ -3,15 +3,15 @@
 Each command lives in its own module exposing ``register(subparsers)``; the
 registered handler returns a JSON-able dict (printed with --json) and a text
 rendering. Bad input raises RatrainError/MtemuError (both rtcommon.errors.UserError) and becomes a one-line
-error with exit status 2.
+error with exit status 2 (``rtcommon.cli``: also OS errors, Ctrl-C as 130, strict JSON).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 
+from rtcommon.cli import apply_policy, new_parser, run_main
 from rtcommon.errors import UserError
 
 # Modules that register subcommands, in help order.
@@ -28,34 +28,15 @@ COMMAND_MODULES: list[str] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ratrain", description=__doc__.splitlines()[0])
+    parser = new_parser("ratrain", __doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
-    return parser
+    return apply_policy(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        result = args.handler(args)
-    except (UserError, FileNotFoundError) as exc:
-        print(f"ratrain {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    if result is None:
-        return 0
-    payload, text = result
-    try:
-        if getattr(args, "json", False):
-            print(json.dumps(payload, indent=2, sort_keys=False))
-        else:
-            print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # the reader (e.g. `| head`) went away: not an error of ours
-        sys.stdout = None
-    return 0
+    return run_main("ratrain", build_parser(), argv, (UserError,))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ class _Progress:
         self.run_index = 0
         self.last_label = None
         self.shown = False
+        self.open_line = False
 
     def __call__(self, label: str, step: int, steps: int) -> None:
         if label != self.last_label:
@@ -61,8 +62,15 @@ class _Progress:
             return
         self.shown = True
         end = "\n" if (step == steps and self.run_index == self.total_runs) else ""
+        self.open_line = not end
         print(f"\r[{elapsed:6.1f}s] run {self.run_index}/{self.total_runs} {label:<14} step {step}/{steps}",
               end=end, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """End a progress line left open (an error message then starts on its own line)."""
+        if self.open_line:
+            print(file=sys.stderr, flush=True)
+            self.open_line = False
 
 
 def handle(args: argparse.Namespace):
@@ -70,7 +78,11 @@ def handle(args: argparse.Namespace):
                             layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                             micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed)
     reorder = not args.no_reorder_reference
-    result = run_correctness(cfg, progress=_Progress(4 if reorder else 3), reorder_reference=reorder)
+    progress = _Progress(4 if reorder else 3)
+    try:
+        result = run_correctness(cfg, progress=progress, reorder_reference=reorder)
+    finally:
+        progress.close()
     save_outputs(result, args.out)
     payload = result.to_json()
     pct = lambda x: f"{100 * x:.4g}%"   # noqa: E731

@@ -11,19 +11,32 @@ import argparse
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import MAX_MICRO_BATCH, METHODS, Planner
-from ratrain.spec.models import from_hf_config, get_model, list_models
+from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
+from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
+from ratrain.spec.parallel import ZERO_STAGES
 from ratrain.spec.platform import GIB
 
+# Beyond these the enumeration (divisors of N and of G/D) is not a plan anyone can run, and
+# trial division of a 30-digit N would not finish.
+MAX_CLUSTERS = 1 << 20
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SEQ = 1 << 22
 
-def _int_list(text: str) -> tuple[int, ...]:
+
+def _int_list(text: str, minimum: int = 1) -> tuple[int, ...]:
+    kind = "positive" if minimum == 1 else f">= {minimum}"
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(int(v) for v in text.split(",") if v.strip() and len(v.strip()) <= 30)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} integers, got {text!r}") from None
+    if not values or len(values) != len([v for v in text.split(",") if v.strip()]) or any(v < minimum for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind} integers, got {text!r}")
     return values
+
+
+def _stage_list(text: str) -> tuple[int, ...]:
+    """ZeRO stages: 0 is a stage."""
+    return _int_list(text, minimum=0)
 
 
 def register(subparsers) -> None:
@@ -43,7 +56,7 @@ def register(subparsers) -> None:
                    help=f"micro-batch sizes to try (default: divisors of G/D up to {MAX_MICRO_BATCH})")
     p.add_argument("--tp-degrees", type=_int_list, default=None, metavar="T1,T2,...",
                    help="tensor-parallel degrees to try (default: valid divisors of N up to 8)")
-    p.add_argument("--zero-stages", type=_int_list, default=None, metavar="Z1,Z2,...",
+    p.add_argument("--zero-stages", type=_stage_list, default=None, metavar="Z1,Z2,...",
                    help="ZeRO stages to try (default: 0,1,2,3)")
     p.add_argument("--partition", choices=("balanced", "uniform"), default="balanced")
     add_platform_args(p)
@@ -63,6 +76,41 @@ def _row(c) -> str:
             f"+ pref {bd.e_pref_ms / 1e3:.2f} + rec {bd.e_rec_ms / 1e3:.2f}]{mark}")
 
 
+def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
+    """Refuse restrictions the planner cannot enumerate, so that an empty search is never reported
+    as "no configuration fits the memory budget"."""
+    for name, limit in (("clusters", MAX_CLUSTERS), ("global_batch", MAX_GLOBAL_BATCH), ("seq", MAX_SEQ)):
+        if getattr(args, name) > limit:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)} is above the planner's limit {limit}")
+    if args.zero_stages is not None:
+        bad = [z for z in args.zero_stages if z not in ZERO_STAGES]
+        if bad:
+            raise ConfigError(f"--zero-stages {','.join(map(str, bad))}: ZeRO stages are "
+                              f"{', '.join(map(str, ZERO_STAGES))}")
+        if args.method == "zero3-heavy" and 3 not in args.zero_stages:
+            raise ConfigError("--method zero3-heavy searches Z=3 only; --zero-stages leaves it out")
+    if args.tp_degrees is not None:
+        for t in args.tp_degrees:
+            if t > MAX_TP:
+                raise ConfigError(f"--tp-degrees {t}: the planner searches T up to {MAX_TP}")
+            if args.clusters % t:
+                raise ConfigError(f"--tp-degrees {t} does not divide --clusters {args.clusters}")
+            try:
+                check_tp(model, t)
+            except ConfigError as exc:
+                raise ConfigError(f"--tp-degrees {t}: {exc}") from None
+            if model.vocab % t:
+                raise ConfigError(f"--tp-degrees {t}: model {model.name}: vocab={model.vocab} not divisible "
+                                  f"by tp={t}")
+        if args.method == "tp-heavy" and 2 not in args.tp_degrees:
+            raise ConfigError("--method tp-heavy searches T=2 only; --tp-degrees leaves it out")
+    if args.micro_batches is not None:
+        usable = [b for b in args.micro_batches if args.global_batch % b == 0]
+        if not usable:
+            raise ConfigError(f"--micro-batches {','.join(map(str, args.micro_batches))}: none divides "
+                              f"--global-batch {args.global_batch}")
+
+
 def run(args: argparse.Namespace) -> tuple[dict, str]:
     model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
     platform = platform_from_args(args)
@@ -72,6 +120,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if args.confirm < 0:
         raise ConfigError(f"--confirm must be 0 or more, got {args.confirm}")
+    check_search_space(model, args)
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
                       progress=not args.json)
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
@@ -86,6 +135,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         lines.append(f"ranked on the fast kernel model ({result.kernel_model}); the {result.confirmed} best confirmed "
                      f"on emulated kernels: fast model within {100 * result.fast_error:.2f}%, "
                      + ("emulation REORDERED them" if result.reordered else "same order"))
+    if result.enumerated == 0:
+        raise ConfigError(f"{model.name}: nothing to search on {args.clusters} clusters with global batch "
+                          f"{args.global_batch}: no P*D*T = N with P <= {model.layers} layers, T <= {MAX_TP} "
+                          f"dividing the model, D dividing the global batch (and the --tp-degrees/"
+                          f"--micro-batches/--zero-stages given)")
     if result.best is None:
         lines.append("no configuration fits the memory budget (OOM)")
     else:

@@ -16,6 +16,7 @@ import ctypes
 import glob
 import importlib.util
 import io
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.errors import ConfigError, RatrainError
+from ratrain.errors import ConfigError, DivergedError, RatrainError
 from ratrain.replay.executor import (
     ExecPlan,
     ModelState,
@@ -47,6 +48,7 @@ from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.sim.timeline import Task
 from rtcommon.fileio import atomic_write_bytes, atomic_write_json
+from rtcommon.hostmem import check_host_memory
 
 TARGET_MAX_REL_DEV = 0.00081   # paper Fig. 7: max per-step relative loss deviation 0.081%
 
@@ -78,9 +80,24 @@ class CorrectnessConfig:
             raise ConfigError(f"correctness config: layers={self.layers} must be a multiple of "
                               f"stages={self.stages} (the simulator's uniform costs use whole "
                               f"layers per stage)")
-        if not self.lr > 0 or not self.loss_scale > 0:
-            raise ConfigError(f"correctness config: lr={self.lr} and loss_scale={self.loss_scale} "
-                              f"must be positive")
+        for name in ("lr", "loss_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"correctness config: {name} must be a positive finite number, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"correctness config: seed must be a non-negative integer, got {self.seed!r}")
+
+    def host_bytes(self) -> int:
+        """Generous estimate of the host memory of one training run (FP32 arithmetic): weights,
+        FP16 views, gradients and Adam moments per replica, and every micro-batch's activations
+        (with the seq x seq attention probabilities) alive at once."""
+        m = self.model()
+        h, f = m.hidden, m.ffn_dim
+        params = m.layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * m.vocab * h
+        tokens = self.micro_batch_size * self.seq
+        per_layer = tokens * (16 * h + 4 * f) * 4 + self.micro_batch_size * self.heads * self.seq * self.seq * 8
+        logits = tokens * m.vocab * 4 * 3
+        return 18 * params * self.dp + self.dp * self.microbatches * (m.layers * per_layer + logits)
 
     def model(self) -> TinyConfig:
         return TinyConfig(vocab=VOCAB_SIZE, layers=self.layers, hidden=self.hidden, heads=self.heads,
@@ -320,6 +337,14 @@ def _stats_summary(stats: list[StepStats]) -> dict:
             "peak_live_full_activation_sets_per_stage": s.peak_live_full}
 
 
+def check_finite_losses(losses: list[float], run: str, cfg: CorrectnessConfig) -> None:
+    """A diverged run has no deviation to compare: refuse it instead of reporting NaN as FAIL."""
+    bad = [i for i, x in enumerate(losses) if not math.isfinite(x)]
+    if bad:
+        raise DivergedError(f"correctness run: the {run} loss is {losses[bad[0]]} from step {bad[0] + 1} of "
+                            f"{len(losses)} (training diverged; lr={cfg.lr} may be too large)")
+
+
 def run_correctness(cfg: CorrectnessConfig, *, progress: Progress | None = None,
                     schedules: tuple[Schedule, Schedule] | None = None,
                     reorder_reference: bool = True) -> CorrectnessResult:
@@ -330,16 +355,24 @@ def run_correctness(cfg: CorrectnessConfig, *, progress: Progress | None = None,
     summed in reverse order (rounding-only differences) as a yardstick.
     """
     t0 = time.perf_counter()
+    check_host_memory(cfg.host_bytes(), f"the correctness run (L={cfg.layers} H={cfg.hidden} seq={cfg.seq} "
+                      f"D={cfg.dp} A={cfg.microbatches} x {cfg.micro_batch_size})", ConfigError)
     if schedules is None:
         schedules = (simulated_schedule(cfg, ratrain=False), simulated_schedule(cfg, ratrain=True))
     base_sched, rat_sched = schedules
     batches = cfg.batches()
-    with single_thread_blas():
+    # overflow shows as a non-finite loss, which check_finite_losses reports in one line
+    with single_thread_blas(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         base, base_stats = train_schedule(cfg, base_sched, batches=batches, progress=progress)
+        check_finite_losses(base, base_sched.name, cfg)
         rat, rat_stats = train_schedule(cfg, rat_sched, batches=batches, progress=progress)
+        check_finite_losses(rat, rat_sched.name, cfg)
         single = train_single_stage(cfg, batches=batches, progress=progress)
+        check_finite_losses(single, "single-stage", cfg)
         reordered = (train_single_stage(cfg, batches=batches, reverse_accumulation=True, progress=progress)
                      if reorder_reference else None)
+        if reordered is not None:
+            check_finite_losses(reordered, "reordered single-stage", cfg)
     return CorrectnessResult(
         config=cfg, baseline_loss=base, ratrain_loss=rat, single_stage_loss=single,
         rel_dev=relative_deviation(base, rat).tolist(),

@@ -12,16 +12,29 @@ bandwidth-bound elementwise operators with the bytes they move.  Everything is F
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 from dataclasses import asdict, dataclass
 
 from ratrain.errors import ConfigError
+from rtcommon.jsonio import load_json_file
 
 FP16 = 2   # bytes per FP16 element
 FP32 = 4   # bytes per FP32 element
 
 POSITIONS = ("rope", "alibi")
+
+# Model names become parts of cache file names (ratrain.cost.profile): one plain component.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,79}")
+
+
+def safe_model_name(text: str, fallback: str) -> str:
+    """A file-name-safe model name from free text such as an HF ``_name_or_path``: its last path
+    component ("meta-llama/Llama-2-7b-hf" -> "Llama-2-7b-hf", "/abs/models/x" -> "x", "../.."
+    -> ``fallback``), other characters as '-', at most 80 characters."""
+    parts = [p for p in re.split(r"[/\\]+", str(text)) if p not in ("", ".", "..")]
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", parts[-1] if parts else "").lstrip(".-_+")[:80]
+    return name if _SAFE_NAME.fullmatch(name) else fallback
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,9 @@ class ModelSpec:
     family: str = "llama"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SAFE_NAME.fullmatch(self.name):
+            raise ConfigError(f"model name {self.name!r} must be 1-80 letters, digits or . _ + - "
+                              f"(it names cache files); ratrain.spec.models.safe_model_name makes one")
         for name in ("hidden", "ffn", "layers", "heads", "kv_heads", "head_dim", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -179,13 +195,7 @@ def from_hf_config(path: str | os.PathLike, name: str | None = None) -> ModelSpe
     Raises ConfigError naming the file and the offending field.
     """
     where = os.fspath(path)
-    try:
-        with open(where, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    raw = load_json_file(where, "HF config", ConfigError)
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: top level must be a JSON object")
     return _spec_from_dict(raw, where, name)
@@ -288,7 +298,9 @@ def _spec_from_dict(raw: dict, where: str, name: str | None) -> ModelSpec:
         stem = os.path.splitext(os.path.basename(where))[0]
         if stem == "config":
             stem = os.path.basename(os.path.dirname(os.path.abspath(where)))
-        name = str(raw.get("_name_or_path") or stem or family)
+        name = safe_model_name(raw.get("_name_or_path") or stem, family)
+    elif not _SAFE_NAME.fullmatch(str(name)):
+        name = safe_model_name(name, family)
     return ModelSpec(name=name, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, vocab=vocab, qkv_bias=qkv_bias, tied_embeddings=tied,
                      position=position, packed_qkv=packed, qk_norm=qk_norm, norm_eps=eps,

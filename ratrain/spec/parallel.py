@@ -10,6 +10,7 @@ from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
 PREFETCH_POLICIES = ("layerwise", "bulk")
 PARTITIONS = ("balanced", "uniform")
+ZERO_STAGES = (0, 1, 2, 3)
 _ACT_LABEL = {"full": "Full", "ckpt": "Ckpt", "fsr": "FSR"}
 
 
@@ -31,7 +32,7 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel config: {name} must be a positive integer, got {value!r}")
-        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or not 0 <= self.zero <= 3:
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
             raise ConfigError(f"parallel config: zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.activation not in ACTIVATION_POLICIES:
             raise ConfigError(f"parallel config: activation must be one of {', '.join(ACTIVATION_POLICIES)}, "

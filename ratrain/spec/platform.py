@@ -23,10 +23,8 @@ works too. An unknown field is an error that names it.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -35,6 +33,7 @@ from mtemu.kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
 from mtemu.platform import DEFAULT as DEFAULT_CLUSTER
 from mtemu.platform import Platform
 from ratrain.errors import ConfigError
+from rtcommon.jsonio import load_table_file
 
 GIB = 2 ** 30
 TILE_CHOICES = ("default", "tuned")
@@ -98,17 +97,7 @@ class TrainingPlatform:
     def from_file(cls, path: str | os.PathLike) -> TrainingPlatform:
         """Read a TOML (.toml) or JSON file in the format of ``ratrain platform --json``."""
         where = os.fspath(path)
-        try:
-            with open(where, "rb") as handle:
-                data = handle.read()
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-        try:
-            text = data.decode("utf-8")
-            raw = tomllib.loads(text) if where.endswith(".toml") else json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:   # TOMLDecodeError, JSONDecodeError
-            raise ConfigError(f"{where}: cannot parse ({exc})") from None
-        return cls.from_dict(raw, where)
+        return cls.from_dict(load_table_file(where, "platform file", ConfigError), where)
 
     def to_json(self) -> dict:
         """The whole description in the file format; the ``derived`` block is ignored on read."""

@@ -47,7 +47,7 @@ import numpy as np
 
 from ...errors import CapacityError, MtemuError
 from ...machine import Cluster, RunStats
-from ...platform import DEFAULT, Platform
+from ...platform import DEFAULT, Platform, as_platform
 from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_backward_args, _check_flag
 from ..capacity import AttentionTiles
@@ -715,7 +715,7 @@ def attention_backward_timing(heads: int, kv_heads: int, seq: int, head_dim: int
                               trace: TraceOptions | None = None) -> AttentionResult:
     """Emulate Algorithm 1 in timing-only mode (no data) for a shape and return its statistics
     (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
     _check_flag("causal", causal)
     tiles = tiles or default_tiles(head_dim, platform)
     ap = _build_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, variant, platform,
@@ -733,7 +733,7 @@ def run_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.nd
     """Algorithm 1 on the emulated cluster. FP16 (heads, seq, d) q, o, do; (kv_heads, seq, d) k, v;
     ``saved.p`` FP16 probabilities. Returns dq, dk, dv (FP16, functional mode) and statistics.
     ``schedule``: how K/V reach the DSPs, "auto", "gsm", "broadcast" or "own" (``_phases``)."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
     heads, kv_heads, seq, d = _check_backward_args(q, k, v, o, do, saved)
     _check_flag("causal", causal)
     if mode not in ("functional", "timing"):

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import CapacityError, MtemuError
 from ...machine import Cluster, RunStats
-from ...platform import DEFAULT, Platform
+from ...platform import DEFAULT, Platform, as_platform
 from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_flag, _check_qkv
 from ..capacity import AttentionTiles
@@ -468,7 +468,7 @@ def attention_forward_timing(heads: int, kv_heads: int, seq: int, head_dim: int,
                              schedule: str = "auto", trace: TraceOptions | None = None) -> AttentionForwardResult:
     """Emulate the attention forward in timing-only mode (no data) and return its statistics
     (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
     _check_flag("causal", causal)
     tiles = tiles or default_tiles(head_dim, platform)
     ap = _build_forward_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, platform,
@@ -496,7 +496,7 @@ def run_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool =
     """Attention forward on the emulated cluster: O (FP16), the saved state Algorithm 1 consumes
     (P as FP16, row logsumexp as FP32) and statistics. Two passes over the key tiles: online row
     max/sum, then P = exp(s - lse) written key-major to DDR and O^T += V^T P^T in FP32."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
     heads, kv_heads, seq, d = _check_qkv(q, k, v)
     _check_flag("causal", causal)
     if mode not in ("functional", "timing"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import CapacityError, MtemuError
-from ...platform import DEFAULT, Platform
+from ...platform import DEFAULT, Platform, validate_platform
 from ..capacity import AttentionTiles, check_attention_tiles
 
 ALIGN = 64
@@ -98,6 +98,7 @@ def check_shape_and_tiles(heads: int, kv_heads: int, seq: int, d: int, tiles: At
         if schedule not in SCHEDULES:
             raise MtemuError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
 
+    validate_platform(platform, "attention platform")
     if schedule_first:
         check_schedule()
     for name, v in (("heads", heads), ("kv_heads", kv_heads), ("seq", seq), ("head_dim", d)):

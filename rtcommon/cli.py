@@ -1,0 +1,162 @@
+"""What both command lines share: one argument policy for every subcommand, and one ``main``
+that turns every expected failure into one line on stderr and exit status 2.
+
+The policy is applied to the finished parser, so it covers commands registered by any module:
+  * every ``type=float`` option must be finite (``nan`` and ``inf`` are refused);
+  * every ``type=int`` option must fit in 62 bits (a 30-digit count is a typo, not a request);
+  * counts named in ``MIN_BY_DEST`` have a floor (seeds >= 0, workers >= 1, ``--top`` >= 1);
+  * output options named in ``OUTPUT_FILES`` / ``OUTPUT_DIRS`` are checked for writability while
+    the arguments are parsed, i.e. before any long computation starts.
+Exit statuses: 0 success, 2 bad input (one line), 130 interrupted (Ctrl-C).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Callable
+
+from .errors import UserError
+from .fileio import check_output_dir, check_output_file
+from .jsonio import dumps_strict
+
+INT_LIMIT = 2 ** 62
+MIN_BY_DEST = {"seed": 0, "workers": 1, "top": 1, "emulate_top": 1, "trace_capacity": 1,
+               "trace_max_events": 1, "max_cycles": 1}
+OUTPUT_FILES = {"trace", "plot", "roofline"}
+OUTPUT_DIRS = {"out", "out_dir"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage text is one ``--help`` away)."""
+
+    def error(self, message: str) -> None:    # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _flag(action: argparse.Action) -> str:
+    return action.option_strings[-1] if action.option_strings else action.dest
+
+
+def finite_float(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        return value
+    parse.__name__ = "float"
+    return parse
+
+
+def bounded_int(flag: str, low: int = -INT_LIMIT, high: int = INT_LIMIT) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if len(text.strip()) > 30:
+            raise argparse.ArgumentTypeError(f"integer of {len(text.strip())} characters is out of range")
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def _output(kind: str, flag: str) -> Callable[[str], str]:
+    check = check_output_dir if kind == "dir" else check_output_file
+
+    def parse(text: str) -> str:
+        if text == ".":
+            return text       # the working folder (`mtemu run`'s default): checked when written
+        try:
+            check(text, "")      # argparse names the flag itself
+        except UserError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+    parse.__name__ = "path"
+    return parse
+
+
+def apply_policy(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Apply the module's argument policy to ``parser`` and every subcommand parser under it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_policy(sub)
+            continue
+        if action.type is float:
+            action.type = finite_float(_flag(action))
+        elif action.type is int:
+            action.type = bounded_int(_flag(action), MIN_BY_DEST.get(action.dest, -INT_LIMIT))
+        elif action.type is None and action.option_strings and action.nargs is None \
+                and not isinstance(action.const, bool):
+            if action.dest in OUTPUT_FILES:
+                action.type = _output("file", _flag(action))
+            elif action.dest in OUTPUT_DIRS:
+                action.type = _output("dir", _flag(action))
+    return parser
+
+
+def _os_message(exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else ""
+    if exc.filename2 is not None:
+        where = f"{where} -> {exc.filename2}"
+    reason = exc.strerror or str(exc)
+    return f"{where}: {reason}" if where else reason
+
+
+def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
+             expected: tuple[type[BaseException], ...] = (UserError,)) -> int:
+    """Parse, run the handler, print its payload (strict JSON with ``--json``) or text.
+
+    Expected failures (``expected``, OS errors on inputs and outputs, running out of memory)
+    print one line ``PROG CMD: error: ...`` and return 2; Ctrl-C prints ``PROG CMD: interrupted``
+    and returns 130."""
+    try:
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:       # a usage error (one line, status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
+    name = f"{prog} {getattr(args, 'command', '')}".strip()
+    try:
+        result = args.handler(args)
+        if result is None:
+            return 0
+        payload, text = result
+        out = dumps_strict(payload) if getattr(args, "json", False) else text
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except expected as exc:
+        return _fail(name, str(exc))
+    except OSError as exc:
+        return _fail(name, _os_message(exc))
+    except MemoryError as exc:
+        return _fail(name, f"out of host memory{f' ({exc})' if str(exc) else ''}; try a smaller problem")
+    try:
+        print(out)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) went away: not an error of ours
+        sys.stdout = None
+    except OSError as exc:      # e.g. stdout redirected to a full disk
+        return _fail(name, f"cannot write the output: {_os_message(exc)}")
+    return 0
+
+
+def _fail(name: str, message: str) -> int:
+    line = " ".join(message.split())       # one line, whatever the message held
+    print(f"{name}: error: {line}", file=sys.stderr)
+    return 2
+
+
+def new_parser(prog: str, description: str, **kwargs: Any) -> OneLineParser:
+    return OneLineParser(prog=prog, description=description, **kwargs)
