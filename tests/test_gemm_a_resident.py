@@ -91,7 +91,7 @@ def test_cli_loop_order():
                          capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     assert d["tiles"]["kg"] == 64 and d["utilization"] <= d["bound"]["utilization"]
-    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "64", "--n", "64", "--kg",
-                          "32"],
+    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "64", "--n", "64",
+                          "--loop-order", "c-stationary", "--kg", "32"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--kg applies to --loop-order a-resident only" in bad.stderr
