@@ -23,7 +23,7 @@ checks (change a cycle above and it refuses the program, naming bundle, unit and
 Numerics: FP16 products are exact in FP32 and each accumulator sums over k in order, rounded to
 FP16 once (``vsth``): bit-exact with :func:`reference`.
 
-Cycles, by hand, K = 16 (default platform: DDR 256/15 bytes per cycle, DMA latency 600, 2.1
+Cycles, by hand, K = 16 (platforms/mt3000-30gbps.toml: DDR 256/15 bytes per cycle, DMA latency 600, 2.1
 server cycles per row):
 
 - cycle 0: dma A (128 B): DDR server from 600, 128 * 15 / 256 + 2.1 = 9.6 cycles -> done 610;

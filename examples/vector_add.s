@@ -10,7 +10,7 @@
 # @input  y=DDR:1536:768:float16
 # @output z=DDR:3072:768:float16
 #
-# Cycles, by hand (default platform: DDR 30 GB/s at 1.7578125 GHz = 256/15 bytes per cycle, DMA
+# Cycles, by hand (platforms/mt3000-30gbps.toml: DDR 30 GB/s at 1.7578125 GHz = 256/15 bytes per cycle, DMA
 # latency 600 cycles, 2.1 server cycles per row). A 1536-byte row holds the DDR server for
 # 1536 * 15 / 256 + 2.1 = 92.1 cycles.
 #   cycle 0      dma x: starts at 0 + 600, ends 692.1 -> channel 0 done at ceil = 693

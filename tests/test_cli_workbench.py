@@ -13,6 +13,9 @@ from mtemu.cli import gemm as cli_gemm
 from mtemu.cli import run as cli_run
 from mtemu.errors import MtemuError
 
+# the examples' hand-derived cycle counts are for the 30 GB/s platform (see tests/test_examples.py)
+PLAT30 = Path(__file__).resolve().parent.parent / "platforms" / "mt3000-30gbps.toml"
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -38,7 +41,7 @@ def test_run_writes_outputs_trace_and_explanation(tmp_path, xy):
     x, y, specs = xy
     out, trace, roof = tmp_path / "out", tmp_path / "t.json", tmp_path / "r.png"
     payload, text = call("run", EXAMPLES / "vector_add.s", "--input", specs[0], "--input", specs[1],
-                         "--out-dir", out, "--trace", trace, "--explain", "--roofline", roof)
+                         "--out-dir", out, "--trace", trace, "--explain", "--roofline", roof, "--platform", PLAT30)
     json.dumps(payload, allow_nan=False)
     assert payload["cycles"] == 1501 and payload["bundles"] == 29 and payload["dma_bytes"]["ddr"] == 3 * 1536
     assert (np.load(out / "z.npy").view(np.uint16) == (x + y).view(np.uint16)).all()
@@ -72,10 +75,12 @@ def test_run_a_python_program_on_more_dsps(tmp_path):
 
 
 def test_explain_commands():
-    payload, text = call("explain", "gemm", "--m", 256, "--k", 512, "--n", 768, "--mg", 256, "--n2", 384)
+    payload, text = call("explain", "gemm", "--m", 256, "--k", 512, "--n", 768, "--mg", 256, "--n2", 384,
+                         "--platform", PLAT30)
     ex = payload["explanation"]
     assert ex["binding"] == "DDR" and ex["gemm"]["tiles"]["n2"] == 384 and "n2 384 -> 768" in text
-    payload, text = call("explain", "program", EXAMPLES / "gemm_pipelined.py", "--mode", "timing")
+    payload, text = call("explain", "program", EXAMPLES / "gemm_pipelined.py", "--mode", "timing",
+                         "--platform", PLAT30)
     assert payload["run"]["cycles"] == 2264 and payload["explanation"]["binding"] == "DMA latency"
     with pytest.raises(MtemuError, match="--m must be positive"):
         call("explain", "gemm", "--m", 0, "--k", 512, "--n", 768)

@@ -297,7 +297,7 @@ def test_platform_from_toml_and_json(tmp_path):
     ('{"memory_budget_bytes": "20GB"}', r"bad\.json: field memory_budget_bytes"),
     ('{"link_latency_s": -1}', r"bad\.json: field link_latency_s"),
     ('[1, 2]', r"bad\.json: top level"),
-    ('{"a": ', r"bad\.json: cannot parse"),
+    ('{"a": ', r"bad\.json: not valid JSON"),
 ])
 def test_platform_bad_files(tmp_path, text, pattern):
     path = tmp_path / "bad.json"

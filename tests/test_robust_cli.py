@@ -200,8 +200,8 @@ def test_correctness_refuses_a_diverged_run(capsys, tmp_path):
 
 @pytest.mark.parametrize("text, match", [
     ('{"ddr_bandwidth": 30}', "ddr_bandwidth is in bytes/s; for 30 GB/s write 30e9"),
-    ("memory_budget_bytes = 20\n", "for 20 GiB write 20 * 2**30"),
-    ('{"link_latency_s": 1e9}', "link_latency_s = 1000000000.0 is outside the sane range"),
+    ("memory_budget_bytes = 20\n", "memory_budget_bytes (the cluster's 'ddr_bytes') = 20 is outside the sane range"),
+    ('{"link_latency_s": 1e9}', "link_latency_s=1000000000.0 is over 10 s: it is in seconds"),
     ("[" * 1000 + "]" * 1000, "nested deeper"),
 ])
 def test_training_platform_files_are_checked(capsys, tmp_path, text, match):

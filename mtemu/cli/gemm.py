@@ -66,7 +66,8 @@ def _gemm_a_resident(args: argparse.Namespace, plat: Platform, tiles: AResidentG
     t = r.tiles
     bound = a_resident_bound(args.m, args.k, args.n, t.mg, t.kg, t.n2, plat)
     payload = r.to_json()
-    payload["bound"] = {"utilization": bound}
+    # the closed form compares DDR time with the ideal VMAC time: below 1 the DDR binds
+    payload["bound"] = {"bound_by": "ddr" if bound < 1 else "compute", "utilization": bound}
     text = (f"GEMM {r.m}x{r.k}x{r.n} ({r.mode}), tiles {t.describe()}\n"
             f"  cycles       {r.cycles}\n  utilization  {100 * r.utilization:.2f}% (closed-form bound "
             f"{100 * bound:.2f}%)\n  throughput   {r.tmac_per_s:.3f} T MAC/s\n  latency      {r.latency_ms:.3f} ms\n"

@@ -215,7 +215,10 @@ class GemmCache:
         own = self._read(self.path)
         own.update({k: v for k, v in self.entries.items()
                     if k.startswith(self.version) or k.startswith(self.attn_prefix)})
-        atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
+        try:
+            atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
+        except OSError as exc:         # an unwritable cache costs re-emulation next time, nothing else
+            print(f"[profile] cannot write {self.path} ({exc.strerror}); latencies not cached", file=sys.stderr)
 
 
 def _sane_entry(val: object) -> bool:
