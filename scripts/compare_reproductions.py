@@ -17,14 +17,15 @@ def _number(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def moved(before, after, tolerance: str) -> bool:
-    """Did the value move by more than the check's tolerance (relative for '%', absolute else)?"""
+def moved(before, after, tolerance: str, ok_before=None, ok_after=None) -> bool:
+    """Did the value move by more than the check's tolerance (relative for '%', absolute else)?
+    A one-sided tolerance ('<= 3%', '>= 2x') counts a change of pass/miss or of more than 5 %."""
     b, a = _number(before), _number(after)
     if b is None or a is None:
         return before != after
     m = re.search(r"±\s*([0-9.]+)\s*(%|pp|GB|points)?", tolerance)
     if not m:
-        return abs(a - b) > 1e-9 * max(1.0, abs(b))
+        return ok_before != ok_after or abs(a - b) > 0.05 * abs(b)
     tol = float(m.group(1))
     unit = m.group(2)
     if unit == "%":
@@ -51,7 +52,7 @@ def compare(before: dict, after: dict, only=DEFAULT_EXPERIMENTS) -> str:
         old = {c["name"]: c for c in eb["checks"]}
         for c in ea["checks"]:
             o = old.get(c["name"], {})
-            flag = "**yes**" if moved(o.get("ours"), c["ours"], c["tolerance"]) else ""
+            flag = "**yes**" if moved(o.get("ours"), c["ours"], c["tolerance"], o.get("ok"), c["ok"]) else ""
             mark = lambda ok: "" if ok is None else (" pass" if ok else " MISS")  # noqa: E731
             name = c["name"].replace("|", "&#124;")
             lines.append(f"| {name} | {fmt(o.get('ours'))}{mark(o.get('ok'))} | {fmt(c['ours'])}{mark(c['ok'])} "
