@@ -10,6 +10,7 @@ from typing import Callable
 
 from ratrain.errors import ConfigError
 from ratrain.repro import training
+from ratrain.repro.budget import run_budget
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
@@ -27,11 +28,12 @@ def registry() -> dict[str, Callable[..., Experiment]]:
     return {"table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention,
             "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
             "table6": training.run_table6, "ablation": training.run_ablation,
-            "schedules": run_schedules, "sensitivity": run_sensitivity, "correctness": run_correctness_experiment}
+            "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
+            "correctness": run_correctness_experiment}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
-                    "schedules", "sensitivity", "correctness")
+                    "schedules", "budget", "sensitivity", "correctness")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
