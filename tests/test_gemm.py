@@ -107,3 +107,15 @@ def test_library_api_is_exported():
     assert mtemu.run_gemm is run_gemm
     gp = build_gemm(48, 64, 192, SMALL_TILES)
     assert gp.program.bundles > 0 and len(gp.dsp_descriptors) == DEFAULT.dsps
+
+
+def test_library_entry_points_refuse_wrong_argument_types():
+    import mtemu
+    from mtemu.errors import MtemuError
+    from mtemu.kernels.gemm_a_resident import a_resident_timing
+    with pytest.raises(MtemuError, match="expected an mtemu Platform, got dict"):
+        mtemu.gemm_timing(64, 64, 64, platform={})
+    with pytest.raises(MtemuError, match="tiles must be a GemmTiles"):
+        mtemu.gemm_timing(64, 64, 64, tiles="big")
+    with pytest.raises(MtemuError, match="tiles must be a AResidentGemmTiles"):
+        a_resident_timing(64, 64, 64, tiles=mtemu.GemmTiles())

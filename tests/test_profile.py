@@ -37,7 +37,7 @@ def test_emulated_profile_uses_emulated_gemms_and_is_cached(cache):
     m, k, n, seconds, method = q.gemms[0]
     assert (m, k, n, method) == (64, 192, 192, "emulated")
     assert seconds == pytest.approx(gemm_timing(64, 192, 192).cycles / 1.7578125e9)
-    files = list((cache / "profiles").glob("tiny-test-*.json"))
+    files = list((cache / "profiles").glob("hf-config-*.json"))
     assert len(files) == 1
     # a second lookup loads the file instead of emulating
     profile._MEMO.clear()
@@ -54,7 +54,7 @@ def test_emulated_profile_uses_emulated_gemms_and_is_cached(cache):
 @pytest.mark.parametrize("damage", ["corrupt", "stale", "malformed"])
 def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
     prof = profile.layer_profile(TINY, 1, 64)
-    path = next((cache / "profiles").glob("tiny-test-*.json"))
+    path = next((cache / "profiles").glob("hf-config-*.json"))
     data = json.loads(path.read_text())
     if damage == "corrupt":
         path.write_text(path.read_text()[:100])

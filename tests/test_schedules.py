@@ -511,3 +511,11 @@ def test_cli_bad_input_is_one_error_and_nothing_written(capsys, tmp_path, extra,
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not trace.exists() and not png.exists() and not list(tmp_path.iterdir())
+
+
+def test_uniform_step_too_large_to_simulate_is_refused(capsys):
+    from ratrain.cli import main
+    rc = main(["simulate", "--uniform", "--stages", "1000000", "--microbatches", "1000000", "--t-forward", "1",
+               "--t-backward", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "at most 2,000,000 pairs are simulated" in err and err.count("\n") == 1

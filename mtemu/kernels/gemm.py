@@ -33,7 +33,7 @@ from .. import isa
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..machine import Cluster, RunStats
-from ..platform import DEFAULT, Platform
+from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
 from .program_cache import cached_program
 from .schedule import Op, check_registers, schedule
@@ -512,11 +512,18 @@ def _run(gp: GemmProgram, platform: Platform, functional: bool, a=None, b=None,
     return stats, cluster
 
 
+def _check_tiles(tiles, kind: type) -> None:
+    """A library caller's ``tiles``: None (the defaults) or the loop order's own tile type."""
+    if tiles is not None and not isinstance(tiles, kind):
+        raise MtemuError(f"tiles must be a {kind.__name__} (or None for the defaults), got {tiles!r}")
+
+
 def gemm_timing(m: int, k: int, n: int, *, tiles: GemmTiles | None = None,
                 platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Emulate the GEMM in timing-only mode (no data) and return its statistics
     (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
+    _check_tiles(tiles, GemmTiles)
     gp = build_gemm(m, k, n, tiles or DEFAULT_TILES, platform)
     stats, _ = _run(gp, platform, False, trace=trace)
     return _result(gp, stats, "timing", platform)
@@ -526,7 +533,8 @@ def run_gemm(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
              tiles: GemmTiles | None = None, mode: str = "functional",
              trace: TraceOptions | None = None) -> GemmResult:
     """Multiply FP16 matrices on the emulated cluster; ``result.c`` holds the FP16 product."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
+    _check_tiles(tiles, GemmTiles)
     if mode not in ("functional", "timing"):
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
     for name, x in (("a", a), ("b", b)):

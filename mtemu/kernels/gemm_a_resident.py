@@ -27,7 +27,7 @@ import numpy as np
 from .. import isa
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
-from ..platform import DEFAULT, Platform
+from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
 from .gemm import (
     ALIGN,
@@ -41,6 +41,7 @@ from .gemm import (
     GemmResult,
     GemmTiles,
     _call_tiles,
+    _check_tiles,
     _Descriptors,
     _dsp_tables,
     _emit_microkernels,
@@ -342,7 +343,8 @@ def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarr
 def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | None = None,
                       platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Emulate the A-resident GEMM in timing-only mode (``trace``: record the run in ``result.stats``)."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
+    _check_tiles(tiles, AResidentGemmTiles)
     gp = build_a_resident(m, k, n, tiles or AResidentGemmTiles(), platform)
     stats, _ = _run(gp, platform, False, trace=trace)
     return _result(gp, stats, "timing", platform)
@@ -351,7 +353,8 @@ def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | Non
 def run_a_resident(a: np.ndarray, b: np.ndarray, *, platform: Platform | None = None,
                    tiles: AResidentGemmTiles | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Multiply FP16 matrices with the A-resident kernel (functional); ``result.c`` is the product."""
-    platform = platform or DEFAULT
+    platform = as_platform(platform)
+    _check_tiles(tiles, AResidentGemmTiles)
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype != np.float16:
             raise MtemuError(f"{name} must be a 2-D float16 NumPy array")

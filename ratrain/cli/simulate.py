@@ -27,6 +27,10 @@ from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.models import from_hf_config, get_model
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 
+# (layer, micro-batch) pairs of one uniform step beyond which the event simulation would take
+# minutes and gigabytes (the paper's largest layouts have about 10**4)
+MAX_UNIFORM_WORK = 2_000_000
+
 _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", None),
           ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
           ("t_recompute", "--t-recompute", 0.0), ("t_gradsync", "--t-gradsync", 0.0),
@@ -136,6 +140,15 @@ def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
                        ("t_forward", "--t-forward"), ("t_backward", "--t-backward")):
         if getattr(args, name) is None:
             raise ConfigError(f"{flag} is required with --uniform")
+    for name, flag in (("stages", "--stages"), ("microbatches", "--microbatches"),
+                       ("layers_per_stage", "--layers-per-stage")):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {getattr(args, name)}")
+    work = args.stages * args.microbatches * args.layers_per_stage
+    if work > MAX_UNIFORM_WORK:
+        raise ConfigError(f"--stages x --microbatches x --layers-per-stage = {work:,} (layer, micro-batch) pairs "
+                          f"would be about {3 * work:,} simulated tasks; at most {MAX_UNIFORM_WORK:,} pairs are "
+                          "simulated (the step is periodic: fewer micro-batches show the same steady state)")
     times = {dest: (getattr(args, dest) if getattr(args, dest) is not None else default)
              for dest, _, default in _TIMES}
     for dest, flag, _ in _TIMES:

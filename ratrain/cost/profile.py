@@ -52,6 +52,7 @@ from ratrain.spec.models import (
     Operator,
     embedding_and_head_operators,
     layer_operators,
+    list_models,
 )
 from ratrain.spec.platform import TrainingPlatform
 from rtcommon.fileio import atomic_write_json
@@ -429,8 +430,9 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
 
 def _profile_name(spec: ModelSpec, micro_batch: int, seq: int, tp: int, key: str) -> str:
     shape = hashlib.sha256(json.dumps(spec.to_json(), sort_keys=True).encode()).hexdigest()[:8]
-    # the name only labels the file; the hashes decide it (an HF config's name is not trusted)
-    label = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in spec.name)[:40].lstrip(".") or "model"
+    # the hashes decide the file; only a built-in model's name labels it (an HF config's name is
+    # text from an input file and never reaches a path)
+    label = spec.name if spec.name in list_models() else "hf-config"
     return f"{label}-b{micro_batch}-s{seq}-tp{tp}-{shape}-{key[:8]}.json"
 
 
