@@ -55,6 +55,7 @@ from ratrain.spec.models import (
     list_models,
 )
 from ratrain.spec.platform import TrainingPlatform
+from rtcommon.cache import read_json_cache
 from rtcommon.fileio import atomic_write_json
 
 PROFILE_FORMAT = 2
@@ -99,16 +100,9 @@ class GemmCache:
         self.emulated = 0
 
     def _read(self, path: Path) -> dict:
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, json.JSONDecodeError):
-            if self.progress:
-                print(f"[profile] ignoring corrupt cache {path}", file=sys.stderr)
-            return {}
-        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"),
-                                                                                                dict):
+        # unreadable, corrupt or oversized files are warned about and skipped by rtcommon.cache
+        data = read_json_cache(path)
+        if data is None or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"), dict):
             return {}
         out, bad = {}, 0
         for key, val in data["entries"].items():
@@ -488,15 +482,8 @@ def _warn(path: Path, why: str) -> None:
 def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:
     """A shipped or cached profile, if it is current and sane; anything else is rebuilt with a
     one-line warning (a stale file silently: a new emulator version or platform is expected)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError):
-        _warn(path, "is corrupt")
-        return None
-    if not isinstance(data, dict):
-        _warn(path, "is malformed")
+    data = read_json_cache(path)       # None: missing, or corrupt (warned by rtcommon.cache)
+    if data is None:
         return None
     if (data.get("format") != PROFILE_FORMAT or data.get("emulator_version") != version
             or data.get("platform_key") != key):
