@@ -21,6 +21,7 @@ from mtemu.fp16 import f16_to_f32_array, f32_to_f16_array
 from mtemu.kernels.gemm import build_gemm
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT
+from ratrain.plan.time_to_train import expected_max_normal
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig
@@ -161,3 +162,10 @@ def test_functional_gemm_1024_against_numpy(benchmark):
     benchmark.pedantic(lambda: out.update(functional_gemm(1024)), rounds=1, iterations=1)
     _speed_info(benchmark, out)
     assert out["bundles"] > 10**6
+
+
+def test_expected_max_normal_100k(benchmark):
+    """Expected slowest of 100,000 clusters (the straggler factor); target well under 0.5 s."""
+    expected_max_normal(7)               # build the integration grid once
+    value = benchmark(expected_max_normal, 100_000)
+    assert 4.0 < value < 5.0

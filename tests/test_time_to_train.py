@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -59,12 +58,9 @@ def test_expected_max_normal_monte_carlo(n):
     assert abs(expected_max_normal(n) - samples.mean()) < 4 * standard_error
 
 
-def test_expected_max_normal_large_n_is_fast():
-    expected_max_normal(7)               # build the grid once
-    start = time.perf_counter()
-    value = expected_max_normal(100_000)
-    assert time.perf_counter() - start < 0.5
-    assert value == pytest.approx(KNOWN_MAX[100_000], abs=1e-6)
+def test_expected_max_normal_large_n():
+    # its speed is a benchmark (bench/test_micro.py::test_expected_max_normal_100k), not a timed test
+    assert expected_max_normal(100_000) == pytest.approx(KNOWN_MAX[100_000], abs=1e-6)
 
 
 def test_straggler_step_and_job_mtbf():
