@@ -11,6 +11,8 @@ from typing import Callable
 from ratrain.errors import ConfigError
 from ratrain.repro import training
 from ratrain.repro.budget import run_budget
+from ratrain.repro.compare import DEFAULT_EXPERIMENTS as COMPARED
+from ratrain.repro.compare import compare_markdown, load_baseline
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
@@ -83,6 +85,20 @@ def write_report(experiments: list[Experiment], out: Path, settings=None) -> Pat
             parts += ["", f"![{e.key}]({rel.as_posix()})"]
         for note in e.notes:
             parts += ["", f"> {note}"]
+    parts += _before_after(experiments)
     path = out / "report.md"
     atomic_write_text(path, "\n".join(parts) + "\n")
     return path
+
+
+def _before_after(experiments: list[Experiment]) -> list[str]:
+    """This run against the shipped baseline from before the one-platform step, table by table."""
+    run = {e.key: e.to_json() for e in experiments if e.key in COMPARED}
+    if not run:
+        return []
+    baseline = load_baseline()
+    return ["", "## Before and after the one-platform step", "",
+            f"Before: {baseline['description']} After: this run. **yes** marks a row that moved by more than its "
+            "tolerance (one-sided tolerances: a change of pass/miss or of more than 5 %); each such row has one "
+            "sentence below its table.", "",
+            compare_markdown(baseline, {"experiments": run})]
