@@ -157,9 +157,15 @@ def test_step_breakdown_uniform_closed_forms(P, A):
     assert ckpt.step_ms == pytest.approx((A + P - 1) * (F + B + R))
     assert ckpt.e_rec_ms == pytest.approx((A + P - 1) * R)
     # compute-resident FSR: only the pipeline bubbles hide recovery; the last stage exposes it
-    fsr = step_breakdown(_uniform(P, 2, F, B, R), 0.0, A, activation="fsr")
+    fsr = step_breakdown(_uniform(P, 2, F, B, R), 0.0, A, activation="fsr", fsr_buffer_layers=None)
     assert fsr.step_ms == pytest.approx(P * (F + B) + R + (A - 1) * (F + B + R))
     assert full.step_ms <= fsr.step_ms <= ckpt.step_ms
+    # Eq. 6's single recovery buffer (the default): of each stage's two layers only the first in
+    # backward order is recovered in the bubble, the other (R / 2) waits for its slot on the path
+    single = step_breakdown(_uniform(P, 2, F, B, R), 0.0, A, activation="fsr")
+    assert single.step_ms == pytest.approx(P * (F + B) + R + (P - 1) * R / 2 + (A - 1) * (F + B + R))
+    double = step_breakdown(_uniform(P, 2, F, B, R), 0.0, A, activation="fsr", fsr_buffer_layers=2)
+    assert double.step_ms == pytest.approx(fsr.step_ms)
 
 
 def test_step_breakdown_sums_eq12_and_bulk_tail():
@@ -299,18 +305,23 @@ def test_embedding_sync_counts_embedding_parameters():
     ("llama2-7b", ParallelConfig(pp=16, dp=1, tp=4, micro_batch=8, accum=16, activation="fsr")),
 ])
 def test_ddr_resident_recovery_estimate(name, cfg):
-    """What-if: recovery that overlaps compute (on DDR). The last stage can only overlap a layer's
-    recovery with the forwards of the layers after it, so at least its last layer is exposed."""
+    """What-if: recovery that overlaps compute (on DDR) into a double buffer (one layer consumed by
+    its backward while the next is recovered). The last stage can only overlap a layer's recovery
+    with the forwards of the layers after it, so at least its last layer is exposed. With the
+    default single buffer most recovery waits on the backward path and DDR gains far less."""
     from ratrain.cost.terms import stage_kinds
     m = get_model(name)
     prof = roofline(m, cfg.micro_batch, cfg.seq, cfg.tp)
     terms = cost_terms(m, cfg, prof, PLAT)
     kinds = stage_kinds(terms, partition_model(m, cfg.pp))
-    ddr = step_breakdown(kinds, terms.transfer, cfg.accum, recovery_resource="ddr")
-    comp = step_breakdown(kinds, terms.transfer, cfg.accum, recovery_resource="compute")
-    assert ddr.step_ms < comp.step_ms and ddr.e_rec_ms > 0
-    sim = simulate(pipeline_costs(m, cfg, prof, PLAT, recovery_resource="ddr"), mechanisms=Mechanisms())
-    assert abs(ddr.step_ms / sim.step_time_ms - 1) < 0.03
+    ddr = step_breakdown(kinds, terms.transfer, cfg.accum, recovery_resource="ddr", fsr_buffer_layers=2)
+    comp = step_breakdown(kinds, terms.transfer, cfg.accum, recovery_resource="compute", fsr_buffer_layers=2)
+    single = step_breakdown(kinds, terms.transfer, cfg.accum, recovery_resource="ddr")
+    assert ddr.step_ms < single.step_ms and ddr.step_ms < comp.step_ms and ddr.e_rec_ms > 0
+    for cap, est in ((2, ddr), (1, single)):
+        sim = simulate(pipeline_costs(m, cfg, prof, PLAT, recovery_resource="ddr"),
+                       mechanisms=Mechanisms(fsr_buffer_layers=cap))
+        assert abs(est.step_ms / sim.step_time_ms - 1) < 0.03, cap
 
 
 @pytest.mark.parametrize("P,A", [(2, 4), (3, 6), (4, 2), (4, 8)])

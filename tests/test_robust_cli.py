@@ -173,6 +173,21 @@ def test_json_output_is_strict_and_says_what_became_null(capsys):
     assert NONFINITE_KEY not in _strict_loads(dumps_strict({"x": 1.5}))
 
 
+def _wait_for_cpu_seconds(pid: int, seconds: float, timeout: float = 120.0) -> None:
+    """Block until process ``pid`` has used ``seconds`` of CPU (wall time is no measure on a busy machine)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        time.sleep(seconds)
+        return
+    tick = os.sysconf("SC_CLK_TCK")
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        if (int(fields[11]) + int(fields[12])) / tick >= seconds:     # utime + stime
+            return
+        time.sleep(0.1)
+
+
 def test_ctrl_c_stops_a_long_emulation_quickly(tmp_path):
     loop = tmp_path / "loop.s"
     loop.write_text("# @dsps 1\ntop:\n{ br top }\n{ halt }\n")
@@ -180,7 +195,7 @@ def test_ctrl_c_stops_a_long_emulation_quickly(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "mtemu.cli", "run", str(loop), "--mode", "timing",
                           "--max-cycles", str(2 ** 59)], stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        time.sleep(4)          # imports, then well into the jitted loop
+        _wait_for_cpu_seconds(p.pid, 4.0)    # imports, then well into the jitted loop, however loaded the machine
         t0 = time.perf_counter()
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=20)

@@ -278,15 +278,22 @@ def test_fsr_window_partially_covers_recovery(resource):
     check_all(res, long_r)
 
 
+@pytest.mark.parametrize("buffer_layers", [None, 2])
 @pytest.mark.parametrize("P,A,L", [(4, 8, 1), (4, 8, 3), (6, 20, 2), (3, 2, 2)])
-def test_fsr_on_ddr_hides_all_recovery_when_it_fits_the_forward(P, A, L):
+def test_fsr_on_ddr_hides_all_recovery_when_it_fits_the_forward(P, A, L, buffer_layers):
+    # an unbounded buffer, or a double one (recovery k runs beside backward k-1, R < B)
     R = 0.95 * F
     costs = PipelineCosts.uniform(P, A, t_forward=F, t_backward=B, t_update=U, t_recompute=R, layers_per_stage=L,
                                   recovery_resource="ddr")
-    mech = Mechanisms(fsr_skip_adjacent=True)      # the last stage keeps its single in-flight set
+    # the last stage keeps its single in-flight set
+    mech = Mechanisms(fsr_skip_adjacent=True, fsr_buffer_layers=buffer_layers)
     res = simulate(costs, mechanisms=mech)
     assert res.step_time_ms == approx((A + P - 1) * (F + B) + U / L)
     assert all(s.exposed_recovery_ms == approx(0.0) for s in res.stages)
+    single = simulate(costs, mechanisms=Mechanisms(fsr_skip_adjacent=True, fsr_buffer_layers=1))
+    # one buffer: every recovery but a micro-batch's first waits for a backward to free the slot
+    exposed = sum(s.exposed_recovery_ms for s in single.stages)
+    assert (exposed == approx(0.0)) if L == 1 else (exposed > R)
     assert not [t for t in res.tasks if t.kind == "R" and t.stage == P - 1]
     ckpt = simulate(costs, mechanisms=Mechanisms.variant("no-fsr"))
     assert ckpt.step_time_ms == approx((A + P - 1) * (F + B + R) + U / L)
@@ -630,3 +637,18 @@ def test_cli_flags_and_errors(capsys):
     assert cli_main(["simulate", "--uniform", "--stages", "4", "--microbatches", "2", "--t-forward", "1"]) == 2
     assert "--t-backward is required" in capsys.readouterr().err
     assert cli_main(BASE_ARGS + ["--t-gradsync", "-1"]) == 2
+
+
+def test_recovery_buffer_capacity_hand_case():
+    # P = 1, A = 1, L = 3, recovery on DDR: F0 F1 F2, then B2 B1 B0. Unbounded: R0 and R1 run
+    # during the later forwards, R2 after F2 is exposed once. One buffer: R1 waits for B2 and
+    # R0 for B1, each on the backward path. Two: R0 runs beside B1 (R < B), as unbounded.
+    R = 1.0                                   # per stage; uniform() splits each time over the 3 layers
+    costs = PipelineCosts.uniform(1, 1, t_forward=F, t_backward=B, t_update=0.0, t_recompute=R, layers_per_stage=3,
+                                  recovery_resource="ddr")
+    steps = {cap: simulate(costs, mechanisms=Mechanisms(fsr_buffer_layers=cap)).step_time_ms for cap in (None, 1, 2)}
+    assert steps[None] == approx(F + R / 3 + B)
+    assert steps[1] == approx(F + R + B)
+    assert steps[2] == approx(steps[None])
+    with pytest.raises(ConfigError, match="fsr_buffer_layers"):
+        Mechanisms(fsr_buffer_layers=0)

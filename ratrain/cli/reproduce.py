@@ -4,12 +4,14 @@ from __future__ import annotations
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.repro.experiment import Settings, format_checks
 from ratrain.repro.report import EXPERIMENT_NAMES, reproduce
+from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 
 def _reproduce(args):
     which = [args.experiment] if args.experiment else None
     platform = platform_from_args(args)
-    settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform)
+    settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform,
+                        fsr_buffer_layers=args.fsr_buffer_layers)
     exps = reproduce(which, args.out, progress=not args.json, settings=settings)
     if args.experiment:
         e = exps[0]
@@ -33,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",
                    help="where FSR recovery runs (default: compute, the honest model; 'ddr' shows the platform "
                         "the paper's FSR gain needs)")
+    p.add_argument("--fsr-buffer-layers", type=int, default=FSR_BUFFER_LAYERS, metavar="N",
+                   help=f"layers FSR's recovery buffer holds, in memory and in the simulator (default "
+                        f"{FSR_BUFFER_LAYERS}, Eq. 6's single M_rec)")
     add_platform_args(p)
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--json", action="store_true")

@@ -24,6 +24,7 @@ from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
+from ratrain.spec.memory import FSR_BUFFER_LAYERS
 from ratrain.spec.models import from_hf_config, get_model
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 
@@ -79,6 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-layerwise", action="store_true", help="bulk step-end GradSync/update/prefetch")
     p.add_argument("--no-update-prefetch", action="store_true", help="bulk update/prefetch after all GradSyncs")
     p.add_argument("--fsr-lookahead", type=int, default=1, help="micro-batches that may hold recovery buffers")
+    p.add_argument("--fsr-buffer-layers", type=_buffer_layers, default=FSR_BUFFER_LAYERS, metavar="N|none",
+                   help=f"layers FSR's recovery buffer holds (default {FSR_BUFFER_LAYERS}, Eq. 6's single M_rec; "
+                        "'none': no cap)")
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute")
     p.add_argument("--update-resource", choices=("compute", "ddr", "link"), default="ddr")
     p.add_argument("--prefetch-resource", choices=("compute", "ddr", "link"), default="ddr",
@@ -95,7 +99,19 @@ def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
     return Mechanisms(layerwise=base.layerwise and not args.no_layerwise,
                       update_prefetch=base.update_prefetch and not args.no_update_prefetch,
                       fsr=base.fsr and not args.no_fsr, activation=activation,
-                      fsr_lookahead=args.fsr_lookahead)
+                      fsr_lookahead=args.fsr_lookahead, fsr_buffer_layers=args.fsr_buffer_layers)
+
+
+def _buffer_layers(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a layer count >= 1 or 'none', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a layer count >= 1 or 'none', got {text!r}")
+    return value
 
 
 def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = None, profile=None,

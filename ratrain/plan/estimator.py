@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
+from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 # ---------------------------------------------------------------- analytic step time (Eq. 11-12)
 
@@ -85,8 +86,19 @@ def _hidden_recovery(window: float, recs: list[float]) -> float:
     return used
 
 
+def _serial_recovery(recs: list[float], bwds: list[float], cap: int | None, overlaps: bool) -> float:
+    """Recovery a ``cap``-layer buffer leaves on the backward path of one micro-batch. In backward
+    order, recovery k (k >= cap) starts when backward k - cap frees its slot; on a resource of its
+    own (``overlaps``) it runs beside backwards k-cap+1..k-1 and only its overflow is exposed."""
+    if cap is None:
+        return 0.0
+    rb, bb = recs[::-1], bwds[::-1]
+    return sum(max(0.0, rb[k] - (sum(bb[k - cap + 1:k]) if overlaps else 0.0)) for k in range(cap, len(rb)))
+
+
 def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd: list[float], X: float,
-               resource: str) -> tuple[list[float], list[float]]:
+               resource: str, buffer_layers: int | None = None,
+               bwds: list[list[float]] | None = None) -> tuple[list[float], list[float]]:
     """FSR (Eq. 7): per stage, (steady-state compute load per micro-batch, exposed recovery on
     the fill/drain path).
 
@@ -99,21 +111,30 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
     (its B(m) follows F(m) at once): R(m, l) runs during F(m, l+1..), and what the chain has
     not finished when F(m) ends is exposed (at least the last layer's recovery). Earlier stages
     recover micro-batch m between B(m-1)'s end and B(m)'s start (their F plus idle time), in
-    whole R tasks, last layer first; the rest is exposed and lengthens the slot (fixed point)."""
+    whole R tasks, last layer first; the rest is exposed and lengthens the slot (fixed point).
+    A recovery buffer of ``buffer_layers`` layers (None: unbounded) lets only a micro-batch's last
+    that-many layers be recovered ahead; every other recovery waits for a backward to free a slot
+    and then sits on the backward path (``_serial_recovery``; per-layer backward times ``bwds``)."""
     P = len(f)
     rsum = [sum(r) for r in recs]
+    ahead = [r if buffer_layers is None else r[len(r) - min(buffer_layers, len(r)):] for r in recs]
+    bwds = bwds or [[0.0] * len(r) for r in recs]
+    serial = [_serial_recovery(recs[p], bwds[p], buffer_layers, resource != "compute") for p in range(P)]
     if resource == "compute":
-        return [f[p] + b[p] + rsum[p] for p in range(P)], [0.0] * (P - 1) + [rsum[-1]]
+        return [f[p] + b[p] + rsum[p] for p in range(P)], serial[:-1] + [rsum[-1]]
     fend = rend = 0.0
-    for fw, r in zip(last_fwd, recs[-1], strict=False):
+    first_ahead = len(recs[-1]) - len(ahead[-1])
+    for i, (fw, r) in enumerate(zip(last_fwd, recs[-1], strict=False)):
         fend += fw
-        rend = max(fend, rend) + r
-    e_last = max(0.0, rend - fend) if rsum[-1] > 0 else 0.0
-    e = [0.0] * (P - 1) + [e_last]
+        if i >= first_ahead:
+            rend = max(fend, rend) + r
+    e_last = serial[-1] + (max(0.0, rend - fend) if sum(ahead[-1]) > 0 else 0.0)
+    e = serial[:-1] + [e_last]
     for _ in range(8):
         slot = max(f[p] + b[p] + e[p] for p in range(P))
         slot = max(slot, f[-1] + b[-1] + e[-1] + (2 * X if P > 1 else 0.0))
-        new = [rsum[p] - _hidden_recovery(slot - b[p] - e[p], recs[p]) for p in range(P - 1)] + [e_last]
+        new = [sum(ahead[p]) - _hidden_recovery(slot - b[p] - e[p], ahead[p]) + serial[p]
+               for p in range(P - 1)] + [e_last]
         new = [max(x, y) for x, y in zip(new, e, strict=False)]
         if all(abs(x - y) < 1e-9 for x, y in zip(new, e, strict=False)):
             break
@@ -253,13 +274,14 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
 
 def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
                    layerwise: bool = True, update_prefetch: bool = True, fsr: bool = True,
-                   recovery_resource: str = "compute",
+                   recovery_resource: str = "compute", fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS,
                    prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
     """Analytic T_step (Eq. 11-12) of one replica from its per-stage layer kinds; no simulation.
 
     ``activation``/``fsr`` follow ``ratrain.sim.simulator.Mechanisms`` (fsr off = backward-time
     recovery); ``layerwise``/``update_prefetch`` select the lifecycle mode; ``recovery_resource``
-    is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``prefetch_resource``
+    is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``fsr_buffer_layers`` the
+    recovery buffer's capacity in layers (Mechanisms.fsr_buffer_layers); ``prefetch_resource``
     where PrefetchW runs ('link', as ``pipeline_costs`` builds it, or 'ddr')."""
     if prefetch_resource not in ("ddr", "link"):
         raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
@@ -275,7 +297,7 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         if key not in shapes:
             fs, bs, rs = _stage_sums(kinds)
             shapes[key] = (fs, bs, rs if policy != "full" else 0.0,
-                           [k.recompute if policy != "full" else 0.0 for k in kinds])
+                           [k.recompute if policy != "full" else 0.0 for k in kinds], [k.backward for k in kinds])
         sig.append(key)
     f = [shapes[k][0] for k in sig]
     b0 = [shapes[k][1] for k in sig]
@@ -287,7 +309,8 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         share = [1.0] * P
     elif policy == "fsr":
         recs = [shapes[k][3] for k in sig]
-        slot_loads, e = _fsr_loads(f, b0, recs, [k.forward for k in stages[-1]], X, recovery_resource)
+        slot_loads, e = _fsr_loads(f, b0, recs, [k.forward for k in stages[-1]], X, recovery_resource,
+                                   fsr_buffer_layers, [shapes[k][4] for k in sig])
         path = [base[p] + e[p] for p in range(P)]
         share = [e[p] / rsum[p] if rsum[p] > 0 else 0.0 for p in range(P)]
     else:

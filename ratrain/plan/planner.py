@@ -277,7 +277,8 @@ class Planner:
         on = method != "tuned"
         return step_breakdown(kinds, terms.transfer, cfg.accum, activation=cfg.activation,
                               layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise", fsr=on,
-                              recovery_resource=self.recovery_resource)
+                              recovery_resource=self.recovery_resource,
+                              fsr_buffer_layers=self.constants.fsr_buffer_layers)
 
     def evaluate(self, cfg: ParallelConfig, method: str = "ratrain") -> Candidate:
         """Memory (stage_memory) and analytic time of one configuration; ``step_ms`` is inf if OOM."""
@@ -401,7 +402,8 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     terms = planner.terms(cfg)
     bd = step_breakdown(stage_kinds(terms, planner.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
                         activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,
-                        fsr=mech.fsr, recovery_resource=recovery_resource)
+                        fsr=mech.fsr, recovery_resource=recovery_resource,
+                        fsr_buffer_layers=mech.fsr_buffer_layers)
     return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)
 
 

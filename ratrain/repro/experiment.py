@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ratrain.spec.memory import FSR_BUFFER_LAYERS, MemoryConstants
 from ratrain.spec.platform import TrainingPlatform
 
 
@@ -69,9 +70,18 @@ class Settings:
     # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
     # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
     platform: TrainingPlatform = TrainingPlatform()
+    # FSR's recovery buffer in layers (Eq. 6's single M_rec): the memory model counts it and the
+    # simulator recovers ahead no further (docs/CHOICES.md, "FSR's recovery buffer").
+    fsr_buffer_layers: int = FSR_BUFFER_LAYERS
+
+    def __post_init__(self) -> None:
+        self.memory_constants()        # a bad buffer size is refused before any experiment runs
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def memory_constants(self) -> MemoryConstants:
+        return MemoryConstants(fsr_buffer_layers=self.fsr_buffer_layers)
 
 
 DEFAULT_SETTINGS = Settings()

@@ -19,6 +19,7 @@ analytic Eq. 9 model of the same layout. The analytic activation term assumes
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,14 @@ from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import Mechanisms, activation_residency
 from ratrain.sim.weight_split import layer_weight_gradient_bytes, weight_fractions
-from ratrain.spec.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, stage_memory
+from ratrain.spec.memory import (
+    DEFAULT_CONSTANTS,
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    MemoryConstants,
+    stage_memory,
+)
 from ratrain.spec.models import FP16, ModelSpec, get_model, layer_tp_parameter_count, stage_edge_parameters
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 from ratrain.spec.platform import GIB
@@ -91,10 +99,11 @@ def _layer_state_bytes(model: ModelSpec, cfg: ParallelConfig) -> float:
     return per_param * layer_tp_parameter_count(model, cfg.tp)
 
 
-def _memory(model: ModelSpec, cfg: ParallelConfig, result, costs, wbytes: list[int]) -> dict:
+def _memory(model: ModelSpec, cfg: ParallelConfig, result, costs, wbytes: list[int],
+            constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict:
     """Per-stage peak bytes: Eq. 9's state + buffers of the layout (a stage holding a different layer
     count under interleaving gains or loses one layer's state per layer), plus the simulated activations."""
-    analytic = stage_memory(model, cfg)
+    analytic = stage_memory(model, cfg, constants=constants)
     per_layer = _layer_state_bytes(model, cfg)
     act = activation_residency(result, costs, weight_grad_bytes=wbytes)
     peaks = [st.state_bytes + (len(layers) - len(st.layers)) * per_layer + st.buffer_bytes + a
@@ -112,7 +121,8 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
     for li, (source, model_name, cfg) in enumerate(layouts or paper_layouts(s)):
         model = get_model(model_name)
         profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=s.profile_source)
-        with_mech = mechanisms_for("ratrain", cfg.activation, cfg.prefetch)
+        with_mech = replace(mechanisms_for("ratrain", cfg.activation, cfg.prefetch),
+                            fsr_buffer_layers=s.fsr_buffer_layers)
         without = Mechanisms.all_off()
         wbytes = layer_weight_gradient_bytes(model, model.layers, cfg.micro_batch, cfg.seq, cfg.tp)
         fractions = None
@@ -136,8 +146,8 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
                 runs[key] = simulate_config(model, cfg, platform=s.platform, profile=profile,
                                             recovery_resource=s.recovery_resource, mechanisms=mech, schedule=sched)
             res, res0 = runs["with"].result, runs["without"].result
-            mem = _memory(model, cfg, res, runs["with"].costs, wbytes)
-            mem0 = _memory(model, cfg, res0, runs["without"].costs, wbytes)
+            mem = _memory(model, cfg, res, runs["with"].costs, wbytes, s.memory_constants())
+            mem0 = _memory(model, cfg, res0, runs["without"].costs, wbytes, s.memory_constants())
             links = link_bytes(model, cfg, res)
             step, step0 = res.step_time_ms / 1e3, res0.step_time_ms / 1e3
             row.update(
@@ -223,6 +233,10 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS,
             checks.append(Check(f"{label} without: simulated peak GB = Eq. 9", r["peak_without_gb"], None,
                                 "±0.01 GB of Eq. 9", abs(r["peak_without_gb"] - r["analytic_peak_gb"]) <= 0.01,
                                 f"Eq. 9: {r['analytic_peak_gb']:.2f} GB (backward-time recompute under 1F1B)"))
+            checks.append(Check(f"{label} with: simulated peak GB = Eq. 9", r["max_peak_gb"], None,
+                                "±0.01 GB of Eq. 9", abs(r["max_peak_gb"] - r["analytic_peak_gb"]) <= 0.01,
+                                f"Eq. 9: {r['analytic_peak_gb']:.2f} GB (FSR, {s.fsr_buffer_layers}-layer "
+                                "recovery buffer, under 1F1B)"))
         checks.append(Check(f"{label}: mechanisms pay (step without / with)", r["gain"], None, "> 1",
                             r["gain"] > 1.0))
         if r["schedule"] in ("zb-h1", "interleaved"):
@@ -267,10 +281,9 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS,
         "activation term assumes 1F1B's N_act = min(P-p, A) (in_flight_analytic); interleaved holds "
         "(2(P-p-1) + (v-1)P + 1)/v stage-sets on stage p, ZB-H1 min(P, A) on every stage (activations live until "
         "W), GPipe A (in_flight_schedule; activation_sets is measured). Under backward-time recompute ('without') "
-        "the simulated 1F1B peak equals Eq. 9 (checked). With FSR ('with', and 'fits') the simulator keeps a whole "
-        "micro-batch's recovery buffers (one per layer of the stage) alive when it recovers in a bubble ahead of "
-        "the backward (fsr_lookahead = 1 micro-batch), which Eq. 6's single recovery buffer does not count: that "
-        "is why 'with' peaks exceed the analytic ones even under 1F1B.",
+        "the simulated 1F1B peak equals Eq. 9 (checked); with FSR too (checked): the simulator recovers ahead no "
+        f"further than the recovery buffer holds ({s.fsr_buffer_layers} layer(s), Eq. 6's M_rec; Settings."
+        "fsr_buffer_layers), and Eq. 9 counts exactly that buffer.",
         "Planner predictions (analytic) model 1F1B only; every number here is simulated.",
     ]
     return Experiment("schedules", "Pipeline schedules: RATrain's layouts under 1F1B, GPipe, interleaved 1F1B and "

@@ -4,10 +4,11 @@ paper leaves open is a field of :class:`ratrain.repro.experiment.Settings`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import Planner, simulate_config
+from ratrain.plan.planner import Planner, mechanisms_for, simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import (
     DEFAULT_SETTINGS,
@@ -33,12 +34,14 @@ from rtcommon.progress import Progress
 
 
 def _sim(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None):
+    mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
     return simulate_config(model, cfg, method=method, platform=s.platform, profile_source=s.profile_source,
-                           recovery_resource=s.recovery_resource, mechanisms=mechanisms)
+                           recovery_resource=s.recovery_resource,
+                           mechanisms=replace(mech, fsr_buffer_layers=s.fsr_buffer_layers))
 
 
-def _peak_gb(model, cfg: ParallelConfig) -> float:
-    return max_peak(stage_memory(model, cfg)) / GIB
+def _peak_gb(model, cfg: ParallelConfig, s: Settings) -> float:
+    return max_peak(stage_memory(model, cfg, constants=s.memory_constants())) / GIB
 
 
 # ------------------------------------------------------------------------------------------
@@ -58,7 +61,7 @@ def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None
                              accum=paper.TABLE2_GLOBAL_BATCH // (D * s.micro_batch), seq=s.seq, activation=act)
         if method == "ratrain":
             ref_cfg[model_name] = (P, D, T, Z)
-        ours_peak = _peak_gb(model, cfg)
+        ours_peak = _peak_gb(model, cfg, s)
         row = {"model": model_name, "method": method, "config": cfg.describe(), "peak_gb": ours_peak,
                "paper_peak_gb": peak, "oom": ours_peak > budget, "paper_oom": peak is None,
                "step_s": None, "paper_step_s": step, "slowdown": None, "paper_slowdown": slow}
@@ -120,7 +123,8 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for model_name, min_clusters, P, D, A, peak, step, gb in paper.TABLE3:
         model = get_model(model_name)
         progress(f"Table 3: smallest feasible footprint of {model_name} (global batch {gb})")
-        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
+                          constants=s.memory_constants())
         found = None
         for n in s.table3_grid:
             res = planner.plan(n, gb, s.seq, "ratrain", top=1, micro_batches=(s.micro_batch,), tp_degrees=(1,),
@@ -130,7 +134,7 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
                 break
         paper_cfg = ParallelConfig(pp=P, dp=D, tp=1, zero=2, micro_batch=s.micro_batch, accum=A, seq=s.seq,
                                    activation="fsr")
-        paper_layout_peak = _peak_gb(model, paper_cfg)
+        paper_layout_peak = _peak_gb(model, paper_cfg, s)
         row = {"model": model_name, "paper_min_clusters": min_clusters, "paper_pp": P, "paper_dp": D,
                "paper_peak_gb": peak, "paper_step_s": step, "global_batch": gb,
                "paper_layout_peak_gb": paper_layout_peak, "paper_layout_fits": paper_layout_peak * GIB <= budget}
@@ -170,7 +174,8 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for model_name, clusters, pred, meas, err in paper.TABLE4:
         model = get_model(model_name)
         progress(f"Table 4: planning {model_name} on {clusters} clusters, then simulating the choice")
-        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
+                          constants=s.memory_constants())
         res = planner.plan(clusters, s.table4_global_batch, s.seq, "ratrain", top=1,
                            micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
                            zero_stages=s.ratrain_zero_stages)
@@ -200,7 +205,7 @@ def scaleout_base(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
     progress = progress or (lambda msg: None)
     base_n = s.table6_clusters[0]
     planner = Planner(get_model("llama2-7b"), s.platform, profile_source=s.profile_source,
-                      recovery_resource=s.recovery_resource)
+                      recovery_resource=s.recovery_resource, constants=s.memory_constants())
     progress(f"Table 6: planning LLaMA-2-7B on {base_n} clusters")
     res = planner.plan(base_n, base_n * s.table6_batch_per_cluster, s.seq, "ratrain", top=1,
                        micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
@@ -318,7 +323,7 @@ def run_ablation(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) 
                   title="End of the step: layer-wise GradSync / UpdateShard / PrefetchW")
     figs.append(str(tail))
     mem = out / "stage_memory.png"
-    stages = stage_memory(model, cfg)
+    stages = stage_memory(model, cfg, constants=s.memory_constants())
     plot_stage_memory([st.peak_bytes for st in stages], s.platform.memory_budget_bytes, mem,
                       title=f"{model.name} {cfg.describe()}: per-stage peak memory vs the 20 GB budget")
     figs.append(str(mem))

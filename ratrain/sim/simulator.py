@@ -30,7 +30,8 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
 * Activation policies: ``full`` (no recovery), ``ckpt`` (recompute at backward
   time: each B lasts backward_ms + recompute_ms, no R tasks), ``fsr`` (one R
   task per layer and micro-batch, started in idle windows after F(m, l) once
-  fewer than ``fsr_lookahead`` micro-batches hold recovery buffers; if B(m, l)
+  fewer than ``fsr_lookahead`` micro-batches hold recovery buffers and the
+  buffer (``fsr_buffer_layers`` layers) has a free slot; if B(m, l)
   is otherwise ready and R(m, l) is unfinished, R is promoted to main-path
   priority: backward-time fallback). Under zb-h1 the lookahead still counts
   micro-batches by their B, so a recovery buffer may outlive it until its W
@@ -61,6 +62,7 @@ from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import Task
+from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 ACTIVATIONS = ("full", "ckpt", "fsr")
 ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")
@@ -89,6 +91,10 @@ class Mechanisms:
     fsr_skip_adjacent: a micro-batch whose B directly follows its F on a stage
     keeps its activations instead of being recovered (off by default: the
     executor applies one activation policy per run).
+    fsr_buffer_layers: the recovery buffer's capacity in layers (default Eq. 6's one,
+    ``ratrain.spec.memory.FSR_BUFFER_LAYERS``, which the memory model counts): the k-th
+    recovery of a stage (backward order) waits until the backward that consumed the
+    (k - capacity)-th has ended; None lifts the cap (only the lookahead bounds it).
     """
     layerwise: bool = True
     update_prefetch: bool = True
@@ -96,6 +102,7 @@ class Mechanisms:
     activation: str = "fsr"
     fsr_lookahead: int = 1
     fsr_skip_adjacent: bool = False
+    fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -103,6 +110,11 @@ class Mechanisms:
         if isinstance(self.fsr_lookahead, bool) or not isinstance(self.fsr_lookahead, int) \
                 or self.fsr_lookahead < 1:
             raise ConfigError(f"Mechanisms.fsr_lookahead must be an integer >= 1, got {self.fsr_lookahead!r}")
+        if self.fsr_buffer_layers is not None and (isinstance(self.fsr_buffer_layers, bool)
+                                                   or not isinstance(self.fsr_buffer_layers, int)
+                                                   or self.fsr_buffer_layers < 1):
+            raise ConfigError("Mechanisms.fsr_buffer_layers must be None (no cap) or an integer >= 1, "
+                              f"got {self.fsr_buffer_layers!r}")
 
     @property
     def policy(self) -> str:
@@ -381,6 +393,7 @@ class _Sim:
                 b_ops = [(m, local * P + p) for op, m, local in order if op == "B"]
                 adjacent = {(m, local * P + p) for i, (op, m, local) in enumerate(order[:-1])
                             if op == "F" and order[i + 1] == ("B", m, local)}
+                consumed: list[_Job] = []   # B tasks that free a recovery buffer, in backward order
                 for bi, (m, g) in enumerate(b_ops):
                     if m_.fsr_skip_adjacent and (m, g) in adjacent:
                         continue
@@ -399,6 +412,14 @@ class _Sim:
                         b.other = b.npred
                         b.fsr_r = r
                         _edge(r, b)
+                    cap = m_.fsr_buffer_layers
+                    if cap is not None:
+                        # a bounded recovery buffer: the k-th recovery (in backward order) waits until
+                        # the backward that consumed the (k - cap)-th has ended and freed its slot
+                        for b in reversed(self.B[(g, m)]):
+                            if len(consumed) >= cap:
+                                _edge(consumed[-cap], b.fsr_r)
+                            consumed.append(b)
         # lifecycle tasks
         self.life: list[list[_Job]] = []
         self.prefetch: list[dict[int, _Job]] = []

@@ -12,8 +12,10 @@ Activations (Eq. 5 / 6), with N_act(p) = min(P - p, A) micro-batches in flight u
         keeps its probabilities P, b*heads*seq*seq, as Algorithm 1 loads saved P tiles)
   ckpt: N_act * layers * (layer-boundary input only); the one layer recomputed at backward
         time lives in a recompute buffer (buffer tier)
-  fsr:  N_act * layers * (layer-boundary input) + one recovery buffer holding one layer's
-        recovered intermediates (Eq. 6 puts M_rec in the activation term, so do we)
+  fsr:  N_act * layers * (layer-boundary input) + a recovery buffer holding
+        ``fsr_buffer_layers`` layers' recovered intermediates (Eq. 6's single M_rec: one layer by
+        default; the simulator recovers ahead no further than that buffer holds, so its
+        activation timeline meets this term). Eq. 6 puts M_rec in the activation term, so do we.
 
 Buffers: Z=3 working weights, GradSync staging (one layer's FP16 gradient when D > 1), boundary send staging,
 TP all-reduce staging, the Z=3 prefetch buffer (next layer's working weights; the whole
@@ -45,6 +47,9 @@ from ratrain.spec.platform import GIB, TrainingPlatform
 WEIGHT_BYTES = FP16          # working weights
 GRAD_BYTES = FP16            # gradients
 OPTIMIZER_BYTES = 3 * FP32   # FP32 master + Adam m + Adam v
+# FSR's recovery buffer, in layers (Eq. 6's one short-lived M_rec). The one home of the default:
+# the memory model counts it and ratrain.sim.simulator.Mechanisms recovers ahead no further.
+FSR_BUFFER_LAYERS = 1
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,13 @@ class MemoryConstants:
     64 MiB; every other paper row is held out.
     """
     runtime_reserve_bytes: int = 832 * 2 ** 20
+    fsr_buffer_layers: int = FSR_BUFFER_LAYERS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fsr_buffer_layers, bool) or not isinstance(self.fsr_buffer_layers, int) \
+                or self.fsr_buffer_layers < 1:
+            raise ConfigError(f"MemoryConstants.fsr_buffer_layers must be an integer >= 1, "
+                              f"got {self.fsr_buffer_layers!r}")
 
 
 DEFAULT_CONSTANTS = MemoryConstants()
@@ -195,7 +207,7 @@ def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int) -> _LayerByt
 
 def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: bool, n_layers: int, n_act: int,
                  dp: int, tp: int, zero: int, tokens_per_mb: int, activation: str, prefetch: str,
-                 reserve: int) -> dict[str, int]:
+                 reserve: int, fsr_buffer_layers: int = FSR_BUFFER_LAYERS) -> dict[str, int]:
     """Eq. 9's terms for one stage: the single home of the memory model (stage_memory and the
     planner's PeakMemory both call it)."""
     d, z, m = dp, zero, tokens_per_mb
@@ -218,7 +230,7 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
     else:
         bd["saved_activations"] = 0
         bd["checkpoints"] = n_act * n_layers * sizes.ckpt + tokens
-        bd["recovery_buffer"] = rec if activation == "fsr" else 0
+        bd["recovery_buffer"] = min(fsr_buffer_layers, n_layers) * rec if activation == "fsr" else 0
 
     # GradSync staging: the full FP16 gradient of the object being reduced.  The
     # embedding gradient is sparse (at most b*seq rows per micro-batch).
@@ -273,7 +285,8 @@ def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatfo
         n_act = in_flight_microbatches(p, cfg.pp, cfg.accum)
         bd = _stage_bytes(model, sizes, first=p == 0, last=p == cfg.pp - 1, n_layers=len(layers), n_act=n_act,
                           dp=cfg.dp, tp=cfg.tp, zero=cfg.zero, tokens_per_mb=cfg.micro_batch * cfg.seq,
-                          activation=cfg.activation, prefetch=cfg.prefetch, reserve=constants.runtime_reserve_bytes)
+                          activation=cfg.activation, prefetch=cfg.prefetch, reserve=constants.runtime_reserve_bytes,
+                          fsr_buffer_layers=constants.fsr_buffer_layers)
         state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
@@ -309,7 +322,8 @@ class PeakMemory:
         for p, n in enumerate(self.counts(pp)):
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
                               n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
-                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch, reserve=reserve)
+                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch, reserve=reserve,
+                              fsr_buffer_layers=self.constants.fsr_buffer_layers)
             best = max(best, sum(bd.values()))
         return best
 
