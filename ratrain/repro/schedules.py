@@ -271,7 +271,9 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS,
         "micro-batch's recovery buffers (one per layer of the stage) alive when it recovers in a bubble ahead of "
         "the backward (fsr_lookahead = 1 micro-batch), which Eq. 6's single recovery buffer does not count: that "
         "is why 'with' peaks exceed the analytic ones even under 1F1B.",
-        "Planner predictions (analytic) model 1F1B only; every number here is simulated.",
+        "Every number here is simulated; the planner's schedule search (`ratrain plan --schedules`) estimates the "
+        "same schedules analytically and confirms its finalists with this simulator (docs/CHOICES.md, 'Schedules "
+        "in the planner').",
     ]
     return Experiment("schedules", "Pipeline schedules: RATrain's layouts under 1F1B, GPipe, interleaved 1F1B and "
                       "ZB-H1 (3.7 GB/s links)", rows, checks, figs, text, notes=notes)
