@@ -367,15 +367,17 @@ class Planner:
         budget = self.platform.memory_budget_bytes
         enumerated = pruned = 0
         timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
+        plain_1f1b = [c == ONE_F_ONE_B for c in choices]
         for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
                               tp_degrees=tp_degrees, zero_stages=zero_stages):
             p, d, t, z, b, a, act, pref = c
             for si, choice in enumerate(choices):
-                if choice != ONE_F_ONE_B and not runnable(choice, self.model.layers, p, a):
+                plain = plain_1f1b[si]
+                if not plain and not runnable(choice, self.model.layers, p, a):
                     continue
                 enumerated += 1
                 # Eq. 10 first: nothing is timed (or profiled) unless it fits
-                if choice == ONE_F_ONE_B:
+                if plain:
                     peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
                 else:
                     peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
@@ -384,7 +386,7 @@ class Planner:
                     continue
                 cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
                                      prefetch=pref, partition=self.partition)
-                bd = self.estimate(cfg, method, fast) if choice == ONE_F_ONE_B else \
+                bd = self.estimate(cfg, method, fast) if plain else \
                     self.estimate(cfg, method, fast, schedule=choice)
                 timed.append((bd.step_ms, peak, c, si, cfg, bd))
         timed.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
