@@ -433,3 +433,30 @@ class TrackPlanFreshCache:
     track_plan_llama2_7b_8_peak_mb = cached_track("track_plan_llama2_7b_8_peak_mb", "llama2-7b-8_mb", "MB")
     track_plan_llama2_70b_96_seconds = cached_track("track_plan_llama2_70b_96_seconds", "llama2-70b-96_s", "seconds")
     track_plan_llama2_70b_96_peak_mb = cached_track("track_plan_llama2_70b_96_peak_mb", "llama2-70b-96_mb", "MB")
+
+
+class TrackStragglers:
+    """The straggler study (ratrain.repro.stragglers): the per-cluster spread cv that gives the paper's Table 6
+    efficiency at 1024 clusters ('step' model), and the held-out efficiency errors at 512 and 768 clusters."""
+
+    timeout = 900
+
+    def setup_cache(self):
+        from pathlib import Path
+
+        from ratrain.repro.stragglers import run_stragglers
+        out = Path(tempfile.mkdtemp(prefix="asv-stragglers-"))
+        exp = run_stragglers(out, lambda msg: None)
+        step = {r["clusters"]: r for r in exp.rows if r.get("model") == "step" and "clusters" in r}
+        cv = step[1024]["cv"]
+        err = {n: 100.0 * (step[n]["efficiency"] - step[n]["paper_efficiency"]) if cv is not None else float("nan")
+               for n in (512, 768)}
+        return {"cv": 100.0 * cv if cv is not None else float("nan"), "err_512": err[512], "err_768": err[768]}
+
+    setup_cache.timeout = 900
+
+    track_stragglers_fitted_cv_pct = cached_track("track_stragglers_fitted_cv_pct", "cv", "%")
+    track_stragglers_held_out_error_512_points = cached_track("track_stragglers_held_out_error_512_points",
+                                                              "err_512", "points")
+    track_stragglers_held_out_error_768_points = cached_track("track_stragglers_held_out_error_768_points",
+                                                              "err_768", "points")

@@ -12,6 +12,7 @@ from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
+from ratrain.plan.schedule_search import DEFAULT_VIRTUAL_STAGES, parse_schedules
 from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
 from ratrain.spec.parallel import ZERO_STAGES
 from ratrain.spec.platform import GIB
@@ -63,14 +64,23 @@ def register(subparsers) -> None:
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="finalists re-estimated on emulated kernels after ranking every candidate on the fast "
                         "kernel model (default 3; 0: the fast model's ranking alone, in seconds)")
+    p.add_argument("--schedules", default="1f1b", metavar="S1,S2,...",
+                   help="pipeline schedules to search: 1f1b, gpipe, interleaved, zb-h1, or 'all' (default 1f1b); "
+                        "with more than 1f1b the --confirm finalists are also simulated under their schedule")
+    p.add_argument("--virtual-stages", type=lambda t: _int_list(t, minimum=2), default=(DEFAULT_VIRTUAL_STAGES,),
+                   metavar="V1,V2,...",
+                   help=f"chunks per stage tried for interleaved (default {DEFAULT_VIRTUAL_STAGES})")
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run)
 
 
-def _row(c) -> str:
+def _row(c, schedules: bool = False) -> str:
     bd = c.breakdown
     mark = "" if c.kernels == "emulated" else f"  ({c.kernels} kernel model)"
-    return (f"{c.config.describe():<28} b={c.config.micro_batch:<2} A={c.config.accum:<4} "
+    if c.simulated_step_ms is not None:
+        mark += f"  simulated {c.simulated_step_ms / 1e3:.2f} s"
+    sched = "" if c.schedule.name == "1f1b" and not schedules else f"{c.schedule.label():<16} "
+    return (f"{sched}{c.config.describe():<28} b={c.config.micro_batch:<2} A={c.config.accum:<4} "
             f"{c.config.prefetch:<9} step {c.step_ms / 1e3:9.2f} s  peak {c.peak_bytes / GIB:5.2f} GB  "
             f"[1F1B {bd.t_1f1b_ms / 1e3:.2f} + comm {bd.e_comm_ms / 1e3:.2f} + upd {bd.e_upd_ms / 1e3:.2f} "
             f"+ pref {bd.e_pref_ms / 1e3:.2f} + rec {bd.e_rec_ms / 1e3:.2f}]{mark}")
@@ -121,11 +131,12 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if args.confirm < 0:
         raise ConfigError(f"--confirm must be 0 or more, got {args.confirm}")
     check_search_space(model, args)
+    schedules = parse_schedules(args.schedules, args.virtual_stages)
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
                       progress=not args.json)
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
-                          zero_stages=args.zero_stages, confirm=args.confirm)
+                          zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)
     payload = result.to_json()
     lines = [f"{model.name}: {args.clusters} clusters, global batch {args.global_batch} x {args.seq}, "
              f"method {args.method}, profile {args.profile}",
@@ -135,6 +146,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         lines.append(f"ranked on the fast kernel model ({result.kernel_model}); the {result.confirmed} best confirmed "
                      f"on emulated kernels: fast model within {100 * result.fast_error:.2f}%, "
                      + ("emulation REORDERED them" if result.reordered else "same order"))
+    many = len(schedules) > 1 or schedules[0].name != "1f1b"
+    if many:
+        lines.append(f"schedules searched: {', '.join(result.schedules)}"
+                     + (f"; the {result.simulated} best simulated under their schedule (estimate within "
+                        f"{100 * result.sim_error:.2f}%), ranked on the simulated step" if result.simulated else ""))
     if result.enumerated == 0:
         raise ConfigError(f"{model.name}: nothing to search on {args.clusters} clusters with global batch "
                           f"{args.global_batch}: no P*D*T = N with P <= {model.layers} layers, T <= {MAX_TP} "
@@ -143,6 +159,6 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if result.best is None:
         lines.append("no configuration fits the memory budget (OOM)")
     else:
-        lines.append("best: " + _row(result.best))
-        lines += [f"{i + 1:>3}. " + _row(c) for i, c in enumerate(result.ranked)]
+        lines.append("best: " + _row(result.best, many))
+        lines += [f"{i + 1:>3}. " + _row(c, many) for i, c in enumerate(result.ranked)]
     return payload, "\n".join(lines)

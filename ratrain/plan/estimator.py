@@ -365,3 +365,59 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
     return StepBreakdown(step_ms=t_all, t_1f1b_ms=t_1f1b, e_comm_ms=t_g - t_main, e_upd_ms=t_gu - t_g,
                          e_pref_ms=t_all - t_gu, e_rec_ms=t_main - t_1f1b, exposed_tail_ms=t_all - t_main,
                          slot_ms=slot, bottleneck_stage=q)
+
+
+# ---------------------------------------------------------------- other pipeline schedules (issue 14)
+
+def interleaved_port_transfers(stages: int, virtual_stages: int) -> int:
+    """Boundary transfers the busiest stage's port carries per micro-batch under interleaving (forward
+    and backward): every chunk boundary g -> g+1 of the P*v chunks occupies the ports of the stages of
+    both chunks (the simulator's transfers are joint jobs on both ports)."""
+    touch = [0] * stages
+    for g in range(stages * virtual_stages - 1):
+        touch[g % stages] += 1
+        touch[(g + 1) % stages] += 1
+    return 2 * max(touch)
+
+
+def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *,
+                            schedule: str = "1f1b", virtual_stages: int = 1, weight_ms: list[float] | None = None,
+                            **kwargs) -> StepBreakdown:
+    """Analytic T_step under a pipeline schedule: ``step_breakdown``'s 1F1B estimate of the same
+    stages (``stages``: each stage's layers, all its chunks under interleaving), with the main path's
+    bubble rescaled; the exposed lifecycle tail (E_comm + E_upd + E_pref) is kept as 1F1B's.
+
+    With T the 1F1B main path, s its steady slot, X a boundary transfer and P stages, the bubble beyond
+    the transfers on the fill path is b = max(0, T - A s - 2(P-1)X). Then
+      1f1b, gpipe:  T (GPipe's fill and drain cost the same (P-1) slots);
+      interleaved:  A s' + b / v + 2(Pv-1)X, s' = max(s, n X) with n the busiest port's transfers per
+                    micro-batch (``interleaved_port_transfers``): v chunks shrink the bubble v-fold but
+                    put v times the boundary transfers on the path and the ports;
+      zb-h1:        A s + b (1 - 2W/s) + 2(P-1)X, W the bottleneck stage's weight-gradient ms per
+                    micro-batch (``weight_ms``): the zero-bubble paper's H1 bubble (P-1)(F + B - 2W)
+                    against 1F1B's (P-1)(F + B), B the whole backward.
+    docs/CHOICES.md ("Schedules in the planner") states the error against the simulator."""
+    if schedule not in ("1f1b", "gpipe", "interleaved", "zb-h1"):
+        raise ConfigError(f"schedule_step_breakdown: unknown schedule {schedule!r}")
+    bd = step_breakdown(stages, transfer_ms, accum, **kwargs)
+    if schedule in ("1f1b", "gpipe"):
+        return bd
+    P = len(stages)
+    X = transfer_ms if P > 1 else 0.0
+    t_main = bd.t_1f1b_ms + bd.e_rec_ms
+    tail = bd.step_ms - t_main
+    slot = bd.slot_ms
+    fill = 2 * (P - 1) * X
+    bubble = max(0.0, t_main - accum * slot - fill)
+    if schedule == "interleaved":
+        v = virtual_stages
+        slot = max(slot, interleaved_port_transfers(P, v) * X) if P > 1 else slot
+        main = accum * slot + bubble / v + 2 * (P * v - 1) * X
+    else:
+        if weight_ms is None or len(weight_ms) != P:
+            raise ConfigError("schedule_step_breakdown: zb-h1 needs weight_ms, one weight-gradient time per stage")
+        w = weight_ms[bd.bottleneck_stage]
+        main = accum * slot + bubble * max(0.0, 1.0 - 2.0 * w / slot if slot > 0 else 1.0) + fill
+    return StepBreakdown(step_ms=main + tail, t_1f1b_ms=main - bd.e_rec_ms, e_comm_ms=bd.e_comm_ms,
+                         e_upd_ms=bd.e_upd_ms, e_pref_ms=bd.e_pref_ms, e_rec_ms=bd.e_rec_ms, exposed_tail_ms=tail,
+                         slot_ms=slot, bottleneck_stage=bd.bottleneck_stage)

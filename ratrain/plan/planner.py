@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ratrain.cost.terms import (
@@ -35,8 +35,20 @@ from ratrain.cost.terms import (
     stage_kinds,
 )
 from ratrain.errors import ConfigError
-from ratrain.plan.estimator import StepBreakdown, step_breakdown
+from ratrain.plan.estimator import StepBreakdown, schedule_step_breakdown, step_breakdown
+from ratrain.plan.schedule_search import (
+    ONE_F_ONE_B,
+    ScheduleChoice,
+    ScheduleMemory,
+    check_schedules,
+    chunk_kinds,
+    runnable,
+    stage_chunks,
+    weight_shares,
+)
+from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.simulator import Mechanisms, simulate
+from ratrain.sim.weight_split import weight_fractions
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     MemoryConstants,
@@ -85,6 +97,8 @@ class Candidate:
     stages: list | None = None          # per-stage StageMemory (filled for returned candidates)
     kernels: str = "emulated"           # latency source of step_ms: "emulated", "bound" or "roofline"
     fast_step_ms: float | None = None   # the fast model's estimate, for a confirmed finalist
+    schedule: ScheduleChoice = ONE_F_ONE_B   # the pipeline schedule (and v) the step and peak are for
+    simulated_step_ms: float | None = None   # the simulator's step, for a finalist confirmed by simulation
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,6 +113,8 @@ class Candidate:
             "peak_bytes": self.peak_bytes, "peak_gb": self.peak_bytes / GIB,
             "breakdown": self.breakdown.to_json(), "kernels": self.kernels,
             "fast_step_s": None if self.fast_step_ms is None else self.fast_step_ms / 1e3,
+            "schedule": self.schedule.to_json(),
+            "simulated_step_s": None if self.simulated_step_ms is None else self.simulated_step_ms / 1e3,
         }
         if self.stages is not None:
             out["memory"] = [{"stage": s.stage, "layers": [s.layers.start, s.layers.stop], "n_act": s.n_act,
@@ -126,6 +142,9 @@ class PlanResult:
     confirmed: int = 0              # finalists re-estimated on emulated kernels
     reordered: bool = False         # emulation changed the finalists' order
     fast_error: float | None = None  # max |fast - emulated| / emulated over the confirmed finalists
+    schedules: list[str] = field(default_factory=lambda: ["1f1b"])   # the schedules searched
+    simulated: int = 0               # finalists confirmed by simulation (when schedules were searched)
+    sim_error: float | None = None   # max |estimate - simulated| / simulated over them
 
     @property
     def configs_per_s(self) -> float:
@@ -145,6 +164,7 @@ class PlanResult:
             "elapsed_s": self.elapsed_s, "profile_s": self.profile_s, "configs_per_s": self.configs_per_s,
             "grid": self.grid, "kernel_model": self.kernel_model, "confirmed": self.confirmed,
             "reordered": self.reordered, "fast_error": self.fast_error,
+            "schedules": self.schedules, "simulated": self.simulated, "sim_error": self.sim_error,
         }
 
 
@@ -230,6 +250,7 @@ class Planner:
         self.recovery_resource = recovery_resource
         self.progress = progress
         self.memory = PeakMemory(model, partition, constants)
+        self.schedule_memory = ScheduleMemory(model, partition, constants)
         self._profiles: dict[tuple, object] = {}
         self._terms: dict[tuple, CostTerms] = {}
         self._parts: dict[int, list[range]] = {}
@@ -269,29 +290,73 @@ class Planner:
         return got
 
     # -- one configuration
-    def estimate(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None) -> StepBreakdown:
-        """Analytic T_step of ``cfg`` under ``method``'s mechanisms (no simulation)."""
+    def estimate(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None,
+                 schedule: ScheduleChoice = ONE_F_ONE_B) -> StepBreakdown:
+        """Analytic T_step of ``cfg`` under ``method``'s mechanisms in ``schedule`` order (no simulation)."""
         _check_method(method)
         terms = self.terms(cfg, source)
-        kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
         on = method != "tuned"
-        return step_breakdown(kinds, terms.transfer, cfg.accum, activation=cfg.activation,
-                              layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise", fsr=on,
-                              recovery_resource=self.recovery_resource,
-                              fsr_buffer_layers=self.constants.fsr_buffer_layers)
+        mech = dict(activation=cfg.activation, layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise",
+                    fsr=on, recovery_resource=self.recovery_resource,
+                    fsr_buffer_layers=self.constants.fsr_buffer_layers)
+        if schedule == ONE_F_ONE_B:
+            kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
+            return step_breakdown(kinds, terms.transfer, cfg.accum, **mech)
+        chunks = stage_chunks(self.model, cfg.pp, self.partition, schedule)
+        kinds = chunk_kinds(terms, chunks, self.model.layers)
+        weight = None
+        if schedule.name == "zb-h1":
+            layers_of = [[i for r in stage for i in r] for stage in chunks]
+            weight = weight_shares(self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source), kinds, layers_of)
+        return schedule_step_breakdown(kinds, terms.transfer, cfg.accum, schedule=schedule.name,
+                                       virtual_stages=schedule.virtual_stages, weight_ms=weight, **mech)
 
-    def evaluate(self, cfg: ParallelConfig, method: str = "ratrain") -> Candidate:
-        """Memory (stage_memory) and analytic time of one configuration; ``step_ms`` is inf if OOM."""
-        stages = stage_memory(self.model, cfg, self.platform, self.constants)
-        peak = max_peak(stages)
-        bd = self.estimate(cfg, method)
+    def schedule_peak(self, cfg: ParallelConfig, schedule: ScheduleChoice) -> int:
+        """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
+        if schedule == ONE_F_ONE_B:
+            return self.memory.peak(cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum, cfg.seq,
+                                    cfg.activation, cfg.prefetch)
+        return self.schedule_memory.peak(schedule, cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum,
+                                         cfg.seq, cfg.activation, cfg.prefetch)
+
+    def evaluate(self, cfg: ParallelConfig, method: str = "ratrain",
+                 schedule: ScheduleChoice = ONE_F_ONE_B) -> Candidate:
+        """Memory (stage_memory; other schedules: ScheduleMemory) and analytic time of one configuration;
+        ``step_ms`` is inf if OOM."""
+        if schedule == ONE_F_ONE_B:
+            stages = stage_memory(self.model, cfg, self.platform, self.constants)
+            peak = max_peak(stages)
+        else:
+            if not runnable(schedule, self.model.layers, cfg.pp, cfg.accum):
+                raise ConfigError(f"schedule {schedule.label()} cannot run {cfg.describe()} (interleaved: P*v <= "
+                                  "layers, and A a multiple of P when A > P)")
+            stages, peak = None, self.schedule_peak(cfg, schedule)
+        bd = self.estimate(cfg, method, schedule=schedule)
         step = bd.step_ms if peak <= self.platform.memory_budget_bytes else math.inf
-        return Candidate(cfg, method, step, bd, peak, stages)
+        return Candidate(cfg, method, step, bd, peak, stages, schedule=schedule)
+
+    def simulate(self, cand: Candidate) -> float:
+        """The simulator's step (ms) of a candidate under its schedule, on the planner's profiles."""
+        cfg, sched = cand.config, cand.schedule
+        prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp)
+        costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource)
+        v = sched.virtual_stages
+        order = PipelineSchedule(sched.name, virtual_stages=v,
+                                 weight_fraction=weight_fractions(costs, prof) if sched.name == "zb-h1" else 0.5,
+                                 chunk_sizes=interleaved_chunk_sizes(self.model, cfg, v) if v > 1 else None)
+        mech = replace(mechanisms_for(cand.method, cfg.activation, cfg.prefetch),
+                       fsr_buffer_layers=self.constants.fsr_buffer_layers)
+        return simulate(costs, schedule=order, mechanisms=mech).step_time_ms
 
     # -- the search
     def plan(self, clusters: int, global_batch: int, seq: int = 2048, method: str = "ratrain",
-             top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None, confirm: int = 3) -> PlanResult:
+             top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None, confirm: int = 3,
+             schedules=("1f1b",)) -> PlanResult:
+        """Algorithm 2 with the pipeline schedule as one more dimension (``schedules``: names or
+        ScheduleChoice; interleaved by name has v = 2). Memory first per schedule; with more than 1F1B
+        the ``confirm`` finalists are also simulated under their schedule and re-ranked on that."""
         _check_method(method)
+        choices = check_schedules(schedules)
         if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
             raise ConfigError(f"plan: confirm must be a non-negative integer, got {confirm!r}")
         # rank on the fast model when kernels are emulated (and the profiles come from the platform)
@@ -303,31 +368,46 @@ class Planner:
         p0 = self.profile_s
         budget = self.platform.memory_budget_bytes
         enumerated = pruned = 0
-        timed: list[tuple[float, int, tuple, ParallelConfig, StepBreakdown]] = []
+        timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
+        plain_1f1b = [c == ONE_F_ONE_B for c in choices]
         for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
                               tp_degrees=tp_degrees, zero_stages=zero_stages):
-            enumerated += 1
             p, d, t, z, b, a, act, pref = c
-            # Eq. 10 first: nothing is timed (or profiled) unless it fits
-            peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
-            if peak > budget:
-                pruned += 1
-                continue
-            cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
-                                 prefetch=pref, partition=self.partition)
-            bd = self.estimate(cfg, method, fast)
-            timed.append((bd.step_ms, peak, c, cfg, bd))
-        timed.sort(key=lambda x: (x[0], x[1], x[2]))
+            for si, choice in enumerate(choices):
+                plain = plain_1f1b[si]
+                if not plain and not runnable(choice, self.model.layers, p, a):
+                    continue
+                enumerated += 1
+                # Eq. 10 first: nothing is timed (or profiled) unless it fits
+                if plain:
+                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
+                else:
+                    peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
+                if peak > budget:
+                    pruned += 1
+                    continue
+                cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
+                                     prefetch=pref, partition=self.partition)
+                bd = self.estimate(cfg, method, fast) if plain else \
+                    self.estimate(cfg, method, fast, schedule=choice)
+                timed.append((bd.step_ms, peak, c, si, cfg, bd))
+        timed.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
         ranked: list[Candidate] = []
-        for step, _peak, _, cfg, bd in timed[:top]:
-            stages = stage_memory(self.model, cfg, self.platform, self.constants)
-            ranked.append(Candidate(cfg, method, step, bd, max_peak(stages), stages, fast or self.profile_source))
+        for step, peak, _, si, cfg, bd in timed[:top]:
+            if choices[si] == ONE_F_ONE_B:
+                stages = stage_memory(self.model, cfg, self.platform, self.constants)
+                peak = max_peak(stages)
+            else:
+                stages = None
+            ranked.append(Candidate(cfg, method, step, bd, peak, stages, fast or self.profile_source,
+                                    schedule=choices[si]))
         reordered, fast_error, confirmed = False, None, 0
         if fast is not None and ranked and confirm > 0:
             # the finalists on emulated kernels: only their (b, seq, T) profiles are emulated
             finalists = ranked[:confirm]
             for cand in finalists:
-                emulated = self.estimate(cand.config, method)
+                emulated = self.estimate(cand.config, method) if cand.schedule == ONE_F_ONE_B else \
+                    self.estimate(cand.config, method, schedule=cand.schedule)
                 cand.fast_step_ms, cand.step_ms, cand.breakdown = cand.step_ms, emulated.step_ms, emulated
                 cand.kernels = "emulated"
             confirmed = len(finalists)
@@ -335,6 +415,17 @@ class Planner:
             order = sorted(range(confirmed), key=lambda i: (finalists[i].step_ms, i))
             reordered = order != list(range(confirmed))
             ranked = [finalists[i] for i in order] + ranked[confirmed:]
+        simulated, sim_error = 0, None
+        if choices != (ONE_F_ONE_B,) and ranked and confirm > 0:
+            # the schedule estimates are rougher than 1F1B's: the simulator orders the finalists
+            finalists = ranked[:confirm]
+            for cand in finalists:
+                cand.simulated_step_ms = self.simulate(cand)
+            simulated = len(finalists)
+            sim_error = max(abs(c.step_ms - c.simulated_step_ms) / c.simulated_step_ms for c in finalists)
+            order = sorted(range(simulated), key=lambda i: (finalists[i].simulated_step_ms, i))
+            reordered = reordered or order != list(range(simulated))
+            ranked = [finalists[i] for i in order] + ranked[simulated:]
         elapsed = time.perf_counter() - t0
         grid = {"tp": list(tp_degrees) if tp_degrees else
                 f"divisors of clusters <= {MAX_TP} dividing heads, kv_heads, ffn, vocab",
@@ -346,18 +437,21 @@ class Planner:
                 "prefetch": list(PREFETCH_POLICIES), "partition": self.partition}
         return PlanResult(self.model.name, method, clusters, global_batch, seq, ranked[0] if ranked else None,
                           ranked, enumerated, pruned, len(timed), elapsed, grid, self.profile_s - p0,
-                          fast or self.profile_source, confirmed, reordered, fast_error)
+                          fast or self.profile_source, confirmed, reordered, fast_error,
+                          [c.label() for c in choices], simulated, sim_error)
 
 
 def plan(model: ModelSpec, clusters: int, global_batch: int, seq: int = 2048, *, method: str = "ratrain",
          top: int = 10, platform: TrainingPlatform | None = None, profile_source: str = "emulated",
          profile_fn: Callable | None = None, partition: str = "balanced", micro_batches=None,
-         tp_degrees=None, zero_stages=None, confirm: int = 3, progress: bool | None = None) -> PlanResult:
+         tp_degrees=None, zero_stages=None, confirm: int = 3, progress: bool | None = None,
+         schedules=("1f1b",)) -> PlanResult:
     """Algorithm 2: the best configuration of ``model`` on ``clusters`` clusters (see module doc)."""
     return Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                    partition=partition, progress=progress).plan(clusters, global_batch, seq, method, top,
                                                                 micro_batches=micro_batches, tp_degrees=tp_degrees,
-                                                                zero_stages=zero_stages, confirm=confirm)
+                                                                zero_stages=zero_stages, confirm=confirm,
+                                                                schedules=schedules)
 
 
 # ---------------------------------------------------------------- predicted vs simulated

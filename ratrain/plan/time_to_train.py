@@ -84,6 +84,16 @@ def expected_max_normal(n: int) -> float:
     return float(np.trapezoid(x * density, x))
 
 
+def sd_max_normal(n: int) -> float:
+    """Standard deviation of the max of n iid standard normals (same quadrature as ``expected_max_normal``)."""
+    n = _whole("n", n, 1)
+    x, log_pdf, log_cdf = _normal_grid()
+    density = np.exp(math.log(n) + log_pdf + (n - 1) * log_cdf)
+    mean = float(np.trapezoid(x * density, x))
+    second = float(np.trapezoid(x * x * density, x))
+    return math.sqrt(max(0.0, second - mean * mean))
+
+
 def straggler_step(step_s: float, clusters: int, cv: float) -> float:
     """Expected synchronous step: each cluster's step ~ Normal(step_s, cv * step_s), the job waits for the max."""
     clusters = _whole("clusters", clusters, 1)

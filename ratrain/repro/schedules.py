@@ -284,7 +284,9 @@ def run_schedules(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS,
         "the simulated 1F1B peak equals Eq. 9 (checked); with FSR too (checked): the simulator recovers ahead no "
         f"further than the recovery buffer holds ({s.fsr_buffer_layers} layer(s), Eq. 6's M_rec; Settings."
         "fsr_buffer_layers), and Eq. 9 counts exactly that buffer.",
-        "Planner predictions (analytic) model 1F1B only; every number here is simulated.",
+        "Every number here is simulated; the planner's schedule search (`ratrain plan --schedules`) estimates the "
+        "same schedules analytically and confirms its finalists with this simulator (docs/CHOICES.md, 'Schedules "
+        "in the planner').",
     ]
     return Experiment("schedules", "Pipeline schedules: RATrain's layouts under 1F1B, GPipe, interleaved 1F1B and "
                       "ZB-H1 (3.7 GB/s links)", rows, checks, figs, text, notes=notes)

@@ -328,6 +328,20 @@ class PeakMemory:
         return best
 
 
+def stage_bytes_without_activations(model: ModelSpec, *, pp: int, dp: int, tp: int, zero: int, micro_batch: int,
+                                    seq: int, activation: str, prefetch: str, first: bool, last: bool,
+                                    n_layers: int, constants: MemoryConstants = DEFAULT_CONSTANTS) -> int:
+    """Eq. 9 for one stage holding ``n_layers`` layers with no micro-batch in flight: state, buffers and
+    FSR's recovery buffer. A pipeline schedule's peak adds the activation sets its order keeps alive
+    (``ratrain.plan.schedule_search``); under 1F1B that is N_act(p) sets and the sum is ``stage_memory``."""
+    _check_vocab(model, tp)
+    sizes = _layer_bytes(model, micro_batch, seq, tp, pp)
+    bd = _stage_bytes(model, sizes, first=first, last=last, n_layers=n_layers, n_act=0, dp=dp, tp=tp, zero=zero,
+                      tokens_per_mb=micro_batch * seq, activation=activation, prefetch=prefetch,
+                      reserve=constants.runtime_reserve_bytes, fsr_buffer_layers=constants.fsr_buffer_layers)
+    return sum(bd.values())
+
+
 def max_peak(stages: list[StageMemory]) -> int:
     """max_p M_p(c), the left side of Eq. 10."""
     return max(st.peak_bytes for st in stages)

@@ -1,0 +1,236 @@
+"""The pipeline schedule as one more dimension of the planner's search (issue 14).
+
+A ``ScheduleChoice`` is a schedule of ``ratrain.sim.pipeline_order`` plus its chunks per stage
+(``interleaved`` only). For each, this module gives what the planner needs before timing anything:
+
+* whether the layout can run it (interleaved: P * v <= layers, and A a multiple of P when A > P);
+* the stages' layers (interleaved: the layout's partition rule applied to P * v chunks, chunk g on
+  stage g mod P, as ``ratrain.repro.schedules`` and the simulator place them);
+* the worst stage's peak memory (Eq. 10): Eq. 9's state and buffers for the layers the stage holds
+  (``stage_bytes_without_activations``) plus the activation sets the schedule's order keeps alive,
+  walked op by op with the simulator's lifetime rules (``activation_residency``): an F allocates its
+  chunk's sets (checkpoints, or full activations under full-save, plus the int32 ids/labels on the
+  first/last chunk), its B frees them, and under ZB-H1 the B keeps what W reads
+  (``weight_gradient_bytes``) until that W. Under 1F1B the walk gives N_act = min(P - p, A) sets and
+  the peak equals ``PeakMemory`` (tested); for the other schedules it is the order's exact count at
+  op granularity, an upper bound of the per-layer timeline.
+
+The step time per schedule is ``ratrain.plan.estimator.schedule_step_breakdown``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratrain.cost.terms import CostTerms, LayerKind
+from ratrain.errors import ConfigError
+from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, build
+from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, layer_weight_gradient_bytes, weight_gradient_ms
+from ratrain.spec.memory import (
+    DEFAULT_CONSTANTS,
+    MemoryConstants,
+    layer_checkpoint_bytes,
+    layer_full_bytes,
+    stage_bytes_without_activations,
+)
+from ratrain.spec.models import ModelSpec
+from ratrain.spec.parallel import partition_model
+
+DEFAULT_VIRTUAL_STAGES = 2
+TOKEN_BYTES = 4                 # int32 ids (first chunk) and labels (last chunk) per token, as Eq. 9
+
+
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """One schedule the planner may pick: a name of ``pipeline_order.SCHEDULES`` and v (interleaved)."""
+    name: str = "1f1b"
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.name!r}")
+        v = self.virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"schedule {self.name}: virtual stages must be an integer >= 1, got {v!r}")
+        if self.name == "interleaved" and v < 2:
+            raise ConfigError("schedule interleaved needs virtual stages >= 2 (v = 1 is 1f1b)")
+        if self.name != "interleaved" and v != 1:
+            raise ConfigError(f"schedule {self.name} has one chunk per stage; virtual stages {v} need 'interleaved'")
+
+    def label(self) -> str:
+        return f"{self.name} v={self.virtual_stages}" if self.name == "interleaved" else self.name
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "virtual_stages": self.virtual_stages}
+
+
+ONE_F_ONE_B = ScheduleChoice()
+
+
+def parse_schedules(text: str, virtual_stages: tuple[int, ...] = (DEFAULT_VIRTUAL_STAGES,)
+                    ) -> tuple[ScheduleChoice, ...]:
+    """``1f1b,interleaved,zb-h1`` (or ``all``) -> choices; interleaved once per v in ``virtual_stages``."""
+    names = list(SCHEDULES) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ConfigError(f"--schedules: expected comma-separated names of {', '.join(SCHEDULES)} or 'all', "
+                          f"got {text!r}")
+    out: list[ScheduleChoice] = []
+    for name in names:
+        if name not in SCHEDULES:
+            raise ConfigError(f"--schedules: unknown schedule {name!r} (choose from {', '.join(SCHEDULES)} or 'all')")
+        for v in (virtual_stages if name == "interleaved" else (1,)):
+            choice = ScheduleChoice(name, v)
+            if choice not in out:
+                out.append(choice)
+    return tuple(out)
+
+
+def check_schedules(schedules) -> tuple[ScheduleChoice, ...]:
+    """A tuple of ScheduleChoice from names and/or choices (a name alone: interleaved gets v = 2)."""
+    if isinstance(schedules, (str, ScheduleChoice)) or not schedules:
+        raise ConfigError(f"plan: schedules must be a non-empty sequence of schedule names or ScheduleChoice, "
+                          f"got {schedules!r}")
+    out = []
+    for s in schedules:
+        if isinstance(s, ScheduleChoice):
+            out.append(s)
+        elif isinstance(s, str):
+            out.append(ScheduleChoice(s, DEFAULT_VIRTUAL_STAGES if s == "interleaved" else 1))
+        else:
+            raise ConfigError(f"plan: a schedule must be a name or a ScheduleChoice, got {s!r}")
+    return tuple(dict.fromkeys(out))
+
+
+def runnable(choice: ScheduleChoice, layers: int, pp: int, accum: int) -> bool:
+    """Whether the schedule can run this layout (interleaved: P*v chunks with a layer each, and
+    Megatron's rule that A be a multiple of P when A > P)."""
+    if choice.name != "interleaved":
+        return True
+    if pp == 1 or pp * choice.virtual_stages > layers:
+        return False
+    return accum <= pp or accum % pp == 0
+
+
+def stage_chunks(model: ModelSpec, pp: int, partition: str, choice: ScheduleChoice) -> list[list[range]]:
+    """Per stage, its chunks' layers in local chunk order (one chunk per stage except interleaved)."""
+    if choice.name != "interleaved":
+        return [[r] for r in partition_model(model, pp, partition)]
+    chunks = partition_model(model, pp * choice.virtual_stages, partition)
+    return [[chunks[c * pp + p] for c in range(choice.virtual_stages)] for p in range(pp)]
+
+
+def chunk_kinds(terms: CostTerms, chunks: list[list[range]], layers: int) -> list[list[LayerKind]]:
+    """Per stage, its layers' kinds in local chunk order: the model's first layer carries the embedding,
+    its last the LM head (as ``stage_kinds`` does for one chunk per stage)."""
+    out = []
+    for stage in chunks:
+        ks: list[LayerKind] = []
+        for r in stage:
+            for i in r:
+                if layers == 1:
+                    ks.append(terms.only)
+                elif i == 0:
+                    ks.append(terms.first)
+                elif i == layers - 1:
+                    ks.append(terms.last)
+                else:
+                    ks.append(terms.mid)
+        out.append(ks)
+    return out
+
+
+def weight_shares(profile, kinds: list[list[LayerKind]], layers_of: list[list[int]]) -> list[float]:
+    """Per stage, the weight gradient W's milliseconds per micro-batch (ZB-H1's deferred part): the
+    profile's dW GEMMs per layer (``weight_gradient_ms``; embedding and LM head on the first/last layer),
+    each capped at the layer's backward. A profile without timed GEMMs uses DEFAULT_WEIGHT_FRACTION."""
+    try:
+        w = weight_gradient_ms(profile)
+    except (AttributeError, TypeError):
+        w = None
+    last = max(i for stage in layers_of for i in stage)
+    out = []
+    for ks, idx in zip(kinds, layers_of, strict=True):
+        total = 0.0
+        for k, i in zip(ks, idx, strict=True):
+            if w is None:
+                total += DEFAULT_WEIGHT_FRACTION * k.backward
+            else:
+                ms = w["layer"] + (w["first"] if i == 0 else 0.0) + (w["last"] if i == last else 0.0)
+                total += min(k.backward, ms)
+        out.append(total)
+    return out
+
+
+def _backward_rise(steps: list[int]) -> int:
+    """The largest running sum of per-layer byte changes (0 if the bytes only fall)."""
+    run = best = 0
+    for d in steps:
+        run += d
+        best = max(best, run)
+    return best
+
+
+class ScheduleMemory:
+    """The worst stage's peak bytes of a layout under a schedule (see the module docstring); caches the
+    op orders and per-layer sizes for many configurations of one model."""
+
+    def __init__(self, model: ModelSpec, partition: str, constants: MemoryConstants = DEFAULT_CONSTANTS):
+        self.model, self.partition, self.constants = model, partition, constants
+        self._orders: dict[tuple, list] = {}
+        self._wbytes: dict[tuple, list[int]] = {}
+
+    def _order(self, choice: ScheduleChoice, pp: int, accum: int) -> list:
+        key = (choice, pp, accum)
+        got = self._orders.get(key)
+        if got is None:
+            sched = PipelineSchedule(choice.name, virtual_stages=choice.virtual_stages)
+            got = self._orders[key] = build(sched, pp, accum)
+        return got
+
+    def stage_peaks(self, choice: ScheduleChoice, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+                    activation: str, prefetch: str) -> list[int]:
+        """Per stage: Eq. 9 without activations + the peak of the order's live activation sets."""
+        model, L = self.model, self.model.layers
+        chunks = stage_chunks(model, pp, self.partition, choice)
+        per_layer = layer_full_bytes(model, b, seq, tp) if activation == "full" else layer_checkpoint_bytes(model, b,
+                                                                                                             seq)
+        tokens = b * seq * TOKEN_BYTES
+        split = choice.name == "zb-h1"
+        if split:
+            key = (b, seq, tp)
+            wb = self._wbytes.get(key)
+            if wb is None:
+                wb = self._wbytes[key] = layer_weight_gradient_bytes(model, L, b, seq, tp)
+        orders = self._order(choice, pp, accum)
+        out = []
+        for p, (stage, ops) in enumerate(zip(chunks, orders, strict=True)):
+            held = [len(r) * per_layer + (tokens if r.start == 0 else 0) + (tokens if r.stop == L else 0)
+                    for r in stage]
+            kept = [sum(wb[i] for i in r) for r in stage] if split else [0] * len(stage)
+            # under zb-h1 a layer's B swaps its set for what W reads, last layer first: the stage's bytes can
+            # rise inside the B (e.g. the LM head's logits gradient), so the B's own peak is a prefix maximum
+            rise = [_backward_rise([wb[i] - per_layer for i in reversed(r)]) if split else 0 for r in stage]
+            cur = peak = 0
+            for kind, _, c in ops:
+                if kind == "F":
+                    cur += held[c]
+                    peak = max(peak, cur)
+                elif kind == "B":
+                    peak = max(peak, cur + rise[c])
+                    cur += kept[c] - held[c]
+                    peak = max(peak, cur)
+                else:
+                    cur -= kept[c]
+            n_layers = sum(len(r) for r in stage)
+            base = stage_bytes_without_activations(model, pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, seq=seq,
+                                                   activation=activation, prefetch=prefetch, first=p == 0,
+                                                   last=p == pp - 1, n_layers=n_layers, constants=self.constants)
+            out.append(base + peak)
+        return out
+
+    def peak(self, choice: ScheduleChoice, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+             activation: str, prefetch: str) -> int:
+        return max(self.stage_peaks(choice, pp, dp, tp, zero, b, accum, seq, activation, prefetch))
+
+
+__all__ = ["DEFAULT_VIRTUAL_STAGES", "ONE_F_ONE_B", "ScheduleChoice", "ScheduleMemory", "check_schedules",
+           "chunk_kinds", "parse_schedules", "runnable", "stage_chunks", "weight_shares"]
