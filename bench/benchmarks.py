@@ -460,3 +460,56 @@ class TrackStragglers:
                                                               "err_512", "points")
     track_stragglers_held_out_error_768_points = cached_track("track_stragglers_held_out_error_768_points",
                                                               "err_768", "points")
+
+
+def platform_track(name: str, metric: str):
+    """A ``track_*`` method of :class:`TrackPlatforms`: ``metric`` (x) of one platform and model."""
+    def track(self, cache, platform, model):
+        return cache[f"{platform}|{model}|{metric}"]
+
+    track.__name__ = track.__qualname__ = name
+    track.unit = "x"
+    track.version = "1"
+    return track
+
+
+class TrackPlatforms:
+    """The second-platform study (ratrain.repro.platforms, issue 15) on each simulated what-if
+    platform and the default: Table 2's TP-heavy and ZeRO-3 layouts' slowdown vs RATrain, the
+    planner's best GPU-style pick over its RATrain pick, and what FSR and the lifecycle pipeline
+    gain (step without / step with; below 1 they cost). One run of the study (about a minute
+    with the shipped profiles) feeds every number."""
+
+    params = [["mt3000", "bandwidth-rich", "more-memory", "bandwidth-rich-more-memory"],
+              ["llama2-13b", "qwen2.5-32b"]]
+    param_names = ["platform", "model"]
+    timeout = 900
+
+    def setup_cache(self):
+        from pathlib import Path
+
+        from ratrain.repro.experiment import DEFAULT_SETTINGS
+        from ratrain.repro.platforms import run_platforms
+        exp = run_platforms(Path(tempfile.mkdtemp(prefix="asv-platforms-")), lambda msg: None, DEFAULT_SETTINGS)
+        out = {}
+        for r in exp.rows:
+            key = (r["platform"], r["model"])
+            if r["kind"] == "table2" and r["method"] in ("tp-heavy", "zero3-heavy"):
+                out[(*key, r["method"])] = r["slowdown_vs_ratrain"]
+            elif r["kind"] == "planner" and r["method"] not in ("ratrain", "ratrain-no-fsr") \
+                    and r["slowdown_vs_ratrain"] is not None:
+                best = out.get((*key, "planner-best-baseline"))
+                out[(*key, "planner-best-baseline")] = min(r["slowdown_vs_ratrain"], best or float("inf"))
+            elif r["kind"] == "payoff":
+                out[(*key, "fsr")] = r["fsr_gain"]
+                out[(*key, "lifecycle")] = r["lifecycle_gain"]
+        return {"|".join(k): (float("nan") if v is None else v) for k, v in out.items()}
+
+    setup_cache.timeout = 900
+
+    track_platforms_tp_heavy_slowdown = platform_track("track_platforms_tp_heavy_slowdown", "tp-heavy")
+    track_platforms_zero3_slowdown = platform_track("track_platforms_zero3_slowdown", "zero3-heavy")
+    track_platforms_planner_best_baseline = platform_track("track_platforms_planner_best_baseline",
+                                                           "planner-best-baseline")
+    track_platforms_fsr_gain = platform_track("track_platforms_fsr_gain", "fsr")
+    track_platforms_lifecycle_gain = platform_track("track_platforms_lifecycle_gain", "lifecycle")

@@ -2,13 +2,17 @@
 
 Run after any change to the emulator, the GEMM kernel or the platform defaults:
     python scripts/ship_profiles.py [model ...]
+    python scripts/ship_profiles.py --platform platforms/bandwidth-rich.toml llama2-13b qwen2.5-32b
 Profiles are built into a scratch cache and copied, so a crash leaves the shipped set intact.
+With ``--platform`` (a what-if platform of a study, e.g. `ratrain reproduce platforms`) only the
+profile files are shipped, not its GEMM cache entries: the study needs the profiles alone, and
+the shipped GEMM cache stays the default platform's (small).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +23,7 @@ os.environ["RATRAIN_CACHE_DIR"] = str(SCRATCH)
 from mtemu.version import write_shipped_versions  # noqa: E402
 from ratrain.cost.profile import SHIPPED_DIR, layer_profile  # noqa: E402
 from ratrain.spec.models import get_model  # noqa: E402
+from ratrain.spec.platform import TrainingPlatform  # noqa: E402
 
 MODELS = ["llama2-7b", "llama2-13b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b"]
 TPS = (1, 2)
@@ -26,20 +31,26 @@ TPS = (1, 2)
 ORDER = [(m, 1) for m in MODELS] + [("llama2-13b", 2), ("qwen2.5-32b", 2)]
 
 
-def main(models: list[str]) -> None:
+def main(models: list[str], platform_file: str | None = None) -> None:
     SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
-    print(f"versions recorded in {write_shipped_versions()}", flush=True)
+    platform = TrainingPlatform.from_file(platform_file) if platform_file else TrainingPlatform()
+    if platform_file is None:
+        print(f"versions recorded in {write_shipped_versions()}", flush=True)
     jobs = [(m, t) for m, t in ORDER if m in models] + [(m, t) for m in models for t in TPS if (m, t) not in ORDER]
     for name, tp in jobs:
         t = time.time()
-        prof = layer_profile(get_model(name), 1, 2048, tp, progress=True)
-        print(f"{name} tp={tp}: fwd {prof.forward_s * 1e3:.2f} ms bwd {prof.backward_s * 1e3:.2f} ms "
+        prof = layer_profile(get_model(name), 1, 2048, tp, platform=platform, progress=True)
+        print(f"{platform.name} {name} tp={tp}: fwd {prof.forward_s * 1e3:.2f} ms bwd {prof.backward_s * 1e3:.2f} ms "
               f"({time.time() - t:.0f} s)", flush=True)
         for f in (SCRATCH / "profiles").glob("*.json"):
             shutil.copyfile(f, SHIPPED_DIR / f.name)
-        if (SCRATCH / "gemm_cache.json").exists():       # nothing new was emulated when it is missing
+        if platform_file is None and (SCRATCH / "gemm_cache.json").exists():   # missing: nothing new emulated
             shutil.copyfile(SCRATCH / "gemm_cache.json", SHIPPED_DIR / "gemm_cache.json")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or MODELS)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=MODELS)
+    parser.add_argument("--platform", help="platform file (default: the built-in MT-3000 cluster)")
+    args = parser.parse_args()
+    main(args.models or MODELS, args.platform)
