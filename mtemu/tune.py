@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import as_completed as done_order
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -30,10 +30,11 @@ from rtcommon.cache import check_fields, read_json_cache, write_json_cache
 from rtcommon.fileio import atomic_write_figure, atomic_write_json
 
 from .errors import AssemblyError, CapacityError, MtemuError
-from .kernels.attention import attention_backward_timing, default_tiles, plan_attention
+from .kernels.attention import attention_backward_timing, attention_forward_timing, default_tiles, plan_attention
 from .kernels.capacity import AttentionTiles
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
 from .kernels.gemm_bound import gemm_bound
+from .kernels.registry import GEMM_VARIANTS, gemm_variant
 from .platform import DEFAULT, Platform, as_platform
 from .version import emulator_version
 
@@ -165,9 +166,11 @@ def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Cand
     for _ in results:
         bar.step("cached")
     args = [(*shape, asdict(t), platform) for t, _ in todo]
+    if len(args) > 1 and (scheduler is not None or (workers or os.cpu_count() or 1) > 1):
+        warm_numba_cache(platform)       # before any worker compiles: one writer for numba's cache
     try:
         # each entry is written the moment its candidate finishes: a killed sweep resumes there
-        for i, res in _map(args, workers, scheduler, bar, emulate):
+        for i, res in map_jobs(args, workers, scheduler, bar.step, emulate):
             t, path = todo[i]
             results[t] = Candidate(asdict(t), True, **res)
             if cache and not write_json_cache(path, res):
@@ -205,7 +208,7 @@ def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dic
     _refuse_unusable_grid(grid, feasible, pruned)
     default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
     feasible, screened = _screen(m, k, n, feasible, default, platform, emulate_top)
-    scheduler = _connect(scheduler)
+    scheduler = connect_scheduler(scheduler)
     result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
                     progress, cache)
     result.screened = screened
@@ -291,6 +294,16 @@ def _refuse_unusable_grid(grid: dict | None, feasible: list, pruned: list[Candid
         raise MtemuError(f"no tile set from the given lists {grid} is usable for this shape and platform ({why})")
 
 
+def warm_numba_cache(platform: Platform = DEFAULT) -> None:
+    """Compile (or load) the machine's jitted code in this process before parallel workers start:
+    numba's on-disk cache is not safe for concurrent writers, so one process fills it and the
+    workers (local processes, or Dask workers sharing the cache folder) only read it."""
+    for name in GEMM_VARIANTS:
+        gemm_variant(name).timing(64, 64, 192, platform=platform)
+    attention_forward_timing(1, 1, 64, 64, causal=True, platform=platform)
+    attention_backward_timing(1, 1, 64, 64, causal=True, platform=platform)
+
+
 def _distributed():
     """``dask.distributed``, loaded only when a scheduler is asked for (optional, ~1 s to import)."""
     try:
@@ -299,7 +312,7 @@ def _distributed():
         raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
 
 
-def _connect(scheduler):
+def connect_scheduler(scheduler):
     """A Dask client for ``scheduler`` (an address or a Client), reached before any work starts."""
     if scheduler is None or not isinstance(scheduler, str):
         return scheduler
@@ -310,25 +323,27 @@ def _connect(scheduler):
                          f"({type(exc).__name__}: {exc})") from None
 
 
-def _map(args: list, workers: int | None, scheduler, bar: _Bar, fn=None) -> Iterable[tuple[int, dict]]:
-    """(index into ``args``, result) as each completes, with progress."""
+def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], None], fn=None
+             ) -> Iterable[tuple[int, dict]]:
+    """(index into ``args``, result) as each completes, calling ``step(note)`` after each: on a Dask
+    cluster (``scheduler``: an address or a Client), else on ``workers`` local processes."""
     fn = fn or _emulate
     if not args:
         return
     if scheduler is not None:
-        client = _connect(scheduler)
+        client = connect_scheduler(scheduler)
         futures = client.map(fn, args, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for f in _distributed().as_completed(futures):
             res = f.result()
-            bar.step("dask")
+            step("dask")
             yield index[f.key], res
         return
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(args) == 1:
         for i, a in enumerate(args):
             res = fn(a)
-            bar.step()
+            step("")
             yield i, res
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -336,7 +351,7 @@ def _map(args: list, workers: int | None, scheduler, bar: _Bar, fn=None) -> Iter
         try:
             for f in done_order(futures):
                 res = f.result()
-                bar.step()
+                step("")
                 yield futures[f], res
         finally:
             for f in futures:
@@ -465,7 +480,7 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
     _refuse_unusable_grid(grid, feasible, pruned)
     default = default_tiles(head_dim, platform)
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
-    scheduler = _connect(scheduler)
+    scheduler = connect_scheduler(scheduler)
     result = _sweep("attention", (heads, kv_heads, seq, head_dim), feasible, default, pruned, platform,
                     _emulate_attention, workers, scheduler, progress, cache)
     _annotate(result)
