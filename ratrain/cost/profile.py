@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
+from mtemu.kernels.names import TILE_CHOICE_VERSION
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     ModelSpec,
@@ -60,6 +61,8 @@ from rtcommon.fileio import atomic_write_json
 from rtcommon.progress import Progress
 
 PROFILE_FORMAT = 2
+# tuned tiles are keyed by the rule that chose them (a new rule re-emulates, never reuses)
+TUNED_KEY = f"tuned-v{TILE_CHOICE_VERSION}"
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
@@ -90,7 +93,7 @@ class GemmCache:
         self.tiles = self.variant.default_tiles
         self.version = emulator_version("gemm")
         digest = self.platform.timing_digest()
-        tiles_key = "tuned" if self.tuned else _tiles_key(self.tiles)
+        tiles_key = TUNED_KEY if self.tuned else _tiles_key(self.tiles)
         self.prefix = f"{self.version}|{digest}|{self.variant.name}|{tiles_key}"
         self.attn_prefix = f"{emulator_version('attention')}|{digest}|attention"
         self.path = path or cache_dir() / "gemm_cache.json"
@@ -345,7 +348,7 @@ def platform_key(platform: TrainingPlatform) -> str:
     """What a profile's numbers depend on besides the model: the cluster's timing digest, the GEMM
     loop order and the tiles (the memory budget and the link are not in it)."""
     c = platform.cluster
-    tiles = "tuned" if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
+    tiles = TUNED_KEY if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
                                                                  .default_tiles)
     return hashlib.sha256(f"{c.timing_digest()}|{platform.gemm_loop_order}|{tiles}".encode()).hexdigest()[:16]
 
