@@ -404,7 +404,8 @@ class TimeTuner:
     def time_tune_gemm_12_candidates(self):
         from mtemu.tune import tune_gemm
         tune_gemm(2048, 4096, 4096, grid={"mg": (1024, 2048), "k2": (128, 256), "n2": (576, 768, 960),
-                                          "mr_nv": ((6, 4),)}, out_dir=None, progress=False, cache=False)
+                                          "mr_nv": ((6, 4),)}, out_dir=None, progress=False, cache=False,
+                  loop_order="c-stationary")
 
 
 class TrackPlanFreshCache:

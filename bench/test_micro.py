@@ -126,7 +126,7 @@ def test_tuner_sweep_100_candidates(benchmark, tmp_path, monkeypatch):
     grid = {"mg": (512, 768, 1024, 2048), "k2": (64, 96, 128, 192), "n2": (384, 576, 768, 960, 1152),
             "mr_nv": ((6, 4), (8, 3))}          # 160 candidates, 40 pruned by capacity, 120 emulated
     result = benchmark.pedantic(lambda: tune_gemm(2048, 4096, 4096, grid=grid, out_dir=None, progress=False,
-                                                  cache=False), rounds=1, iterations=1)
+                                                  cache=False, loop_order="c-stationary"), rounds=1, iterations=1)
     benchmark.extra_info["candidates"] = len(result.candidates)
     benchmark.extra_info["pruned"] = len(result.pruned)
     assert len(result.candidates) >= 100

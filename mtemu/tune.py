@@ -22,29 +22,21 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import as_completed as done_order
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from rtcommon.cache import check_fields, read_json_cache, write_json_cache
 from rtcommon.fileio import atomic_write_figure, atomic_write_json
 
-from .errors import AssemblyError, CapacityError, MtemuError
-from .kernels.attention import attention_backward_timing, default_tiles, plan_attention
+from .errors import MtemuError
+from .kernels.attention import attention_backward_timing, attention_forward_timing, default_tiles, plan_attention
 from .kernels.capacity import AttentionTiles
-from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing, plan_gemm
-from .kernels.gemm_bound import gemm_bound
+from .kernels.gemm_bound import gemm_bound, vmac_cycles
+from .kernels.names import DEFAULT_GEMM
+from .kernels.registry import GEMM_VARIANTS, emulation_set, gemm_variant, screen_tiles
 from .platform import DEFAULT, Platform, as_platform
 from .version import emulator_version
-
-# Default GEMM grid: the dimensions that decide DDR traffic, plus two micro-kernel shapes.
-GEMM_GRID = {
-    "mg": (512, 1024, 2048),
-    "k2": (64, 128, 256),
-    "n2": (384, 576, 768, 960, 1152),
-    "mr_nv": ((6, 4), (8, 3)),
-}
-
 
 # Seconds to reach a Dask scheduler before giving up (an unreachable address fails fast).
 SCHEDULER_TIMEOUT_S = 5
@@ -72,29 +64,25 @@ class Candidate:
         return asdict(self)
 
 
-def gemm_candidates(m: int, k: int, n: int, grid: dict | None = None, platform: Platform = DEFAULT
-                    ) -> tuple[list[GemmTiles], list[Candidate]]:
-    """(feasible tiles, pruned candidates with the capacity they exceed)."""
-    grid = {**GEMM_GRID, **check_grid(grid, GEMM_GRID)}
-    feasible, pruned, seen = [], [], set()
-    for mg, k2, n2, (mr, nv) in itertools.product(grid["mg"], grid["k2"], grid["n2"], grid["mr_nv"]):
-        t = GemmTiles(mg=mg, k2=k2, n2=n2, mr=mr, nv=nv)
-        try:
-            plan = plan_gemm(m, k, n, t, platform)
-        except (CapacityError, AssemblyError) as exc:
-            pruned.append(Candidate(asdict(t), False, str(exc)))
-            continue
-        eff = plan.tiles               # clipped to the shape: identical candidates collapse
-        if eff in seen:
-            continue
-        seen.add(eff)
-        feasible.append(eff)
-    return feasible, pruned
+def gemm_candidates(m: int, k: int, n: int, grid: dict | None = None, platform: Platform = DEFAULT,
+                    loop_order: str = DEFAULT_GEMM) -> tuple[list, list[Candidate]]:
+    """(feasible tiles of the loop order's grid, best closed-form bound first, as ``--tiles tuned``
+    ranks them; pruned candidates with the capacity they exceed). ``grid`` replaces some of the
+    variant's tile lists (``mr_nv``: (mr, nv) pairs)."""
+    variant = gemm_variant(loop_order)
+    ranked, pruned = screen_tiles(loop_order, m, k, n, platform, check_grid(grid, _grid_names(variant)))
+    return [t for _, t in ranked], [Candidate(asdict(t), False, reason) for t, reason in pruned]
+
+
+def _grid_names(variant) -> dict:
+    """The tile lists a user may give for a loop order: its grid's, and the micro-kernel pairs."""
+    return {**variant.grid, "mr_nv": ()}
 
 
 def _emulate(args: tuple) -> dict:
-    m, k, n, tiles_dict, platform = args
-    r = gemm_timing(m, k, n, tiles=GemmTiles(**tiles_dict), platform=platform)
+    m, k, n, loop_order, tiles_dict, platform = args
+    variant = gemm_variant(loop_order)
+    r = variant.timing(m, k, n, tiles=variant.tiles_type(**tiles_dict), platform=platform)
     return {"utilization": r.utilization, "cycles": r.cycles, "latency_ms": r.latency_ms, "stalls": r.stalls}
 
 
@@ -131,13 +119,15 @@ class TuneResult:
     heatmap: str | None = None
     table: str | None = None
     screened: list[Candidate] = field(default_factory=list)   # feasible, not emulated (bound too low)
+    loop_order: str | None = None        # GEMM: the variant tuned
 
     @property
     def best(self) -> Candidate:
         return self.candidates[0]
 
     def to_json(self) -> dict:
-        return {"kernel": self.kernel, "shape": list(self.shape), "default": self.default.to_json(),
+        return {"kernel": self.kernel, "loop_order": self.loop_order, "shape": list(self.shape),
+                "default": self.default.to_json(),
                 "best": self.best.to_json(), "candidates": [c.to_json() for c in self.candidates],
                 "pruned": len(self.pruned), "pruned_reasons": [c.to_json() for c in self.pruned],
                 "screened": [c.to_json() for c in self.screened],
@@ -146,15 +136,18 @@ class TuneResult:
 
 
 def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Candidate], platform: Platform,
-           emulate, workers: int | None, scheduler: str | None, progress: bool, cache: bool) -> TuneResult:
-    """Emulate every feasible tile set not already cached (in parallel), rank by utilization."""
+           emulate, workers: int | None, scheduler: str | None, progress: bool, cache: bool,
+           job: tuple = (), order: dict | None = None) -> TuneResult:
+    """Emulate every feasible tile set not already cached (in parallel), rank by utilization; ties go
+    to the lower ``order`` (GEMM: the bound's rank, as in ``choose_tiles``), else to the tile values.
+    ``job``: what the emulation needs between the shape and the tiles (GEMM: the loop order)."""
     if default not in feasible:
         feasible.append(default)
     version = emulator_version("gemm" if kernel == "gemm" else "attention")
     cdir = tune_cache_dir()
     results, todo = {}, []
     for t in feasible:
-        raw = json.dumps([kernel, list(shape), asdict(t), platform.digest(), version], sort_keys=True)
+        raw = json.dumps([kernel, *job, list(shape), asdict(t), platform.digest(), version], sort_keys=True)
         path = cdir / f"{hashlib.sha256(raw.encode()).hexdigest()[:24]}.json"
         hit = _read(path) if cache else None
         if hit is not None:
@@ -164,18 +157,22 @@ def _sweep(kernel: str, shape: tuple, feasible: list, default, pruned: list[Cand
     bar = _Bar(len(feasible), progress)
     for _ in results:
         bar.step("cached")
-    args = [(*shape, asdict(t), platform) for t, _ in todo]
+    args = [(*shape, *job, asdict(t), platform) for t, _ in todo]
+    if len(args) > 1 and (scheduler is not None or (workers or os.cpu_count() or 1) > 1):
+        warm_numba_cache(platform)       # before any worker compiles: one writer for numba's cache
     try:
         # each entry is written the moment its candidate finishes: a killed sweep resumes there
-        for i, res in _map(args, workers, scheduler, bar, emulate):
+        for i, res in map_jobs(args, workers, scheduler, bar.step, emulate):
             t, path = todo[i]
             results[t] = Candidate(asdict(t), True, **res)
             if cache and not write_json_cache(path, res):
                 cache = False
     finally:
         bar.close()
-    ranked = sorted(results.values(), key=lambda c: (-c.utilization, json.dumps(c.tiles, sort_keys=True)))
-    return TuneResult(kernel, shape, results[default], ranked, pruned)
+    order = order or {}
+    ranked = sorted(results, key=lambda t: (-results[t].utilization, order.get(t, len(order)),
+                                            json.dumps(asdict(t), sort_keys=True)))
+    return TuneResult(kernel, shape, results[default], [results[t] for t in ranked], pruned)
 
 
 def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, grid: dict | None,
@@ -191,26 +188,41 @@ def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, gr
 
 def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
               workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
-              progress: bool = True, cache: bool = True, emulate_top: int | None = None) -> TuneResult:
-    """Tile sweep of the FP16 GEMM, ranked by emulated utilization.
+              progress: bool = True, cache: bool = True, emulate_top: int | None = None,
+              loop_order: str = DEFAULT_GEMM) -> TuneResult:
+    """Tile sweep of the FP16 GEMM in ``loop_order`` (``mtemu.kernels.registry``), ranked by
+    emulated utilization. The candidates are the registry's grid for that loop order (``grid``
+    replaces some of its lists), so with ``emulate_top=CHOOSE_EMULATE_TOP`` the best is the tile
+    set ``choose_tiles`` (training's ``--tiles tuned``) picks.
 
-    ``emulate_top``: emulate only the candidates with the highest closed-form bound
-    (:mod:`mtemu.kernels.gemm_bound`) plus the defaults; the rest are reported as screened.
-    The bound is an upper bound, so a screened candidate can only be missed if the bound's
-    optimism (largest near the compute/DDR balance) reorders it past the cut.
+    ``emulate_top``: emulate only the candidates with the highest closed-form bound plus the
+    defaults; the rest are reported as screened. The bound is an upper bound, so a screened
+    candidate can only be missed if the bound's optimism reorders it past the cut.
     """
     platform = as_platform(platform)
+    variant = gemm_variant(loop_order)
     _check_common(workers, top=None)
-    feasible, pruned = gemm_candidates(m, k, n, grid, platform)
+    feasible, pruned = gemm_candidates(m, k, n, grid, platform, loop_order)
     _refuse_unusable_grid(grid, feasible, pruned)
-    default = plan_gemm(m, k, n, DEFAULT_TILES, platform).tiles   # raises with the reason if it does not fit
-    feasible, screened = _screen(m, k, n, feasible, default, platform, emulate_top)
-    scheduler = _connect(scheduler)
+    default = variant.plan(m, k, n, variant.default_tiles, platform).tiles   # raises with the reason if it does not fit
+    order = {t: i for i, t in enumerate(feasible)}
+    feasible, screened = _screen(feasible, default, emulate_top, lambda t: variant.bound(m, k, n, t, platform))
+    scheduler = connect_scheduler(scheduler)
     result = _sweep("gemm", (m, k, n), feasible, default, pruned, platform, _emulate, workers, scheduler,
-                    progress, cache)
-    result.screened = screened
-    _annotate(result, lambda t: gemm_bound(m, k, n, GemmTiles(**t), platform))
-    return _write_outputs(result, out_dir, f"gemm_{m}x{k}x{n}", grid, ("mg", "n2"), GEMM_GRID)
+                    progress, cache, job=(loop_order,), order=order)
+    result.screened, result.loop_order = screened, loop_order
+    _annotate(result, lambda t: _gemm_bound(loop_order, m, k, n, variant.tiles_type(**t), platform))
+    return _write_outputs(result, out_dir, f"gemm_{loop_order}_{m}x{k}x{n}", grid, ("mg", "n2"), variant.grid)
+
+
+def _gemm_bound(loop_order: str, m: int, k: int, n: int, tiles, platform: Platform) -> tuple[str, float]:
+    """(what bounds it, "ddr" or "compute"; the closed-form utilization bound) of one tile set."""
+    if loop_order == "c-stationary":
+        b = gemm_bound(m, k, n, tiles, platform)
+        return b.bound, b.utilization
+    util = gemm_variant(loop_order).bound(m, k, n, tiles, platform)
+    compute = m * k * n / (platform.peak_macs_per_cycle * vmac_cycles(m, k, n, tiles.mg, tiles.n2, platform))
+    return ("compute" if util >= compute else "ddr"), util
 
 
 def _annotate(result: TuneResult, bound=None) -> None:
@@ -220,22 +232,20 @@ def _annotate(result: TuneResult, bound=None) -> None:
         if c.stalls:
             c.top_stall = max(c.stalls, key=lambda k: (c.stalls[k], k))
         if bound is not None:
-            b = bound(c.tiles)
-            c.bound, c.bound_utilization = b.bound, b.utilization
+            c.bound, c.bound_utilization = bound(c.tiles)
 
 
-def _screen(m: int, k: int, n: int, feasible: list[GemmTiles], default: GemmTiles, platform: Platform,
-            top: int | None) -> tuple[list[GemmTiles], list[Candidate]]:
-    """(tiles to emulate, screened-out candidates) ranked by the closed-form bound."""
+def _screen(ranked: list, default, top: int | None, bound) -> tuple[list, list[Candidate]]:
+    """(tiles to emulate, screened-out candidates) of ``ranked`` (best closed-form bound first): the
+    ``top`` best and the defaults, as ``choose_tiles`` emulates them."""
     if top is None:
-        return feasible, []
+        return ranked, []
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise MtemuError(f"emulate_top must be a positive integer, got {top!r}")
-    bound = {t: gemm_bound(m, k, n, t, platform).utilization for t in feasible}
-    order = sorted(feasible, key=lambda t: (-bound[t], json.dumps(asdict(t), sort_keys=True)))
-    screened = [Candidate(asdict(t), True, "screened out by the closed-form bound", bound_utilization=bound[t])
-                for t in order[top:] if t != default]
-    return order[:top], screened
+    keep = [t for _, t in emulation_set(ranked, default, top)]
+    screened = [Candidate(asdict(t), True, "screened out by the closed-form bound", bound_utilization=bound(t))
+                for t in ranked if t not in keep]
+    return keep, screened
 
 
 def _valid_entry(data: dict) -> str | None:
@@ -291,6 +301,16 @@ def _refuse_unusable_grid(grid: dict | None, feasible: list, pruned: list[Candid
         raise MtemuError(f"no tile set from the given lists {grid} is usable for this shape and platform ({why})")
 
 
+def warm_numba_cache(platform: Platform = DEFAULT) -> None:
+    """Compile (or load) the machine's jitted code in this process before parallel workers start:
+    numba's on-disk cache is not safe for concurrent writers, so one process fills it and the
+    workers (local processes, or Dask workers sharing the cache folder) only read it."""
+    for name in GEMM_VARIANTS:
+        gemm_variant(name).timing(64, 64, 192, platform=platform)
+    attention_forward_timing(1, 1, 64, 64, causal=True, platform=platform)
+    attention_backward_timing(1, 1, 64, 64, causal=True, platform=platform)
+
+
 def _distributed():
     """``dask.distributed``, loaded only when a scheduler is asked for (optional, ~1 s to import)."""
     try:
@@ -299,7 +319,7 @@ def _distributed():
         raise MtemuError("--scheduler needs dask.distributed: pip install 'ratrain-emu[distributed]'") from None
 
 
-def _connect(scheduler):
+def connect_scheduler(scheduler):
     """A Dask client for ``scheduler`` (an address or a Client), reached before any work starts."""
     if scheduler is None or not isinstance(scheduler, str):
         return scheduler
@@ -310,25 +330,27 @@ def _connect(scheduler):
                          f"({type(exc).__name__}: {exc})") from None
 
 
-def _map(args: list, workers: int | None, scheduler, bar: _Bar, fn=None) -> Iterable[tuple[int, dict]]:
-    """(index into ``args``, result) as each completes, with progress."""
+def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], None], fn=None
+             ) -> Iterable[tuple[int, dict]]:
+    """(index into ``args``, result) as each completes, calling ``step(note)`` after each: on a Dask
+    cluster (``scheduler``: an address or a Client), else on ``workers`` local processes."""
     fn = fn or _emulate
     if not args:
         return
     if scheduler is not None:
-        client = _connect(scheduler)
+        client = connect_scheduler(scheduler)
         futures = client.map(fn, args, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for f in _distributed().as_completed(futures):
             res = f.result()
-            bar.step("dask")
+            step("dask")
             yield index[f.key], res
         return
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(args) == 1:
         for i, a in enumerate(args):
             res = fn(a)
-            bar.step()
+            step("")
             yield i, res
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -336,21 +358,20 @@ def _map(args: list, workers: int | None, scheduler, bar: _Bar, fn=None) -> Iter
         try:
             for f in done_order(futures):
                 res = f.result()
-                bar.step()
+                step("")
                 yield futures[f], res
         finally:
             for f in futures:
                 f.cancel()
 
 
-def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str, str] = ("mg", "n2"),
-             base_grid: dict | None = None) -> None:
+def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str, str], base_grid: dict) -> None:
     """Best utilization over two tile dimensions (GEMM: mg x n2, which set DDR traffic); X = infeasible."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    g = {**(base_grid or GEMM_GRID), **(grid or {})}
+    g = {**base_grid, **(grid or {})}
     ya, xa = axes
     mgs, n2s = list(g[ya]), list(g[xa])
     z = np.full((len(mgs), len(n2s)), np.nan)
@@ -389,7 +410,8 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     ax.set_ylabel(labels.get(ya, ya))
     shape = "x".join(map(str, result.shape))
     screened = ", (v) = bound, screened out" if result.screened else ""
-    ax.set_title(f"{result.kernel} {shape}: best utilization (%) per ({ya}, {xa})\n"
+    kernel = f"{result.kernel} ({result.loop_order})" if result.loop_order else result.kernel
+    ax.set_title(f"{kernel} {shape}: best utilization (%) per ({ya}, {xa})\n"
                  f"X = infeasible (pruned by capacity){screened}")
     fig.colorbar(im, ax=ax, label="MAC utilization (%)")
     fig.tight_layout()
@@ -405,7 +427,8 @@ def _check_common(workers: int | None, top: int | None) -> None:
 def format_tune(result: TuneResult, top: int = 5) -> str:
     _check_common(None, top)
     d = result.default
-    lines = [f"{result.kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
+    kernel = f"{result.kernel} ({result.loop_order})" if result.loop_order else result.kernel
+    lines = [f"{kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
              f"{len(result.pruned)} pruned by capacity"
              + (f", {len(result.screened)} screened out by the closed-form bound" if result.screened else ""),
              f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
@@ -420,8 +443,8 @@ def format_tune(result: TuneResult, top: int = 5) -> str:
 
 
 def _desc(t: dict) -> str:
-    keys = ("mg", "k2", "n2", "mr", "nv") if "mg" in t else ("br", "bc", "br_prime", "bc_prime")
-    return " ".join(f"{k}={t[k]}" for k in keys)
+    keys = ("mg", "kg", "k2", "n2", "mr", "nv") if "mg" in t else ("br", "bc", "br_prime", "bc_prime")
+    return " ".join(f"{k}={t[k]}" for k in keys if k in t)
 
 
 # ------------------------------------------------------------------------------------------
@@ -465,7 +488,7 @@ def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platfo
     _refuse_unusable_grid(grid, feasible, pruned)
     default = default_tiles(head_dim, platform)
     plan_attention(heads, kv_heads, seq, head_dim, tiles=default, platform=platform)   # raises if it does not fit
-    scheduler = _connect(scheduler)
+    scheduler = connect_scheduler(scheduler)
     result = _sweep("attention", (heads, kv_heads, seq, head_dim), feasible, default, pruned, platform,
                     _emulate_attention, workers, scheduler, progress, cache)
     _annotate(result)

@@ -1,12 +1,14 @@
 """Regenerate the latency profiles that ship with the package (ratrain/data/profiles/).
 
 Run after any change to the emulator, the GEMM kernel or the platform defaults:
-    python scripts/ship_profiles.py [model ...]
+    python scripts/ship_profiles.py [--scheduler ADDRESS] [model ...]
     python scripts/ship_profiles.py --platform platforms/bandwidth-rich.toml llama2-13b qwen2.5-32b
 Profiles are built into a scratch cache and copied, so a crash leaves the shipped set intact.
 With ``--platform`` (a what-if platform of a study, e.g. `ratrain reproduce platforms`) only the
 profile files are shipped, not its GEMM cache entries: the study needs the profiles alone, and
-the shipped GEMM cache stays the default platform's (small).
+the shipped GEMM cache stays the default platform's (small). With ``--scheduler`` the kernels of
+every profile are emulated on that Dask cluster first (``ratrain.cost.profile.build_profiles``),
+then the profiles are assembled here.
 """
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ SCRATCH = Path(tempfile.mkdtemp(prefix="ratrain-ship-"))
 os.environ["RATRAIN_CACHE_DIR"] = str(SCRATCH)
 
 from mtemu.version import write_shipped_versions  # noqa: E402
-from ratrain.cost.profile import SHIPPED_DIR, layer_profile  # noqa: E402
+from ratrain.cost.profile import SHIPPED_DIR, build_profiles, layer_profile  # noqa: E402
 from ratrain.spec.models import get_model  # noqa: E402
 from ratrain.spec.platform import TrainingPlatform  # noqa: E402
+from rtcommon.progress import Progress  # noqa: E402
 
 MODELS = ["llama2-7b", "llama2-13b", "baichuan2-13b", "qwen2.5-32b", "llama2-70b"]
 TPS = (1, 2)
@@ -31,12 +34,15 @@ TPS = (1, 2)
 ORDER = [(m, 1) for m in MODELS] + [("llama2-13b", 2), ("qwen2.5-32b", 2)]
 
 
-def main(models: list[str], platform_file: str | None = None) -> None:
+def main(models: list[str], platform_file: str | None = None, scheduler: str | None = None) -> None:
     SHIPPED_DIR.mkdir(parents=True, exist_ok=True)
     platform = TrainingPlatform.from_file(platform_file) if platform_file else TrainingPlatform()
     if platform_file is None:
         print(f"versions recorded in {write_shipped_versions()}", flush=True)
     jobs = [(m, t) for m, t in ORDER if m in models] + [(m, t) for m in models for t in TPS if (m, t) not in ORDER]
+    if scheduler:
+        build_profiles([(get_model(name), 1, 2048, tp) for name, tp in jobs], platform=platform, scheduler=scheduler,
+                       progress=Progress(True))
     for name, tp in jobs:
         t = time.time()
         prof = layer_profile(get_model(name), 1, 2048, tp, platform=platform, progress=True)
@@ -50,7 +56,8 @@ def main(models: list[str], platform_file: str | None = None) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", default=MODELS)
+    parser.add_argument("models", nargs="*", metavar="model", help="default: " + ", ".join(MODELS))
     parser.add_argument("--platform", help="platform file (default: the built-in MT-3000 cluster)")
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="emulate the kernels on this Dask cluster")
     args = parser.parse_args()
-    main(args.models or MODELS, args.platform)
+    main(args.models or MODELS, args.platform, args.scheduler)

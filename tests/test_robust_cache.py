@@ -142,11 +142,12 @@ def test_a_killed_sweep_resumes_where_it_stopped(cachedir):
 
 
 def test_an_interrupted_sweep_keeps_every_finished_candidate(cachedir):
-    from mtemu.kernels.gemm import DEFAULT_TILES, plan_gemm
+    from mtemu.kernels.registry import DEFAULT_GEMM, gemm_variant
     from mtemu.platform import DEFAULT
     from mtemu.tune import _emulate, _sweep, gemm_candidates
     feasible, pruned = gemm_candidates(*SHAPE, GRID)
-    default = plan_gemm(*SHAPE, DEFAULT_TILES, DEFAULT).tiles
+    variant = gemm_variant(DEFAULT_GEMM)
+    default = variant.plan(*SHAPE, variant.default_tiles, DEFAULT).tiles
     calls = []
 
     def emulate(args):
@@ -156,7 +157,8 @@ def test_an_interrupted_sweep_keeps_every_finished_candidate(cachedir):
         return _emulate(args)
 
     with pytest.raises(KeyboardInterrupt):
-        _sweep("gemm", SHAPE, list(feasible), default, pruned, DEFAULT, emulate, 1, None, False, True)
+        _sweep("gemm", SHAPE, list(feasible), default, pruned, DEFAULT, emulate, 1, None, False, True,
+               job=(DEFAULT_GEMM,))
     assert len(list(tune_cache_dir().glob("*.json"))) == 2
     resumed = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     assert sum(c.cached for c in resumed.candidates) == 2

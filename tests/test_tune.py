@@ -11,6 +11,7 @@ from mtemu.tune import gemm_candidates, tune_gemm
 
 SHAPE = (256, 512, 768)
 GRID = {"mg": (128, 256), "k2": (64, 128), "n2": (384, 768), "mr_nv": ((6, 4),)}
+CS = "c-stationary"           # the tests that check against the C-stationary kernel's own functions
 
 
 @pytest.fixture
@@ -22,27 +23,27 @@ def cachedir(tmp_path, monkeypatch):
 def test_infeasible_tiles_are_pruned_before_emulation():
     small_am = DEFAULT.with_overrides(am_bytes=448 * 1024)
     feasible, pruned = gemm_candidates(2048, 4096, 4096, {"mg": (2048,), "k2": (128,), "n2": (384, 1152),
-                                                          "mr_nv": ((6, 4),)}, small_am)
+                                                          "mr_nv": ((6, 4),)}, small_am, loop_order=CS)
     assert [t.n2 for t in feasible] == [384]
     assert len(pruned) == 1 and "AM:" in pruned[0].reason
 
 
 def test_sweep_ranks_by_emulated_utilization_and_resumes_from_cache(cachedir):
-    r = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "out", progress=False)
+    r = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "out", progress=False, loop_order=CS)
     utils = [c.utilization for c in r.candidates]
     assert utils == sorted(utils, reverse=True)
     best = GemmTiles(**r.best.tiles)
     assert r.best.utilization == gemm_timing(*SHAPE, tiles=best).utilization
     assert r.best.utilization >= r.default.utilization
-    assert (cachedir / "out" / "gemm_256x512x768_heatmap.png").stat().st_size > 1000
-    table = json.loads((cachedir / "out" / "gemm_256x512x768.json").read_text())
+    assert (cachedir / "out" / "gemm_c-stationary_256x512x768_heatmap.png").stat().st_size > 1000
+    table = json.loads((cachedir / "out" / "gemm_c-stationary_256x512x768.json").read_text())
     assert set(table) >= {"default", "best", "candidates", "pruned"}
     # each candidate names its closed-form bound and its top stall
     for c in table["candidates"]:
         b = gemm_bound(*SHAPE, GemmTiles(**c["tiles"]))
         assert (c["bound"], c["bound_utilization"]) == (b.bound, b.utilization)
         assert c["top_stall"] == max(c["stalls"], key=c["stalls"].get)
-    again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, loop_order=CS)
     assert all(c.cached for c in again.candidates)
     assert [c.to_json() | {"cached": False} for c in again.candidates] == [c.to_json() for c in r.candidates]
 
@@ -91,8 +92,9 @@ def test_attention_sweep_prunes_ranks_and_caches(cachedir):
 
 
 def test_screening_by_the_bound_emulates_only_the_top_and_keeps_the_best(cachedir):
-    full = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
-    top = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "screen", progress=False, emulate_top=2)
+    full = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, loop_order=CS)
+    top = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=cachedir / "screen", progress=False, emulate_top=2,
+                    loop_order=CS)
     emulated = {json.dumps(c.tiles, sort_keys=True) for c in top.candidates}
     assert len(emulated) <= 3                                   # the top 2 and the defaults
     assert len(top.candidates) + len(top.screened) == len(full.candidates)

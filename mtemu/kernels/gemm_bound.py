@@ -56,28 +56,33 @@ def _pieces(total: int, block: int) -> list[tuple[int, int]]:
     return [(size, cnt) for size, cnt in ((block, full), (rest, 1 if rest else 0)) if cnt]
 
 
+def vmac_cycles(m: int, k: int, n: int, mg: int, n2: int, platform: Platform = DEFAULT) -> int:
+    """VMAC issues of the busiest DSP: per m-block of ``mrows`` rows it holds ``ceil(mrows / dsps)``
+    of them and issues ``k x ceil(width / lanes)`` VMACs per row and ``n2``-wide panel (both loop
+    orders share the micro-kernel and the row partition)."""
+    return sum(mcount * ncount * math.ceil(mrows / platform.dsps) * k * math.ceil(nw / platform.vector_lanes)
+               for mrows, mcount in _pieces(m, mg) for nw, ncount in _pieces(n, n2))
+
+
 def gemm_bound(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES,
                platform: Platform = DEFAULT) -> GemmBound:
     """Bounds for ``C[m,n] = A[m,k] B[k,n]`` with ``tiles``; refuses what :func:`plan_gemm` refuses."""
     plan = plan_gemm(m, k, n, tiles, platform)
     t = plan.tiles
-    lanes = platform.vector_lanes
-    ddr_bytes = ddr_rows = compute = 0
+    ddr_bytes = ddr_rows = 0
     for mrows, mcount in _pieces(m, t.mg):
-        busiest = math.ceil(mrows / platform.dsps)
         for nw, ncount in _pieces(n, t.n2):
             steps = mcount * ncount
             for kw, kcount in _pieces(k, t.k2):
                 # A_g: every DSP moves its rows (kw wide); B_2: one broadcast read of kw rows
                 ddr_bytes += steps * kcount * (mrows * kw * 2 + kw * nw * 2)
                 ddr_rows += steps * kcount * (mrows + kw)
-                compute += steps * kcount * busiest * kw * math.ceil(nw / lanes)
             # C_2 written back once per panel, each DSP its own rows
             ddr_bytes += steps * mrows * nw * 2
             ddr_rows += steps * mrows
     bytes_per_cycle = platform.ddr_bandwidth / platform.clock_hz
     ddr_cycles = ddr_bytes / bytes_per_cycle + ddr_rows * platform.dma_row_overhead_cycles
-    return GemmBound(m, k, n, m * k * n, ddr_bytes, ddr_rows, ddr_cycles, compute,
+    return GemmBound(m, k, n, m * k * n, ddr_bytes, ddr_rows, ddr_cycles, vmac_cycles(m, k, n, t.mg, t.n2, platform),
                      platform.peak_macs_per_cycle)
 
 

@@ -22,8 +22,8 @@ from ..errors import AssemblyError, CapacityError, MtemuError
 from ..platform import Platform
 from .gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing, plan_gemm, run_gemm
 from .gemm_a_resident import AResidentGemmTiles, a_resident_timing, plan_a_resident, run_a_resident
-from .gemm_bound import a_resident_bound, gemm_bound
-from .names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
+from .gemm_bound import a_resident_bound, gemm_bound, vmac_cycles
+from .names import CHOOSE_EMULATE_TOP, DEFAULT_GEMM, GEMM_LOOP_ORDERS, TILE_CHOICE_VERSION
 
 
 def _c_stationary_bound(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) -> float:
@@ -31,7 +31,11 @@ def _c_stationary_bound(m: int, k: int, n: int, tiles: GemmTiles, platform: Plat
 
 
 def _a_resident_bound(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> float:
-    return a_resident_bound(m, k, n, tiles.mg, tiles.kg, tiles.n2, platform)
+    """The DDR bound of Fig. 4's loop order, capped by the busiest DSP's VMAC issues: without the cap
+    every compute-bound tile set ties at 1.0 on the 51 GB/s platform, and a panel narrower than a
+    vector multiple (n2 = 256 uses 2 x 192 lanes) or an uneven row split ranks as if it were free."""
+    compute = m * k * n / (platform.peak_macs_per_cycle * vmac_cycles(m, k, n, tiles.mg, tiles.n2, platform))
+    return min(a_resident_bound(m, k, n, tiles.mg, tiles.kg, tiles.n2, platform), compute)
 
 
 @dataclass(frozen=True)
@@ -88,40 +92,78 @@ def variant_of(tiles: Any) -> GemmVariant:
             return variant
     raise MtemuError(f"not a GEMM tile set: {tiles!r}")
 
-def tile_candidates(name: str, m: int, k: int, n: int, platform: Platform) -> list[tuple[float, Any]]:
-    """(closed-form utilization bound, tiles) of every grid point that fits, best bound first;
-    tiles that clip to the same effective tiles for this shape appear once."""
+def _grid_points(variant: GemmVariant, grid: dict[str, tuple] | None) -> list[Any]:
+    """Every tile set of the variant's grid (``grid`` replaces some of its lists; ``mr_nv`` gives
+    (mr, nv) pairs), in grid order: keys sorted, the last varying fastest."""
+    axes = {**variant.grid, **(grid or {})}
+    keys = sorted(axes)
+    points = []
+    for values in itertools.product(*(axes[key] for key in keys)):
+        fields_ = {}
+        for key, value in zip(keys, values, strict=True):
+            fields_.update(dict(zip(("mr", "nv"), value, strict=True)) if key == "mr_nv" else {key: value})
+        points.append(variant.tiles(fields_))
+    return points
+
+
+def screen_tiles(name: str, m: int, k: int, n: int, platform: Platform, grid: dict[str, tuple] | None = None
+                 ) -> tuple[list[tuple[float, Any]], list[tuple[Any, str]]]:
+    """((closed-form utilization bound, effective tiles) of every grid point that fits, best bound
+    first, grid order breaking ties; (tiles, reason) of every point a capacity refuses). Tiles that
+    clip to the same effective tiles for this shape appear once."""
     variant = gemm_variant(name)
-    keys = sorted(variant.grid)
-    out, seen = [], set()
-    for values in itertools.product(*(variant.grid[key] for key in keys)):
-        tiles = variant.tiles(dict(zip(keys, values, strict=True)))
+    out, pruned, seen = [], [], set()
+    for tiles in _grid_points(variant, grid):
         try:
             eff = variant.plan(m, k, n, tiles, platform).tiles
             bound = variant.bound(m, k, n, eff, platform)
-        except (CapacityError, AssemblyError):
+        except (CapacityError, AssemblyError) as exc:
+            pruned.append((tiles, str(exc)))
             continue
         if eff not in seen:
             seen.add(eff)
             out.append((bound, eff))
     out.sort(key=lambda bt: -bt[0])          # stable: grid order breaks ties
-    return out
+    return out, pruned
+
+
+def tile_candidates(name: str, m: int, k: int, n: int, platform: Platform) -> list[tuple[float, Any]]:
+    """(closed-form utilization bound, tiles) of every grid point that fits, best bound first;
+    tiles that clip to the same effective tiles for this shape appear once."""
+    return screen_tiles(name, m, k, n, platform)[0]
+
+
+def emulation_set(ranked: list[Any], default: Any, top: int) -> list[tuple[int, Any]]:
+    """(rank, tiles) to emulate: the ``top`` best-ranked and the default tiles (rank: position in
+    ``ranked``, or after all of them). The fastest wins, the lower rank breaking a tie (the tuner
+    ranks the same way, so its best equals ``choose_tiles``' pick on the same set)."""
+    chosen = list(enumerate(ranked[:top]))
+    if default is not None and default not in ranked[:top]:
+        chosen.append((ranked.index(default) if default in ranked else len(ranked), default))
+    return chosen
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_tiles(name: str, m: int, k: int, n: int, platform: Platform, emulate_top: int = 2) -> Any:
+def choose_tiles(name: str, m: int, k: int, n: int, platform: Platform, emulate_top: int = CHOOSE_EMULATE_TOP
+                 ) -> Any:
     """The best tiles of loop order ``name`` for one GEMM shape on ``platform``: rank the grid by the
-    closed-form bound and emulate the ``emulate_top`` best (0: trust the bound). Deterministic."""
+    closed-form bound, emulate the ``emulate_top`` best and the default tiles, keep the fastest
+    (0: trust the bound, no emulation). Deterministic; never slower than the defaults when emulated."""
     variant = gemm_variant(name)
-    ranked = tile_candidates(name, m, k, n, platform)
-    if not ranked:
-        return variant.default_tiles
+    ranked = [t for _, t in tile_candidates(name, m, k, n, platform)]
     if emulate_top <= 0:
-        return ranked[0][1]
-    timed = [(variant.timing(m, k, n, tiles=t, platform=platform).cycles, i, t)
-             for i, (_, t) in enumerate(ranked[:emulate_top])]
+        return ranked[0] if ranked else variant.default_tiles
+    try:
+        default = variant.plan(m, k, n, variant.default_tiles, platform).tiles
+    except (CapacityError, AssemblyError):
+        default = None                       # the defaults do not fit: only the grid competes
+    if not ranked and default is None:
+        return variant.default_tiles         # its timing names the capacity that refuses it
+    timed = [(variant.timing(m, k, n, tiles=t, platform=platform).cycles, rank, t)
+             for rank, t in emulation_set(ranked, default, emulate_top)]
     return min(timed, key=lambda c: (c[0], c[1]))[2]
 
 
-__all__ = ["DEFAULT_GEMM", "GEMM_LOOP_ORDERS", "GEMM_VARIANTS", "GemmVariant", "choose_tiles", "gemm_variant",
-           "tile_candidates", "variant_of"]
+__all__ = ["CHOOSE_EMULATE_TOP", "DEFAULT_GEMM", "GEMM_LOOP_ORDERS", "GEMM_VARIANTS", "TILE_CHOICE_VERSION",
+           "GemmVariant", "choose_tiles", "emulation_set", "gemm_variant", "screen_tiles", "tile_candidates",
+           "variant_of"]

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from ratrain.cli.args import add_platform_args, platform_from_args
-from ratrain.cost.profile import PROFILE_SOURCES, layer_profile
+from ratrain.cost.profile import PROFILE_SOURCES, build_profiles, layer_profile
 from ratrain.spec.models import from_hf_config, get_model, list_models
+from rtcommon.progress import Progress
 
 
 def _model(args):
@@ -15,6 +16,12 @@ def _model(args):
 def _profile(args):
     spec = _model(args)
     platform = platform_from_args(args)
+    if args.scheduler and args.source != "roofline":
+        # emulate the kernels on the cluster first (a bound profile needs its b=1, T=1 reference);
+        # the profile below then only reads the filled caches
+        b, tp = (args.micro_batch, args.tp) if args.source == "emulated" else (1, 1)
+        build_profiles([(spec, b, args.seq, tp)], platform=platform, scheduler=args.scheduler,
+                       progress=Progress(not args.json))
     prof = layer_profile(spec, args.micro_batch, args.seq, args.tp, source=args.source, platform=platform,
                          progress=not args.json)
     payload = prof.to_json()
@@ -41,6 +48,8 @@ def register(sub) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--source", choices=PROFILE_SOURCES, default="emulated",
                    help="emulated kernels; bound: the planner's fast model; roofline: a fixed utilization")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="emulate the profile's kernels on an existing Dask distributed cluster (as `mtemu tune`)")
     add_platform_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_profile)

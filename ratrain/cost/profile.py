@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
+from mtemu.kernels.names import TILE_CHOICE_VERSION
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     ModelSpec,
@@ -57,8 +58,11 @@ from ratrain.spec.models import (
 from ratrain.spec.platform import TrainingPlatform
 from rtcommon.cache import read_json_cache
 from rtcommon.fileio import atomic_write_json
+from rtcommon.progress import Progress
 
 PROFILE_FORMAT = 2
+# tuned tiles are keyed by the rule that chose them (a new rule re-emulates, never reuses)
+TUNED_KEY = f"tuned-v{TILE_CHOICE_VERSION}"
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
@@ -89,7 +93,7 @@ class GemmCache:
         self.tiles = self.variant.default_tiles
         self.version = emulator_version("gemm")
         digest = self.platform.timing_digest()
-        tiles_key = "tuned" if self.tuned else _tiles_key(self.tiles)
+        tiles_key = TUNED_KEY if self.tuned else _tiles_key(self.tiles)
         self.prefix = f"{self.version}|{digest}|{self.variant.name}|{tiles_key}"
         self.attn_prefix = f"{emulator_version('attention')}|{digest}|attention"
         self.path = path or cache_dir() / "gemm_cache.json"
@@ -132,13 +136,7 @@ class GemmCache:
             if self.progress:
                 print(f"[profile] emulating GEMM {m}x{k}x{n} ({self.variant.name}"
                       f"{', tuned tiles' if self.tuned else ''}) ...", file=sys.stderr, flush=True)
-            tiles = self.tiles_for(m, k, n)
-            r = self.variant.timing(m, k, n, tiles=tiles, platform=self.platform)
-            entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
-                     "utilization": r.utilization, "method": "emulated"}
-            if self.tuned:
-                entry["tiles"] = asdict(tiles)
-            self.emulated += 1
+            entry = self._emulated(key, ("gemm", self.variant.name, m, k, n, self.tuned, self.platform))
         self.entries[key] = entry
         return entry
 
@@ -164,13 +162,14 @@ class GemmCache:
         if self.progress:
             print(f"[profile] emulating attention {direction} heads={heads} kv_heads={kv_heads} seq={seq} "
                   f"d={head_dim} ...", file=sys.stderr, flush=True)
-        fn = mtemu.attention_forward_timing if direction == "fwd" else mtemu.attention_backward_timing
-        r = fn(heads, kv_heads, seq, head_dim, causal=True, platform=self.platform)
-        entry = {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles, "utilization": r.utilization,
-                 "method": "emulated"}
-        self.emulated += 1
+        entry = self._emulated(key, ("attention", direction, heads, kv_heads, seq, head_dim, self.platform))
         self.entries[key] = entry
         return entry
+
+    def _emulated(self, key: str, job: tuple) -> dict:
+        """Emulate one kernel now (:class:`_KernelCollector` records the job instead)."""
+        self.emulated += 1
+        return emulate_kernel(job)
 
     def _extrapolate(self, m: int, k: int, n: int) -> dict:
         """Linear in the number of identical loop iterations (panels of n2, m-blocks of mg). The
@@ -190,10 +189,8 @@ class GemmCache:
             mg = min(t.mg, m)
             qm, rm = divmod(m, mg)
             if qm < 8:
-                r = self.variant.timing(m, k, n, tiles=t, platform=self.platform)
-                self.emulated += 1
-                return {"seconds": r.cycles / self.platform.clock_hz, "cycles": r.cycles,
-                        "utilization": r.utilization, "method": "emulated"}
+                return self._emulated(self.key(m, k, n), ("gemm", self.variant.name, m, k, n, self.tuned,
+                                                          self.platform))
             base = rm if rm else mg
             qa = 3 if rm else 2
             ma, mb = base + qa * mg, base + (qa + 2) * mg
@@ -214,6 +211,43 @@ class GemmCache:
             atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
         except OSError as exc:         # an unwritable cache costs re-emulation next time, nothing else
             print(f"[profile] cannot write {self.path} ({exc.strerror}); latencies not cached", file=sys.stderr)
+
+
+def emulate_kernel(job: tuple) -> dict:
+    """One cache entry from a kernel job, emulated in this process (a local build or a Dask worker):
+    ``("gemm", loop_order, m, k, n, tuned, cluster)`` or
+    ``("attention", "fwd" | "bwd", heads, kv_heads, seq, head_dim, cluster)``."""
+    kind, *args = job
+    if kind == "gemm":
+        name, m, k, n, tuned, cluster = args
+        variant = mtemu.gemm_variant(name)
+        tiles = mtemu.choose_tiles(name, m, k, n, cluster) if tuned else variant.default_tiles
+        r = variant.timing(m, k, n, tiles=tiles, platform=cluster)
+    else:
+        direction, heads, kv_heads, seq, head_dim, cluster = args
+        fn = mtemu.attention_forward_timing if direction == "fwd" else mtemu.attention_backward_timing
+        r = fn(heads, kv_heads, seq, head_dim, causal=True, platform=cluster)
+    entry = {"seconds": r.cycles / cluster.clock_hz, "cycles": r.cycles, "utilization": r.utilization,
+             "method": "emulated"}
+    if kind == "gemm" and tuned:
+        entry["tiles"] = asdict(tiles)
+    return entry
+
+
+class _KernelCollector(GemmCache):
+    """Walks a profile's kernels as a build would, recording every kernel missing from the cache as a
+    job instead of emulating it. Its own entries (placeholders, extrapolations of placeholders) are
+    thrown away with it."""
+
+    def __init__(self, cache: GemmCache):
+        self.__dict__.update(cache.__dict__)
+        self.entries = dict(cache.entries)
+        self.progress = False
+        self.jobs: dict[str, tuple] = {}
+
+    def _emulated(self, key: str, job: tuple) -> dict:
+        self.jobs[key] = job
+        return {"seconds": 1.0, "cycles": 1, "utilization": 1.0, "method": "pending"}
 
 
 def _sane_entry(val: object) -> bool:
@@ -314,7 +348,7 @@ def platform_key(platform: TrainingPlatform) -> str:
     """What a profile's numbers depend on besides the model: the cluster's timing digest, the GEMM
     loop order and the tiles (the memory budget and the link are not in it)."""
     c = platform.cluster
-    tiles = "tuned" if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
+    tiles = TUNED_KEY if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
                                                                  .default_tiles)
     return hashlib.sha256(f"{c.timing_digest()}|{platform.gemm_loop_order}|{tiles}".encode()).hexdigest()[:16]
 
@@ -374,8 +408,7 @@ class _Timer:
 
     def op(self, op: Operator) -> OpProfile:
         if op.kind == "gemm":
-            parts = [(op.m, op.k, op.n), (op.m, op.n, op.k), (op.k, op.m, op.n)]
-            timed = [(*s, *self.gemm(*s)) for s in parts]
+            timed = [(*s, *self.gemm(*s)) for s in _gemm_parts(op)]
             bias = self.bytes(op.m * op.n * 2 * 2) if op.bias else 0.0
             return OpProfile(op.name, op.kind, timed[0][3] + bias, timed[1][3] + timed[2][3] + bias,
                              gemms=[list(t) for t in timed])
@@ -396,6 +429,11 @@ class _Timer:
                          op.bytes_moved)
 
 
+def _gemm_parts(op: Operator) -> list[tuple[int, int, int]]:
+    """The GEMMs of a GEMM operator: forward, data gradient, weight gradient (module docstring)."""
+    return [(op.m, op.k, op.n), (op.m, op.n, op.k), (op.k, op.m, op.n)]
+
+
 def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
                   platform: TrainingPlatform | None = None, cache: GemmCache | None = None,
                   progress: bool = False) -> LayerProfile:
@@ -407,9 +445,10 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     reference = None
     if source != "roofline" and (micro_batch, tp) != (1, 1):
         # attention of more sequences or fewer heads per rank: the reference kernels, scaled
-        reference = layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress)
+        reference = layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress,
+                                  cache=cache)
     if source == "bound" and reference is None:
-        return layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress)
+        return layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress, cache=cache)
     timer = _Timer(source, platform, cache, ddr_rates(platform, source), reference)
     ops = [timer.op(o) for o in layer_operators(spec, micro_batch, seq, tp)]
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
@@ -434,7 +473,8 @@ _MEMO: dict[tuple, LayerProfile] = {}
 
 
 def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, source: str = "emulated",
-                  platform: TrainingPlatform | None = None, progress: bool | None = None) -> LayerProfile:
+                  platform: TrainingPlatform | None = None, progress: bool | None = None,
+                  cache: GemmCache | None = None) -> LayerProfile:
     """The profile for (model, b, seq, tp) on ``platform``: memory, then the shipped or cached file
     if current, else built (the ``bound`` and ``roofline`` sources are built every time: they are
     fast; ``bound`` still emulates the b=1 attention kernels once, through the cache).
@@ -451,21 +491,21 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     if memo_key in _MEMO:
         return _MEMO[memo_key]
     if source != "emulated":
-        prof = build_profile(spec, micro_batch, seq, tp, source=source, platform=platform, progress=progress)
+        prof = build_profile(spec, micro_batch, seq, tp, source=source, platform=platform, progress=progress,
+                             cache=cache)
         _MEMO[memo_key] = prof
         return prof
     name = _profile_name(spec, micro_batch, seq, tp, key)
-    version = emulator_version("all")
-    for path in (SHIPPED_DIR / name, cache_dir() / "profiles" / name):
-        prof = _load_if_current(path, version, key)
-        if prof is not None:
-            _MEMO[memo_key] = prof
-            return prof
+    prof = _stored_profile(name, key)
+    if prof is not None:
+        _MEMO[memo_key] = prof
+        return prof
     if progress:
         print(f"[profile] building the emulated latency profile of {spec.name} (b={micro_batch}, seq={seq}, "
               f"tp={tp}, {platform.gemm_loop_order} GEMM); this emulates its kernels once and caches them in "
               f"{cache_dir()}", file=sys.stderr, flush=True)
-    prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, progress=progress)
+    prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, progress=progress,
+                         cache=cache)
     try:
         atomic_write_json(cache_dir() / "profiles" / name, prof.to_json())
     except OSError as exc:             # an unwritable cache costs a rebuild next time, nothing else
@@ -473,6 +513,84 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
               file=sys.stderr)
     _MEMO[memo_key] = prof
     return prof
+
+
+def _stored_profile(name: str, key: str) -> LayerProfile | None:
+    """The shipped, else the cached, profile file ``name`` if it is current."""
+    version = emulator_version("all")
+    for path in (SHIPPED_DIR / name, cache_dir() / "profiles" / name):
+        prof = _load_if_current(path, version, key)
+        if prof is not None:
+            return prof
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# many profiles at once: their kernels emulated in parallel (a Dask cluster or local processes)
+# ------------------------------------------------------------------------------------------
+ProfileRequest = tuple[ModelSpec, int, int, int]          # (model, micro-batch, seq, tp)
+
+
+def kernel_jobs(requests: list[ProfileRequest], platform: TrainingPlatform, cache: GemmCache
+                ) -> dict[str, tuple]:
+    """Cache key -> job (:func:`emulate_kernel`) of every kernel the emulated profiles of ``requests``
+    need that ``cache`` lacks: their GEMMs (the reduced problems of extrapolated ones) and the
+    attention kernels of their micro-batch-1, T=1 references. Current stored profiles need nothing."""
+    collector = _KernelCollector(cache)
+    timer = _Timer("emulated", platform, collector, {})
+    key = platform_key(platform)
+    todo = []
+    for spec, b, seq, tp in requests:         # a (b, T) profile's attention is scaled from its reference
+        todo += [(spec, 1, seq, 1), (spec, b, seq, tp)] if (b, tp) != (1, 1) else [(spec, b, seq, tp)]
+    for spec, b, seq, tp in todo:
+        if _stored_profile(_profile_name(spec, b, seq, tp, key), key) is not None:
+            continue
+        extra = embedding_and_head_operators(spec, b, seq, tp)
+        for op in layer_operators(spec, b, seq, tp) + extra["first"] + extra["last"]:
+            if op.kind == "gemm":
+                for shape in _gemm_parts(op):
+                    timer.gemm(*shape)
+            elif op.kind == "attention" and (b, tp) == (1, 1):
+                timer._attention("fwd", op)
+                timer._attention("bwd", op)
+    return collector.jobs
+
+
+def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform | None = None,
+                   scheduler=None, workers: int = 1, progress: Progress | None = None) -> list[LayerProfile]:
+    """The emulated profiles of ``requests`` (as :func:`layer_profile` gives them, bit for bit), their
+    missing kernels emulated in parallel on a Dask cluster (``scheduler``: an address or a Client)
+    or on ``workers`` local processes.
+
+    The numba cache is filled in this process before any job is sent (numba's on-disk cache is not
+    safe for concurrent writers); workers only emulate and return numbers. This process alone merges
+    them into the GEMM cache, in key order, and writes it once, atomically."""
+    progress = progress or Progress(False)
+    platform = platform or TrainingPlatform()
+    cache = GemmCache(platform)
+    jobs = kernel_jobs(requests, platform, cache)
+    if jobs:
+        keys = sorted(jobs)
+        client = mtemu.connect_scheduler(scheduler)          # reached before anything is compiled or emulated
+        where = "the Dask cluster" if client is not None else f"{workers} local process(es)"
+        progress(f"profiles: {len(keys)} kernels to emulate on {where}; compiling the machine here first")
+        mtemu.warm_numba_cache(platform.cluster)
+        results: dict[str, dict] = {}
+        done = iter(range(1, len(keys) + 1))
+
+        def step(_note: str) -> None:
+            i = next(done)
+            if i == len(keys) or i % max(1, len(keys) // 20) == 0:
+                progress(f"profiles: {i}/{len(keys)} kernels emulated")
+        for i, entry in mtemu.map_jobs([jobs[k] for k in keys], workers, client, step, emulate_kernel):
+            results[keys[i]] = entry
+        for k in keys:                                  # merged in key order, whatever order they finished in
+            cache.entries[k] = results[k]
+        cache.emulated = len(keys)
+        cache.save()
+        cache.emulated = 0                              # the builds below only read (and extrapolate)
+    return [layer_profile(spec, b, seq, tp, platform=platform, progress=False, cache=cache)
+            for spec, b, seq, tp in requests]
 
 
 def _warn(path: Path, why: str) -> None:

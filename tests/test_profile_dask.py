@@ -1,0 +1,79 @@
+"""Profiles built on a Dask cluster are the local profiles, bit for bit (issue 12, "One platform")."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import ratrain.cost.profile as profile
+from ratrain.spec.models import ModelSpec
+from ratrain.spec.platform import TrainingPlatform
+
+TINY = ModelSpec(name="tiny-dask", hidden=192, ffn=384, layers=2, heads=3, kv_heads=3, head_dim=64, vocab=384)
+# (model, micro-batch, seq, tp): the b=2 profile also needs its b=1 reference's attention
+REQUESTS = [(TINY, 1, 64, 1), (TINY, 2, 64, 1)]
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """A private, empty profile cache per call (nothing shipped)."""
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
+
+    def use(name: str):
+        monkeypatch.setenv("RATRAIN_CACHE_DIR", str(tmp_path / name))
+        profile._MEMO.clear()
+        return tmp_path / name
+    yield use
+    profile._MEMO.clear()
+
+
+def _dumps(profiles) -> list[str]:
+    return [json.dumps(p.to_json(), sort_keys=True) for p in profiles]
+
+
+def test_jobs_are_the_kernels_a_local_build_emulates(fresh):
+    fresh("jobs")
+    p = TrainingPlatform()
+    jobs = profile.kernel_jobs(REQUESTS, p, profile.GemmCache(p))
+    kinds = sorted({j[0] for j in jobs.values()})
+    assert kinds == ["attention", "gemm"]
+    # b=1 and b=2 GEMMs, attention only for the b=1 reference (fwd and bwd)
+    assert sum(j[0] == "attention" for j in jobs.values()) == 2
+    cache = profile.GemmCache(p)
+    for spec, b, seq, tp in REQUESTS:
+        profile.layer_profile(spec, b, seq, tp, platform=p, progress=False, cache=cache)
+    assert set(jobs) == {k for k, e in cache.entries.items() if e["method"] == "emulated"}
+    assert profile.kernel_jobs(REQUESTS, p, profile.GemmCache(p)) == {}      # all stored now
+
+
+@pytest.mark.slow            # ~30 s on 2 busy cores: a local build, then two worker processes start and emulate
+def test_two_worker_local_cluster_gives_the_local_profiles(fresh, monkeypatch):
+    distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] not installed")
+    fresh("local")
+    local = [profile.layer_profile(*r, progress=False) for r in REQUESTS]
+    remote_dir = fresh("dask")
+    writes = []
+    real_write = profile.atomic_write_json
+    monkeypatch.setattr(profile, "atomic_write_json", lambda path, data: writes.append(path) or real_write(path, data))
+    # worker processes, as on a real cluster: jobs and results cross a pickle boundary
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        with distributed.Client(c) as client:
+            remote = profile.build_profiles(REQUESTS, scheduler=client)
+            ran_on = {w for w in client.run(lambda: 1)}
+    assert len(ran_on) == 2
+    assert _dumps(remote) == _dumps(local)
+    # the client alone wrote the GEMM cache, once; the profiles once each
+    assert [p.name for p in writes].count("gemm_cache.json") == 1
+    assert sorted(p.parent for p in writes if p.name != "gemm_cache.json") == [remote_dir / "profiles"] * 2
+    profile._MEMO.clear()
+    assert _dumps(profile.layer_profile(*r, progress=False) for r in REQUESTS) == _dumps(local)
+
+
+def test_cli_refuses_an_unreachable_scheduler_in_one_line(fresh):
+    pytest.importorskip("dask.distributed", reason="dask[distributed] not installed")
+    out = subprocess.run([sys.executable, "-m", "ratrain.cli", "profile", "--model", "llama2-7b", "--seq", "64",
+                          "--scheduler", "tcp://127.0.0.1:9"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "cannot reach the Dask scheduler" in out.stderr and len(out.stderr.strip().splitlines()) == 1
