@@ -514,3 +514,30 @@ class TrackPlatforms:
                                                            "planner-best-baseline")
     track_platforms_fsr_gain = platform_track("track_platforms_fsr_gain", "fsr")
     track_platforms_lifecycle_gain = platform_track("track_platforms_lifecycle_gain", "lifecycle")
+
+
+class TrackRanking:
+    """Does the planner rank RATrain's feasible configurations as the simulator does (issue 15,
+    ratrain.repro.ranking): the worst Kendall tau and top-1 regret over the Table 3 / Table 4 cases,
+    the worst top-5 overlap, and the study's own wall time."""
+
+    timeout = 900
+
+    def setup_cache(self):
+        from pathlib import Path
+
+        from ratrain.repro.ranking import run_ranking
+        out = Path(tempfile.mkdtemp(prefix="asv-ranking-"))
+        t0 = time.perf_counter()
+        exp = run_ranking(out, lambda msg: None)
+        return {"min_tau": min(r["kendall_tau"] for r in exp.rows),
+                "max_regret": max(r["top1_regret_pct"] for r in exp.rows),
+                "min_overlap": min(r["top5_overlap"] for r in exp.rows),
+                "seconds": time.perf_counter() - t0}
+
+    setup_cache.timeout = 900
+
+    track_ranking_min_kendall_tau = cached_track("track_ranking_min_kendall_tau", "min_tau", "tau")
+    track_ranking_max_top1_regret = cached_track("track_ranking_max_top1_regret", "max_regret", "%")
+    track_ranking_min_top5_overlap = cached_track("track_ranking_min_top5_overlap", "min_overlap", "share")
+    track_ranking_study_seconds = cached_track("track_ranking_study_seconds", "seconds", "seconds")

@@ -67,6 +67,11 @@ class Settings:
     ratrain_tp_degrees: tuple[int, ...] = (1,)
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
+    # Planner ranking (issue 15): simulate every feasible configuration of a case, or a fixed-seed
+    # sample of this many (the planner's pick always included) where there are more.
+    ranking_max_configs: int = 200
+    ranking_seed: int = 15
+    ranking_workers: int = 2        # processes that simulate a case's configurations (1: in-process)
     # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
     # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
     platform: TrainingPlatform = TrainingPlatform()

@@ -17,6 +17,7 @@ from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
 from ratrain.repro.platforms import run_platforms
+from ratrain.repro.ranking import run_ranking
 from ratrain.repro.schedules import run_schedules
 from ratrain.repro.sensitivity import run_sensitivity
 from ratrain.repro.stragglers import run_stragglers
@@ -33,13 +34,13 @@ def registry() -> dict[str, Callable[..., Experiment]]:
             "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
             "table6": training.run_table6, "ablation": training.run_ablation,
             "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
-            "stragglers": run_stragglers, "platforms": run_platforms,
+            "stragglers": run_stragglers, "platforms": run_platforms, "ranking": run_ranking,
             "correctness": run_correctness_experiment}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
                     "schedules", "budget", "sensitivity", "stragglers", "platforms",
-                    "correctness")
+                    "ranking", "correctness")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
