@@ -61,6 +61,17 @@ def cached_track(name: str, key: str, unit: str, version: str = "1"):
     return track
 
 
+def cached_param_track(name: str, key: str, unit: str, version: str = "1"):
+    """An asv ``track_*`` method of a parametrized class: ``cache[param][key]`` from its ``setup_cache``."""
+    def track(self, cache, param):
+        return cache[param][key]
+
+    track.__name__ = track.__qualname__ = name
+    track.unit = unit
+    track.version = version
+    return track
+
+
 def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((m, k)).astype(np.float16),
@@ -211,23 +222,11 @@ class TrackTable5Speed:
 
     setup_cache.timeout = 900
 
-    def track_table5_timing_seconds(self, cache, loop_order):
-        return cache[loop_order]["seconds"]
-
-    track_table5_timing_seconds.unit = "s"
-    track_table5_timing_seconds.version = "1"
-
-    def track_table5_timing_ratio_to_numpy(self, cache, loop_order):
-        return cache[loop_order]["ratio_to_numpy"]
-
-    track_table5_timing_ratio_to_numpy.unit = "x"
-    track_table5_timing_ratio_to_numpy.version = "1"
-
-    def track_table5_timing_bundles_per_s(self, cache, loop_order):
-        return cache[loop_order]["bundles_per_s"]
-
-    track_table5_timing_bundles_per_s.unit = "bundles/s"
-    track_table5_timing_bundles_per_s.version = "1"
+    track_table5_timing_seconds = cached_param_track("track_table5_timing_seconds", "seconds", "s")
+    track_table5_timing_ratio_to_numpy = cached_param_track("track_table5_timing_ratio_to_numpy",
+                                                            "ratio_to_numpy", "x")
+    track_table5_timing_bundles_per_s = cached_param_track("track_table5_timing_bundles_per_s", "bundles_per_s",
+                                                           "bundles/s")
 
 
 class TrackFunctionalSpeed:
@@ -245,23 +244,12 @@ class TrackFunctionalSpeed:
 
     setup_cache.timeout = 600
 
-    def track_functional_first_call_ratio_to_numpy(self, cache, loop_order):
-        return cache[loop_order]["first_call_ratio_to_numpy"]
-
-    track_functional_first_call_ratio_to_numpy.unit = "x"
-    track_functional_first_call_ratio_to_numpy.version = "2"
-
-    def track_functional_warm_ratio_to_numpy(self, cache, loop_order):
-        return cache[loop_order]["warm_ratio_to_numpy"]
-
-    track_functional_warm_ratio_to_numpy.unit = "x"
-    track_functional_warm_ratio_to_numpy.version = "2"
-
-    def track_functional_bundles_per_s(self, cache, loop_order):
-        return cache[loop_order]["bundles_per_s"]
-
-    track_functional_bundles_per_s.unit = "bundles/s"
-    track_functional_bundles_per_s.version = "2"
+    track_functional_first_call_ratio_to_numpy = cached_param_track(
+        "track_functional_first_call_ratio_to_numpy", "first_call_ratio_to_numpy", "x", "2")
+    track_functional_warm_ratio_to_numpy = cached_param_track("track_functional_warm_ratio_to_numpy",
+                                                              "warm_ratio_to_numpy", "x", "2")
+    track_functional_bundles_per_s = cached_param_track("track_functional_bundles_per_s", "bundles_per_s",
+                                                        "bundles/s", "2")
 
 
 class TimePlanner:
