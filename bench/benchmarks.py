@@ -61,6 +61,17 @@ def cached_track(name: str, key: str, unit: str, version: str = "1"):
     return track
 
 
+def cached_param_track(name: str, key: str, unit: str, version: str = "1"):
+    """An asv ``track_*`` method of a parametrized class: ``cache[param][key]`` from its ``setup_cache``."""
+    def track(self, cache, param):
+        return cache[param][key]
+
+    track.__name__ = track.__qualname__ = name
+    track.unit = unit
+    track.version = version
+    return track
+
+
 def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((m, k)).astype(np.float16),
@@ -211,42 +222,34 @@ class TrackTable5Speed:
 
     setup_cache.timeout = 900
 
-    def track_table5_timing_seconds(self, cache, loop_order):
-        return cache[loop_order]["seconds"]
-
-    track_table5_timing_seconds.unit = "s"
-    track_table5_timing_seconds.version = "1"
-
-    def track_table5_timing_ratio_to_numpy(self, cache, loop_order):
-        return cache[loop_order]["ratio_to_numpy"]
-
-    track_table5_timing_ratio_to_numpy.unit = "x"
-    track_table5_timing_ratio_to_numpy.version = "1"
-
-    def track_table5_timing_bundles_per_s(self, cache, loop_order):
-        return cache[loop_order]["bundles_per_s"]
-
-    track_table5_timing_bundles_per_s.unit = "bundles/s"
-    track_table5_timing_bundles_per_s.version = "1"
+    track_table5_timing_seconds = cached_param_track("track_table5_timing_seconds", "seconds", "s")
+    track_table5_timing_ratio_to_numpy = cached_param_track("track_table5_timing_ratio_to_numpy",
+                                                            "ratio_to_numpy", "x")
+    track_table5_timing_bundles_per_s = cached_param_track("track_table5_timing_bundles_per_s", "bundles_per_s",
+                                                           "bundles/s")
 
 
 class TrackFunctionalSpeed:
-    """Functional 1024^3 GEMM (bench/speed.py): first call in the process (programs from the disk cache)
-    and warm call as ratios to NumPy's float32 matmul in the same run (target 10x), and bundles per second."""
+    """Functional 1024^3 GEMM per loop order (bench/speed.py): first call in the process (programs from
+    the disk cache) and warm call as ratios to NumPy's float32 matmul in the same run (target 10x, first
+    call included), and emulated bundles per second."""
 
+    params = [list(LOOP_ORDERS)]
+    param_names = ["loop_order"]
     timeout = 600
 
     def setup_cache(self):
         warm_numba()
-        return functional_gemm(TRACK_FUNCTIONAL_N)
+        return {order: functional_gemm(TRACK_FUNCTIONAL_N, order) for order in LOOP_ORDERS}
 
     setup_cache.timeout = 600
 
-    track_functional_first_call_ratio_to_numpy = cached_track(
-        "track_functional_first_call_ratio_to_numpy", "first_call_ratio_to_numpy", "x")
-    track_functional_warm_ratio_to_numpy = cached_track("track_functional_warm_ratio_to_numpy",
-                                                        "warm_ratio_to_numpy", "x")
-    track_functional_bundles_per_s = cached_track("track_functional_bundles_per_s", "bundles_per_s", "bundles/s")
+    track_functional_first_call_ratio_to_numpy = cached_param_track(
+        "track_functional_first_call_ratio_to_numpy", "first_call_ratio_to_numpy", "x", "2")
+    track_functional_warm_ratio_to_numpy = cached_param_track("track_functional_warm_ratio_to_numpy",
+                                                              "warm_ratio_to_numpy", "x", "2")
+    track_functional_bundles_per_s = cached_param_track("track_functional_bundles_per_s", "bundles_per_s",
+                                                        "bundles/s", "2")
 
 
 class TimePlanner:

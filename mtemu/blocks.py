@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import isa
-from .fp16 import f32_to_f16_bits
+from .fp16 import f32_to_f16_array, f32_to_f16_bits, widen_f16
 
 MAX_CLASSES = 8             # (register, memory, alignment) classes per run
 MIN_BUNDLES = 8             # shorter runs go bundle by bundle (the checks would cost more)
@@ -305,86 +305,142 @@ if numba.config.THREADING_LAYER == "default":
 
 
 @njit(cache=True)
-def run_plain(d, p, e, code, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes):
-    """The data effects of bundles [p, e) of a run DSP d may skip, in unit order, on scalar
-    registers ``sr`` (DSP d's, or a copy), as the bundle-by-bundle path computes them."""
+def _fill(dst, x):
+    for k in range(dst.size):
+        dst[k] = x
+
+
+@njit(cache=True)
+def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
+    """The data effects of bundles [p, e) of a run DSP d may skip, in order, on scalar registers
+    ``sr`` (DSP d's, or a copy): the values the bundle-by-bundle path computes, faster.
+
+    ``ops``/``off`` are :func:`decode_ops`'s table. A broadcast only records its value (``bc_on``,
+    ``bc_val``: DSP d's row all False on entry and exit): a ``vfma`` reading it multiplies by the
+    scalar (the same FP32 product per lane), anything else that reads it, and the run's end, first
+    writes the lanes. Vector loads widen FP16 with :func:`~mtemu.fp16.widen_f16`. Lane loops work on
+    1-D slices so LLVM vectorises them. :func:`run_plain_reference` is the plain statement of it."""
     sm0 = bases[0] + d * caps[0]
     am0 = bases[1] + d * caps[1]
-    for q in range(p, e):
-        for u in range(code.shape[1]):
-            op = code[q, u, 0]
-            if op == 0 or op == isa.OP_NOP:
-                continue
-            r0 = code[q, u, 1]
-            r1 = code[q, u, 2]
-            if op == isa.OP_VFMA:
-                r2 = code[q, u, 3]
+    v = vregs[d]
+    on = bc_on[d]
+    val = bc_val[d]
+    for i in range(off[p], off[e]):
+        op = ops[i, 0]
+        r0 = ops[i, 1]
+        r1 = ops[i, 2]
+        r2 = ops[i, 3]
+        if op == isa.OP_VFMA:
+            if on[r0]:
+                _fill(v[r0], val[r0])
+                on[r0] = False
+            acc = v[r0]
+            if on[r1]:
+                x = val[r1]
+                if on[r2]:
+                    xy = x * val[r2]
+                    for k in range(lanes):
+                        acc[k] += xy
+                else:
+                    vb = v[r2]
+                    for k in range(lanes):
+                        acc[k] += x * vb[k]
+            elif on[r2]:
+                y = val[r2]
+                va = v[r1]
                 for k in range(lanes):
-                    vregs[d, r0, k] += vregs[d, r1, k] * vregs[d, r2, k]
-            elif op == isa.OP_SVBCAST:
-                x = f16tab[sr[r1] & 0xFFFF]
+                    acc[k] += va[k] * y
+            else:
+                va = v[r1]
+                vb = v[r2]
                 for k in range(lanes):
-                    vregs[d, r0, k] = x
-            elif op == isa.OP_VLDH:
-                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
+                    acc[k] += va[k] * vb[k]
+        elif op == isa.OP_SVBCAST:
+            val[r0] = f16tab[sr[r1] & 0xFFFF]
+            on[r0] = True
+        elif op == isa.OP_SVBCASTW:
+            val[r0] = np.uint32(sr[r1] & 0xFFFFFFFF).view(np.float32)
+            on[r0] = True
+        elif op == isa.OP_VLDH:
+            i0 = (am0 + sr[r1] + ops[i, 4]) >> 1
+            src = mem16[i0:i0 + lanes]
+            dst = v[r0]
+            for k in range(lanes):
+                dst[k] = widen_f16(src[k])
+            on[r0] = False
+        elif op == isa.OP_SLDH:
+            sr[r0] = mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1]
+        elif op == isa.OP_VLDW:
+            i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
+            src32 = mem32[i0:i0 + lanes]
+            dst = v[r0]
+            for k in range(lanes):
+                dst[k] = src32[k]
+            on[r0] = False
+        elif op == isa.OP_SSTH:
+            mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1] = np.uint16(sr[r2] & 0xFFFF)
+        elif op == isa.OP_VSTW or op == isa.OP_VSTH:
+            if on[r2]:                   # stores read whole registers: write the lanes first
+                _fill(v[r2], val[r2])
+                on[r2] = False
+            vs = v[r2]
+            if op == isa.OP_VSTW:
+                i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
+                out32 = mem32[i0:i0 + lanes]
                 for k in range(lanes):
-                    vregs[d, r0, k] = f16tab[mem16[i0 + k]]
-            elif op == isa.OP_SLDH:
-                sr[r0] = mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1]
-            elif op == isa.OP_VLDW:
-                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
+                    out32[k] = vs[k]
+            else:
+                i0 = (am0 + sr[r1] + ops[i, 4]) >> 1
+                out16 = mem16[i0:i0 + lanes]
                 for k in range(lanes):
-                    vregs[d, r0, k] = mem32[i0 + k]
-            elif op == isa.OP_VSTW:
-                r2 = code[q, u, 3]
-                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 2
-                for k in range(lanes):
-                    mem32[i0 + k] = vregs[d, r2, k]
-            elif op == isa.OP_VSTH:
-                r2 = code[q, u, 3]
-                i0 = (am0 + sr[r1] + code[q, u, 5]) >> 1
-                for k in range(lanes):
-                    mem16[i0 + k] = f32_to_f16_bits(vregs[d, r2, k])
-            elif op == isa.OP_SSTH:
-                mem16[(sm0 + sr[r1] + code[q, u, 5]) >> 1] = np.uint16(sr[code[q, u, 3]] & 0xFFFF)
-            elif op == isa.OP_SVBCASTW:
-                xw = np.uint32(sr[r1] & 0xFFFFFFFF).view(np.float32)
-                for k in range(lanes):
-                    vregs[d, r0, k] = xw
-            elif op == isa.OP_VMAX:
-                r2 = code[q, u, 3]
-                for k in range(lanes):
-                    xa = vregs[d, r1, k]
-                    xb = vregs[d, r2, k]
-                    vregs[d, r0, k] = xa if (xa > xb or xa != xa) else xb
+                    out16[k] = f32_to_f16_bits(vs[k])
+        elif op == isa.OP_VMAX:
+            if on[r1]:
+                _fill(v[r1], val[r1])
+                on[r1] = False
+            if on[r2]:
+                _fill(v[r2], val[r2])
+                on[r2] = False
+            va = v[r1]
+            vb = v[r2]
+            dst = v[r0]
+            for k in range(lanes):
+                xa = va[k]
+                xb = vb[k]
+                dst[k] = xa if (xa > xb or xa != xa) else xb
+            on[r0] = False
+    for r in range(on.size):
+        if on[r]:
+            _fill(v[r], val[r])
+            on[r] = False
 
 
 @njit(cache=True)
-def _run_scalar(d, p, e, code, sr, mem16, bases, caps):
-    """The scalar side of bundles [p, e): their ``sldh`` loads, in order."""
+def _run_scalar(d, p, e, ops, sld, sld_off, sr, mem16, bases, caps):
+    """The scalar side of bundles [p, e): their ``sldh`` loads (rows ``sld`` of ``ops``), in order."""
     sm0 = bases[0] + d * caps[0]
-    for q in range(p, e):
-        for u in range(code.shape[1]):
-            if code[q, u, 0] == isa.OP_SLDH:
-                sr[code[q, u, 1]] = mem16[(sm0 + sr[code[q, u, 2]] + code[q, u, 5]) >> 1]
+    for j in range(sld_off[p], sld_off[e]):
+        i = sld[j]
+        sr[ops[i, 1]] = mem16[(sm0 + sr[ops[i, 2]] + ops[i, 4]) >> 1]
 
 
 @njit(cache=True)
-def flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+def flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
     """Execute DSP d's waiting runs, in order."""
     for i in range(qn[d]):
-        run_plain(d, qp[d, i], qe[d, i], code, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        run_plain(d, qp[d, i], qe[d, i], ops, off, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                  bc_on, bc_val)
     qn[d] = 0
 
 
 @njit(cache=True, parallel=True)
-def _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
-    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM and AM
-        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+def _flush_threads(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
+    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM, AM and scratch rows
+        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
 
 
 @njit(cache=True)
-def flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
+def flush(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads):
     """Execute every waiting run (DSP by DSP in order; over threads if ``threads``)."""
     waiting = 0
     for d in range(qn.shape[0]):
@@ -392,33 +448,30 @@ def flush(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lan
     if waiting == 0:
         return
     if threads:
-        _flush_threads(code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        _flush_threads(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
     else:
         for d in range(qn.shape[0]):
-            flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+            flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
 
 
 @njit(cache=True)
-def accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
-                qn, qp, qe, qregs, threads):
-    """Functional mode, a run :func:`try_skip` accepted: execute it, or queue it (``qn`` empty:
-    deferring is off; a run with scalar stores, or a full queue, runs DSP d's waiting ones first)."""
-    if qn.shape[0] == 0:
-        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
-        return
+def accept_data(d, p, e, ops, off, sld, sld_off, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
+                qn, qp, qe, qregs, bc_on, bc_val):
+    """Functional mode, a run :func:`try_skip` accepted: queue it (a run with scalar stores, or a
+    full queue, runs DSP d's waiting ones first; one with scalar stores then runs at once)."""
     if deltas[p, B_SSTH] > 0:
-        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
-        run_plain(d, p, e, code, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+        run_plain(d, p, e, ops, off, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
         return
     if qn[d] == qp.shape[1]:
-        flush_dsp(d, code, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
     i = qn[d]
     qp[d, i] = p
     qe[d, i] = e
     for r in range(sregs.shape[1]):
         qregs[d, i, r] = sregs[d, r]
     qn[d] = i + 1
-    _run_scalar(d, p, e, code, sregs[d], mem16, bases, caps)
+    _run_scalar(d, p, e, ops, sld, sld_off, sregs[d], mem16, bases, caps)
 
 
 @njit(cache=True)
@@ -443,21 +496,85 @@ _TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP
                        isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
 
 
-def defer_buffers(code: np.ndarray, dsps: int, nregs: int, on: bool) -> tuple[np.ndarray, ...]:
-    """(touches, qn, qp, qe, qregs): per PC, whether a bundle touches vector registers, SM or AM;
-    the queue of waiting runs per DSP. Zero-length when deferring is off."""
+def decode_ops(code: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The instructions of ``code`` as one list for :func:`run_plain`: rows (op, r0, r1, r2, imm0) in
+    bundle then unit order, empty slots and nops left out; bundle q's rows are ``ops[off[q]:off[q + 1]]``.
+    Also ``sld``, the rows that are ``sldh``, bundle q's being ``sld[sld_off[q]:sld_off[q + 1]]``.
+    Returns ``(ops, off, sld, sld_off)``."""
+    live = (code[:, :, isa.F_OP] != 0) & (code[:, :, isa.F_OP] != isa.OP_NOP)
+    ops = np.ascontiguousarray(code[live][:, [isa.F_OP, isa.F_R0, isa.F_R1, isa.F_R2, isa.F_IMM0]], dtype=np.int64)
+    off = np.zeros(code.shape[0] + 1, np.int64)
+    np.cumsum(live.sum(axis=1), out=off[1:])
+    loads = code[:, :, isa.F_OP] == isa.OP_SLDH
+    sld = np.flatnonzero(ops[:, 0] == isa.OP_SLDH).astype(np.int64)
+    sld_off = np.zeros(code.shape[0] + 1, np.int64)
+    np.cumsum(loads.sum(axis=1), out=sld_off[1:])
+    return ops, off, sld, sld_off
+
+
+def defer_buffers(code: np.ndarray, dsps: int, nregs: int, vector_registers: int, on: bool
+                  ) -> tuple[np.ndarray, ...]:
+    """(touches, qn, qp, qe, qregs, ops, off, sld, sld_off, bc_on, bc_val): per PC, whether a bundle
+    touches vector registers, SM or AM; the queue of waiting runs per DSP; :func:`decode_ops`'s tables;
+    per DSP the broadcast scratch of :func:`run_plain`. Zero-length when deferring is off."""
     if not on:
-        return (np.zeros(0, np.bool_), np.zeros(0, np.int64), np.zeros((0, QUEUE), np.int64),
-                np.zeros((0, QUEUE), np.int64), np.zeros((0, QUEUE, nregs), np.int64))
+        z = np.zeros(0, np.int64)
+        return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE), np.int64), np.zeros((0, QUEUE), np.int64),
+                np.zeros((0, QUEUE, nregs), np.int64), np.zeros((0, 5), np.int64), z, z, z,
+                np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
     touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
     return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE), np.int64), np.zeros((dsps, QUEUE), np.int64),
-            np.zeros((dsps, QUEUE, nregs), np.int64))
+            np.zeros((dsps, QUEUE, nregs), np.int64), *decode_ops(code),
+            np.zeros((dsps, vector_registers), np.bool_), np.zeros((dsps, vector_registers), np.float32))
 
 
 # ------------------------------------------------------------------------------------------
 # pure-Python reference (tests)
 # ------------------------------------------------------------------------------------------
 _MEMORY_OPS = (isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW)
+
+
+def run_plain_reference(d: int, p: int, e: int, code: np.ndarray, sr: np.ndarray, vregs: np.ndarray,
+                        mem16: np.ndarray, f16tab: np.ndarray, bases: np.ndarray, caps: np.ndarray,
+                        lanes: int) -> None:
+    """:func:`run_plain` written plainly: bundles [p, e) of ``code``, unit by unit, in NumPy FP32
+    (broadcasts write their lanes, FP16 widens by table, narrows by :func:`~mtemu.fp16.f32_to_f16_array`)."""
+    with np.errstate(all="ignore"):          # overflow to inf and inf - inf are part of the semantics
+        _reference_bundles(d, p, e, code, sr, vregs[d], mem16, f16tab, bases, caps, lanes)
+
+
+def _reference_bundles(d, p, e, code, sr, v, mem16, f16tab, bases, caps, lanes) -> None:
+    mem32 = mem16.view(np.float32)
+    sm = (int(bases[0]) + d * int(caps[0])) // 2
+    am = int(bases[1]) + d * int(caps[1])
+    for q in range(p, e):
+        for u in range(code.shape[1]):
+            op, r0, r1, r2, imm = (int(x) for x in code[q, u, [0, 1, 2, 3, 5]])
+            if op == isa.OP_VFMA:
+                v[r0] = v[r0] + v[r1] * v[r2]
+            elif op == isa.OP_SVBCAST:
+                v[r0] = f16tab[int(sr[r1]) & 0xFFFF]
+            elif op == isa.OP_SVBCASTW:
+                v[r0] = np.array([int(sr[r1]) & 0xFFFFFFFF], np.uint32).view(np.float32)[0]
+            elif op == isa.OP_VMAX:
+                a, b = v[r1].copy(), v[r2].copy()
+                v[r0] = np.where((a > b) | (a != a), a, b)
+            elif op == isa.OP_SLDH:
+                sr[r0] = mem16[sm + (int(sr[r1]) + imm) // 2]
+            elif op == isa.OP_SSTH:
+                mem16[sm + (int(sr[r1]) + imm) // 2] = int(sr[r2]) & 0xFFFF
+            elif op in (isa.OP_VLDH, isa.OP_VSTH):
+                i0 = (am + int(sr[r1]) + imm) // 2
+                if op == isa.OP_VLDH:
+                    v[r0] = f16tab[mem16[i0:i0 + lanes]]
+                else:
+                    mem16[i0:i0 + lanes] = f32_to_f16_array(v[r2].copy())
+            elif op in (isa.OP_VLDW, isa.OP_VSTW):
+                i0 = (am + int(sr[r1]) + imm) // 4
+                if op == isa.OP_VLDW:
+                    v[r0] = mem32[i0:i0 + lanes]
+                else:
+                    mem32[i0:i0 + lanes] = v[r2]
 
 
 def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False

@@ -13,11 +13,25 @@ they are exact and independent of the host's FTZ/DAZ flags:
 
 The scalar functions and the ``*_into`` kernels are jitted and meant to be called from other
 jitted code; the ``*_array`` functions and ``to_bits``/``from_bits`` are the checked Python API.
+
+:func:`widen_f16` is the hot-loop form of :func:`f16_bits_to_f32` (vector loads, the array API):
+where the JIT target has a half -> single conversion instruction (x86 F16C, :data:`HARDWARE_F16`)
+it is that instruction, which LLVM vectorises (some 10x faster than a table lookup per lane); the
+conversion is exact by IEEE 754 and quiets NaNs as above (being the CPU's, it does not carry the
+integer path's independence from FTZ/DAZ flags, which nothing here sets). Elsewhere it is the
+integer :func:`f16_bits_to_f32`. tests/test_fp16.py checks it against the integer path on all 65536
+patterns.
 """
 from __future__ import annotations
 
+import platform
+
+import numba
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core.codegen import get_host_cpu_features
+from numba.extending import intrinsic
 
 from mtemu.errors import MtemuError
 
@@ -26,6 +40,8 @@ __all__ = [
     "f32_bits_to_f16_bits",
     "f16_bits_to_f32",
     "f32_to_f16_bits",
+    "widen_f16",
+    "HARDWARE_F16",
     "f16_to_f32_into",
     "f32_to_f16_into",
     "f16_to_f32_array",
@@ -102,9 +118,43 @@ def f32_to_f16_bits(x) -> np.uint16:
     return f32_bits_to_f16_bits(np.float32(x).view(np.uint32))
 
 
+def _target_converts_f16() -> bool:
+    """Whether Numba's JIT target has F16C (x86-64): then LLVM lowers half -> float to vcvtph2ps."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    features = numba.config.CPU_FEATURES if numba.config.CPU_FEATURES is not None else get_host_cpu_features()
+    return "+f16c" in str(features).split(",")
+
+
+HARDWARE_F16 = _target_converts_f16()
+
+
+@intrinsic
+def _widen_f16_hw(typingctx, h):
+    """uint16 pattern -> float32 by LLVM's ``fpext half to float`` (one instruction with F16C)."""
+    if not isinstance(h, types.Integer) or h.bitwidth != 16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(h), codegen
+
+
+# Chosen once per process; Numba's cache is keyed on the CPU's features, so a cache moved to a
+# machine without F16C is recompiled there with the integer path.
+widen_f16 = _widen_f16_hw if HARDWARE_F16 else f16_bits_to_f32
+
+
 @njit(cache=True)
 def f16_to_f32_into(src, dst) -> None:
     """Jitted kernel: 1-D uint16 patterns -> 1-D float32 (same length, preallocated)."""
+    for i in range(src.size):
+        dst[i] = widen_f16(src[i])
+
+
+@njit(cache=True)
+def f16_to_f32_into_reference(src, dst) -> None:
+    """:func:`f16_to_f32_into` by the integer path alone (tests compare the two)."""
     for i in range(src.size):
         dst[i] = f16_bits_to_f32(src[i])
 

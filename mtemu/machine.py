@@ -27,6 +27,7 @@ zero-length arrays (one compiled signature) and costs one test per bundle.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -42,7 +43,7 @@ from . import isa
 from .assembler import Program
 from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, flush_dsp, must_flush, try_skip
 from .errors import MachineError
-from .fp16 import f16_to_f32_array, f32_to_f16_bits
+from .fp16 import f16_to_f32_into_reference, f32_to_f16_bits, widen_f16
 from .platform import DEFAULT, Platform, validate_platform
 from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
 
@@ -74,8 +75,9 @@ ERR_FIELDS = 8          # err[:8] code and location; err[8:8+dsps] DSP states, t
 #                         E_DMA_LATE: err[7] the transfer's end, err[8] its issue cycle
 
 
-# FP16 -> FP32 for every bit pattern: the hot loop widens by table lookup (exact by construction).
-F16_TABLE = f16_to_f32_array(np.arange(65536, dtype=np.uint16))
+# FP16 -> FP32 for every bit pattern (scalar broadcasts look it up; exact by construction).
+F16_TABLE = np.empty(65536, np.float32)
+f16_to_f32_into_reference(np.arange(65536, dtype=np.uint16), F16_TABLE)
 
 
 @njit(cache=True)
@@ -121,7 +123,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
          tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
          blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_p, dq_e, dq_regs, threads,
+         dq_touch, dq_n, dq_p, dq_e, dq_regs, dq_ops, dq_off, dq_sld, dq_sld_off, bc_on, bc_val, threads,
          time, pc, state, chan, srv_free, ctl):
     """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
     bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
@@ -211,18 +213,19 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                              blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
                 if e >= 0:
                     if functional:
-                        accept_data(d, p, e, code, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                                    blk_deltas, dq_n, dq_p, dq_e, dq_regs, threads)
+                        accept_data(d, p, e, dq_ops, dq_off, dq_sld, dq_sld_off, sregs, vregs, mem16, mem32,
+                                    f16tab, bases, caps, lanes, blk_deltas, dq_n, dq_p, dq_e, dq_regs, bc_on, bc_val)
                     t += e - p
                     p = e
                     continue
             if deferring:
                 need = must_flush(d, p, code, descs, desc_off, dq_touch)
                 if need == 1:
-                    flush_dsp(d, code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
+                    flush_dsp(d, dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps,
+                              lanes, bc_on, bc_val)
                 elif need == 2:
-                    flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                          threads)
+                    flush(dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                          bc_on, bc_val, threads)
             # ---------------------------------------------------------------------------------
             if budget <= 0:
                 # out of bundles for this call: stop before bundle p, resume here next call
@@ -320,10 +323,11 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if functional:
                         base = bases[1] + d * caps[1] + a
                         if op == isa.OP_VLDH:
-                            vd = code[p, u, 1]
                             i0 = base >> 1
+                            src = mem16[i0:i0 + lanes]
+                            dst = vregs[d, code[p, u, 1]]
                             for k in range(lanes):
-                                vregs[d, vd, k] = f16tab[mem16[i0 + k]]
+                                dst[k] = widen_f16(src[k])
                         elif op == isa.OP_VLDW:
                             vd = code[p, u, 1]
                             i0 = base >> 2
@@ -375,13 +379,17 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         time[d] = t
                         return
                     if functional:
+                        # row loops over 1-D slices: LLVM vectorises them (element order is kept
+                        # where source and destination overlap)
                         if mode == isa.DMA_REDUCE_ADD:
                             nw = rowb >> 2
                             for r in range(rows):
                                 s0 = (sbase + sa + r * sstr) >> 2
                                 d0 = (dbase + da + r * dstr) >> 2
+                                src32 = mem32[s0:s0 + nw]
+                                dst32 = mem32[d0:d0 + nw]
                                 for k in range(nw):
-                                    mem32[d0 + k] += mem32[s0 + k]
+                                    dst32[k] += src32[k]
                         else:
                             nh = rowb >> 1
                             ntarget = dsps if mode == isa.DMA_BROADCAST else 1
@@ -393,8 +401,10 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                                 for r in range(rows):
                                     s0 = (sbase + sa + r * sstr) >> 1
                                     d0 = (tb + da + r * dstr) >> 1
+                                    src16 = mem16[s0:s0 + nh]
+                                    dst16 = mem16[d0:d0 + nh]
                                     for k in range(nh):
-                                        mem16[d0 + k] = mem16[s0 + k]
+                                        dst16[k] = src16[k]
                     nbytes = rows * rowb
                     if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
                         srv = SRV_DDR
@@ -500,7 +510,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
         time[d] = t
         pc[d] = p
     if deferring:
-        flush(code, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+        flush(dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
+              bc_val, threads)
     ctl[C_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
@@ -702,7 +713,7 @@ class Cluster:
             blocks = build_blocks(code, seg_end, lanes, self.functional)
         else:
             blocks = empty_blocks()
-        defer = defer_buffers(code, p.dsps, p.scalar_registers, skip and self.functional)
+        defer = defer_buffers(code, p.dsps, p.scalar_registers, p.vector_registers, skip and self.functional)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
         run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
@@ -784,6 +795,18 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform):
     return np.ascontiguousarray(code), np.ascontiguousarray(descs), lo, hi, doff
 
 
+def _opcode_set(*codes: int) -> np.ndarray:
+    """Membership table over opcodes (indexing it with a code array is a fast ``np.isin``)."""
+    table = np.zeros(isa.N_OPCODES, np.bool_)
+    table[list(codes)] = True
+    return table
+
+
+_ADDRESSING_OPS = _opcode_set(isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH, isa.OP_DMA)
+_TARGET_OPS = _opcode_set(isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL)
+_SCALAR_WRITE_OPS = _opcode_set(isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH)
+
+
 def _validate_raw(prog: Program, p: Platform) -> None:
     """Cheap vectorised checks so that a hand-made array cannot index outside the machine."""
     code = prog.code
@@ -792,6 +815,45 @@ def _validate_raw(prog: Program, p: Platform) -> None:
     if bad.any():
         b, u = np.argwhere(bad)[0]
         raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: unknown opcode {ops[b, u]}")
+    allowed, limits = _operand_rules(p)
+    lim = limits[ops]                                  # (bundles, units, r0..r3)
+    vals = code[:, :, isa.F_R0:isa.F_R0 + 4]
+    if not allowed[ops, np.arange(isa.N_UNITS)].all() or ((lim >= 0) & ((vals < 0) | (vals >= lim))).any():
+        _report_bad_operands(code, ops, p)
+    if p.dma_channels > 64:
+        raise MachineError("at most 64 DMA channels per DSP are supported")
+    nop = ops == isa.OP_NOP
+    if nop.any():
+        reasons = code[:, :, isa.F_IMM0][nop]
+        if ((reasons != isa.ST_LATENCY) & (reasons != isa.ST_BRANCH)).any():
+            raise MachineError("nop reason must be 0 (latency) or 1 (branch)")
+    addressing = _ADDRESSING_OPS[ops]
+    imms = code[:, :, isa.F_IMM0:isa.F_IMM1 + 1]
+    far = addressing & ((imms > MAX_ADDRESS_IMM) | (imms < -MAX_ADDRESS_IMM)).any(axis=2)
+    if far.any():
+        b, u = np.argwhere(far)[0]
+        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: address offset {code[b, u, isa.F_IMM0]}/"
+                           f"{code[b, u, isa.F_IMM1]} is beyond any memory (|offset| <= {MAX_ADDRESS_IMM})")
+    ndesc = prog.descriptors.shape[0]
+    dma = ops == isa.OP_DMA
+    if dma.any():
+        if ((code[:, :, isa.F_R1][dma] >= ndesc) | (code[:, :, isa.F_R1][dma] < 0)).any():
+            raise MachineError("DMA refers to an undefined descriptor")
+    branches = _TARGET_OPS[ops]
+    tgt = code[:, :, isa.F_IMM0][branches]
+    if ((tgt < 0) | (tgt >= max(prog.bundles, 1))).any():
+        raise MachineError("branch target outside the program")
+    writes_s0 = _SCALAR_WRITE_OPS[ops] & (code[:, :, isa.F_R0] == 0)
+    if writes_s0.any():
+        b, u = np.argwhere(writes_s0)[0]
+        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: writes s0, the zero register")
+    if prog.bundles and not (ops == isa.OP_HALT).any():
+        raise MachineError("program has no halt instruction")
+
+
+def _report_bad_operands(code: np.ndarray, ops: np.ndarray, p: Platform) -> None:
+    """Raise the error for the first instruction on a wrong unit or with an operand out of range
+    (opcode by opcode, as ``_operand_rules`` found that there is one)."""
     for spec in isa.OPS:
         mask = ops == spec.code
         if not mask.any():
@@ -818,36 +880,20 @@ def _validate_raw(prog: Program, p: Platform) -> None:
                 b, u = np.argwhere(mask)[np.argmax(bad)]
                 raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: {spec.name} operand r{f} = "
                                    f"{vals[np.argmax(bad)]} out of range for a {kind!r} operand (limit {limit})")
-    if p.dma_channels > 64:
-        raise MachineError("at most 64 DMA channels per DSP are supported")
-    nop = ops == isa.OP_NOP
-    if nop.any():
-        reasons = code[:, :, isa.F_IMM0][nop]
-        if ((reasons != isa.ST_LATENCY) & (reasons != isa.ST_BRANCH)).any():
-            raise MachineError("nop reason must be 0 (latency) or 1 (branch)")
-    addressing = np.isin(ops, [isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH,
-                               isa.OP_DMA])
-    imms = code[:, :, isa.F_IMM0:isa.F_IMM1 + 1]
-    far = addressing & ((imms > MAX_ADDRESS_IMM) | (imms < -MAX_ADDRESS_IMM)).any(axis=2)
-    if far.any():
-        b, u = np.argwhere(far)[0]
-        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: address offset {code[b, u, isa.F_IMM0]}/"
-                           f"{code[b, u, isa.F_IMM1]} is beyond any memory (|offset| <= {MAX_ADDRESS_IMM})")
-    ndesc = prog.descriptors.shape[0]
-    dma = ops == isa.OP_DMA
-    if dma.any():
-        if ((code[:, :, isa.F_R1][dma] >= ndesc) | (code[:, :, isa.F_R1][dma] < 0)).any():
-            raise MachineError("DMA refers to an undefined descriptor")
-    branches = np.isin(ops, [isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL])
-    tgt = code[:, :, isa.F_IMM0][branches]
-    if ((tgt < 0) | (tgt >= max(prog.bundles, 1))).any():
-        raise MachineError("branch target outside the program")
-    writes_s0 = np.isin(ops, [isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH]) & (code[:, :, isa.F_R0] == 0)
-    if writes_s0.any():
-        b, u = np.argwhere(writes_s0)[0]
-        raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: writes s0, the zero register")
-    if prog.bundles and not (ops == isa.OP_HALT).any():
-        raise MachineError("program has no halt instruction")
+
+
+@functools.lru_cache(maxsize=16)
+def _operand_rules(p: Platform) -> tuple[np.ndarray, np.ndarray]:
+    """Per opcode: the units it may run on (N_OPCODES x units) and per operand field r0..r3 the
+    exclusive upper bound of its value (-1: not checked here; 1: unused, must be 0)."""
+    allowed = np.ones((isa.N_OPCODES, isa.N_UNITS), np.bool_)     # opcode 0 (empty) anywhere
+    limits = np.full((isa.N_OPCODES, 4), -1, np.int64)
+    bound = {"s": p.scalar_registers, "v": p.vector_registers, "c": p.dma_channels, "": 1}
+    for spec in isa.OPS:
+        allowed[spec.code] = np.isin(np.arange(isa.N_UNITS), spec.units)
+        for f, kind in enumerate(isa.FIELD_KINDS[spec.name]):
+            limits[spec.code, f] = bound.get(kind, -1)
+    return allowed, limits
 
 
 def _check_descriptor_table(table: np.ndarray, who: str, code: np.ndarray | None = None) -> None:

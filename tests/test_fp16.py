@@ -16,6 +16,8 @@ from mtemu.errors import MtemuError
 from mtemu.fp16 import (
     f16_bits_to_f32,
     f16_to_f32_array,
+    f16_to_f32_into,
+    f16_to_f32_into_reference,
     f32_to_f16_array,
     f32_to_f16_bits,
     from_bits,
@@ -55,6 +57,14 @@ def test_f16_to_f32_all_patterns():
     g = got[nan]
     assert np.all((g & 0x7F800000) == 0x7F800000) and np.all((g & 0x7FFFFF) != 0)
     assert np.array_equal(g >> 31, want[nan] >> 31)
+
+
+def test_fast_widening_equals_the_integer_path_on_every_pattern():
+    """widen_f16 (the CPU's conversion where there is one) gives the integer path's bits, NaNs included."""
+    fast, ref = np.empty(ALL_H.size, np.float32), np.empty(ALL_H.size, np.float32)
+    f16_to_f32_into(ALL_H, fast)
+    f16_to_f32_into_reference(ALL_H, ref)
+    assert np.array_equal(fast.view(np.uint32), ref.view(np.uint32))
 
 
 @njit
