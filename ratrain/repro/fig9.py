@@ -21,6 +21,7 @@ seq) are emulated at that length; the event simulator then runs the chosen step.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ratrain.cost.profile import LayerProfile
@@ -123,9 +124,10 @@ def fig9_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
                 step_s = chk.simulated_ms / 1e3
                 stages = chk.result.stages
                 busy = sum(st.compute_busy_ms for st in stages) / (len(stages) * chk.simulated_ms)
-                recompute = sum(st.busy_by_kind_ms.get("R", 0.0) for st in stages) / (len(stages) * chk.simulated_ms)
+                recompute = _recompute_fraction(chk, s) if cfg.activation != "full" else 0.0
                 prof = planner.profile(cfg.micro_batch, seq, cfg.tp)
-                row.update(config=cfg.describe(), step_s=step_s, predicted_s=chk.predicted_ms / 1e3,
+                row.update(config=cfg.describe(), activation=cfg.activation, step_s=step_s,
+                           predicted_s=chk.predicted_ms / 1e3,
                            train_time_s=training_time_s(step_s, s.fig9_token_budget, gb, seq),
                            tokens_per_s=gb * seq / step_s,
                            mac_utilization=mac_utilization(gb * macs, step_s, clusters, peak),
@@ -134,6 +136,16 @@ def fig9_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
                            peak_gb=best.peak_bytes / GIB)
             rows.append(row)
     return rows
+
+
+def _recompute_fraction(chk, s: Settings) -> float:
+    """Share of the step the DSPs spend recomputing activations (FSR's R tasks, or inside the
+    backward under checkpointing), mean over stages; zero when recovery does not use the DSPs."""
+    if s.recovery_resource != "compute":
+        return 0.0
+    costs = chk.costs
+    per_stage = [costs.microbatches * sum(layer.recompute_ms for layer in stage) for stage in costs.stages]
+    return sum(per_stage) / (len(per_stage) * chk.simulated_ms)
 
 
 def _series(rows: list[dict], model: str, key: str) -> dict[int, float | None]:
@@ -176,14 +188,28 @@ def _fmt(values: list[float | None], hours: int = 0) -> str:
     return ", ".join("-" if v is None else f"{v:.3f}" for v in values)
 
 
+def with_other_recovery(rows: list[dict], s: Settings, progress: Progress | None = None) -> tuple[str, list[dict]]:
+    """The same study with FSR recovery on the other resource (compute <-> ddr), its plan, training
+    time and utilization added to ``rows`` as ``alt_*``: how much of the shape recomputation makes."""
+    other = "ddr" if s.recovery_resource == "compute" else "compute"
+    alt = fig9_rows(replace(s, recovery_resource=other), progress)
+    for row, a in zip(rows, alt, strict=True):
+        row.update(alt_recovery=other, alt_config=a["config"], alt_train_time_s=a["train_time_s"],
+                   alt_mac_utilization=a["mac_utilization"])
+    return other, alt
+
+
 def run_fig9(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:
     rows = fig9_rows(s, progress)
     checks = shape_checks(rows)
+    other, alt = with_other_recovery(rows, s, progress)
+    alt_passed = sum(c.ok for c in shape_checks(alt))
     fig = out / "fig9_sequence_length.png"
     figure(rows, fig, s)
     text = format_table(rows, ["model", "seq", "config", "step_s", "steps", "train_time_s", "tokens_per_s",
                                "mac_utilization", "kernel_mac_utilization", "compute_busy_fraction",
-                               "recompute_fraction", "attention_mac_share", "peak_gb"])
+                               "recompute_fraction", "attention_mac_share", "peak_gb", "alt_config",
+                               "alt_train_time_s", "alt_mac_utilization"])
     notes = [f"Training time = ceil({s.fig9_token_budget} tokens / ({paper.FIG9_GLOBAL_BATCH} x seq)) steps x the "
              "simulated step (a fixed token budget); MAC-only utilization = useful GEMM + attention MACs of a step "
              "(3 x forward, causal pairs only, no recomputation) / (step x clusters x peak). docs/CHOICES.md, "
@@ -191,9 +217,11 @@ def run_fig9(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> E
              "Why the shape: kernel_mac_utilization is the layer's GEMM + attention kernels alone at that length "
              "(the GEMM shape effect: m = micro-batch x seq); compute_busy_fraction the DSPs' busy share of the step "
              "(the rest: bubbles, exposed state and link work), recompute_fraction the share of the step they spend "
-             "recomputing FSR activations (not useful MACs); attention_mac_share the part of the work that grows "
-             "with seq.",
-             _why(rows)]
+             "recomputing activations (FSR or checkpointing; not useful MACs); attention_mac_share the part of the "
+             "work that grows with seq.",
+             _why(rows),
+             f"alt_*: the same study with recovery on '{other}' (dashed in the figure); {alt_passed}/{len(checks)} "
+             "shape checks hold there."]
     return Experiment("fig9", "Fig. 9: training time and MAC-only utilization vs sequence length "
                       f"({paper.FIG9_CLUSTERS} clusters, global batch {paper.FIG9_GLOBAL_BATCH})",
                       rows, checks, [str(fig)], text, notes=notes)
@@ -213,7 +241,7 @@ def _why(rows: list[dict]) -> str:
         fsr = [n for n in got if got[n]["recompute_fraction"] > 0]
         parts.append(f"{model}: utilization peaks at {best_u}, the kernels alone at {best_k}, training time is "
                      f"lowest at {best_t}; "
-                     + (f"FSR recomputation from {min(fsr)} ({100 * got[min(fsr)]['recompute_fraction']:.0f} % of "
+                     + (f"recomputation from {min(fsr)} ({100 * got[min(fsr)]['recompute_fraction']:.0f} % of "
                         "the step)" if fsr else "no recomputation")
                      + f"; attention {100 * got[max(got)]['attention_mac_share']:.0f} % of the MACs at {max(got)}")
     return "Measured: " + "; ".join(parts) + "."
@@ -221,18 +249,22 @@ def _why(rows: list[dict]) -> str:
 
 def figure(rows: list[dict], path: Path, s: Settings = DEFAULT_SETTINGS) -> None:
     """Two panels like the paper's: training time (hours) and MAC-only utilization (%) vs sequence length."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
     for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
         pts = [r for r in rows if r["model"] == model]
         color = f"C{i}"
         hours = [r["train_time_s"] / 3600 if r["train_time_s"] else float("nan") for r in pts]
         util = [100 * r["mac_utilization"] if r["mac_utilization"] else float("nan") for r in pts]
-        for ax, ys in ((a1, hours), (a2, util)):
+        for ax, ys, key in ((a1, hours, "alt_train_time_s"), (a2, util, "alt_mac_utilization")):
             ax.plot([r["seq"] for r in pts], ys, "-", color=color, label=model)
+            if any(r.get(key) for r in pts):
+                scale = 1 / 3600 if key == "alt_train_time_s" else 100
+                ax.plot([r["seq"] for r in pts], [r[key] * scale if r.get(key) else float("nan") for r in pts],
+                        "--", color=color, alpha=0.6, lw=1)
             for r, y in zip(pts, ys, strict=True):
-                # hollow: the plan recomputes activations (FSR), whose MACs are not useful work
-                fsr = "FSR" in (r["config"] or "")
-                ax.plot(r["seq"], y, "o", color=color, markerfacecolor="white" if fsr else color)
+                # hollow: the plan recomputes activations (FSR or checkpointing), MACs that are not useful work
+                saves = r.get("activation", "full") == "full"
+                ax.plot(r["seq"], y, "o", color=color, markerfacecolor=color if saves else "white")
     for ax in (a1, a2):
         ax.set_xlabel("sequence length (tokens)")
         ax.set_xticks(list(paper.FIG9_SEQS))
@@ -242,6 +274,9 @@ def figure(rows: list[dict], path: Path, s: Settings = DEFAULT_SETTINGS) -> None
     a1.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _pos: f"{v:g}"))
     a1.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _pos: f"{v:g}"))
     a2.set_ylabel("MAC-only utilization (%)")
-    a1.legend(fontsize=8, title="hollow: FSR recomputation", title_fontsize=8)
-    fig.suptitle(f"Fig. 9: sequence length ({paper.FIG9_CLUSTERS} clusters, global batch {paper.FIG9_GLOBAL_BATCH})")
+    alt = next((r["alt_recovery"] for r in rows if r.get("alt_recovery")), None)
+    a1.legend(fontsize=8, loc="center right", bbox_to_anchor=(1.0, 0.72))
+    fig.suptitle(f"Fig. 9: sequence length ({paper.FIG9_CLUSTERS} clusters, global batch {paper.FIG9_GLOBAL_BATCH})\n"
+                 f"solid: recovery on {s.recovery_resource}, hollow where activations are recomputed"
+                 + (f"; dashed: recovery on {alt}" if alt else ""), fontsize=10)
     save_figure(fig, path)
