@@ -8,6 +8,7 @@ from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS
 from ratrain.repro.fig9 import (
     fig9_rows,
+    figure,
     forward_macs,
     mac_utilization,
     sequence_macs,
@@ -79,6 +80,18 @@ def test_shape_checks_accept_the_caption_and_refuse_the_opposite():
                    "the dip is slight": False, "training time falls to 2048, then rises": False}
     best = [c for c in shape_checks(_rows(caption_u, rising_t, "llama2-7b")) if "best training time" in c.name]
     assert [(c.ours, c.ok) for c in best] == [(512, False)]
+
+
+def test_figure_draws_missing_points_and_the_other_recovery(tmp_path):
+    rows = _rows(dict(zip(paper.FIG9_SEQS, (0.4, 0.45, 0.5, 0.49, 0.48), strict=True)),
+                 dict(zip(paper.FIG9_SEQS, (9.0, 8.0, 7.0, 7.5, 8.0), strict=True)), "qwen2.5-32b")
+    for r in rows:
+        r.update(config="P=8,D=32,Z=2,FSR", activation="fsr", alt_recovery="ddr", alt_train_time_s=3600.0,
+                 alt_mac_utilization=0.5)
+    rows[-1].update(config=None, train_time_s=None, mac_utilization=None, alt_mac_utilization=None)  # nothing fits
+    path = tmp_path / "fig9.png"
+    figure(rows, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_profile_the_study_needs_is_shipped_and_current():
