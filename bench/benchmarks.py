@@ -544,3 +544,42 @@ class TrackRanking:
     track_ranking_max_top1_regret = cached_track("track_ranking_max_top1_regret", "max_regret", "%")
     track_ranking_min_top5_overlap = cached_track("track_ranking_min_top5_overlap", "min_overlap", "share")
     track_ranking_study_seconds = cached_track("track_ranking_study_seconds", "seconds", "seconds")
+
+
+class TrackFig9:
+    """Fig. 9 (sequence length): MAC-only utilization and training time of the planner's RATrain plan
+    per (model, sequence length) at 256 clusters, global batch 4096, and how many of the caption's
+    shape checks hold (ratrain.repro.fig9; shipped profiles, about a minute)."""
+
+    params = [["llama2-7b", "baichuan2-13b", "qwen2.5-32b"], [512, 1024, 2048, 3072, 4096]]
+    param_names = ["model", "seq"]
+    timeout = 900
+
+    def setup_cache(self):
+        from ratrain.repro.fig9 import fig9_rows, shape_checks
+        rows = fig9_rows()
+        return {"rows": {(r["model"], r["seq"]): r for r in rows},
+                "passed": sum(c.ok for c in shape_checks(rows))}
+
+    setup_cache.timeout = 900
+
+    def track_fig9_mac_utilization(self, cache, model, seq):
+        return 100.0 * (cache["rows"][(model, seq)]["mac_utilization"] or float("nan"))
+
+    track_fig9_mac_utilization.unit = "%"
+    track_fig9_mac_utilization.version = "1"
+
+    def track_fig9_train_time_hours(self, cache, model, seq):
+        return (cache["rows"][(model, seq)]["train_time_s"] or float("nan")) / 3600
+
+    track_fig9_train_time_hours.unit = "h"
+    track_fig9_train_time_hours.version = "1"
+
+
+class TrackFig9Shape:
+    """How many of Fig. 9's caption checks (rising utilization, slight dip, training-time valley) hold."""
+
+    timeout = 900
+    setup_cache = TrackFig9.setup_cache
+
+    track_fig9_shape_checks_passed = cached_track("track_fig9_shape_checks_passed", "passed", "checks")

@@ -72,6 +72,10 @@ class Settings:
     ranking_max_configs: int = 200
     ranking_seed: int = 15
     ranking_workers: int = 2        # processes that simulate a case's configurations (1: in-process)
+    # Fig. 9: "training time" is the time to train on this many tokens at every sequence length
+    # (20 x 4096 x 12288: whole steps of 4096 sequences at 512, 1024, 2048, 3072 and 4096 tokens;
+    # ~1 B tokens, the size of the paper's correctness run).
+    fig9_token_budget: int = 1_006_632_960
     # Link, DDR and memory budget the simulator and planner see (the emulated kernel latencies come
     # from mtemu's own platform). `ratrain reproduce --platform FILE` replaces it.
     platform: TrainingPlatform = TrainingPlatform()

@@ -15,6 +15,7 @@ from ratrain.repro.compare import DEFAULT_EXPERIMENTS as COMPARED
 from ratrain.repro.compare import compare_markdown, load_baseline
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
+from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
 from ratrain.repro.platforms import run_platforms
 from ratrain.repro.ranking import run_ranking
@@ -35,12 +36,13 @@ def registry() -> dict[str, Callable[..., Experiment]]:
             "table6": training.run_table6, "ablation": training.run_ablation,
             "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
             "stragglers": run_stragglers, "platforms": run_platforms, "ranking": run_ranking,
+            "fig9": run_fig9,
             "correctness": run_correctness_experiment}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
                     "schedules", "budget", "sensitivity", "stragglers", "platforms",
-                    "ranking", "correctness")
+                    "ranking", "fig9", "correctness")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,

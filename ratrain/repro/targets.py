@@ -76,3 +76,16 @@ TOL_TABLE3_PEAK_GB = 1.0
 TOL_TABLE4_ERROR = 0.03
 TOL_TABLE6_EFFICIENCY = 0.015
 TOL_ABLATION_FSR = 0.07
+
+# Fig. 9 (issue 15): sequence length. 256 clusters, global batch 4096 sequences. The caption gives
+# only the shape: MAC-only utilization rises from 512 to 2048 and dips slightly at 3072 and 4096;
+# training time of Baichuan2-13B and Qwen2.5-32B falls from 512 to 2048 and rises after; LLaMA-2-7B
+# "performs well around 1024 and 2048".
+FIG9_MODELS = ("llama2-7b", "baichuan2-13b", "qwen2.5-32b")
+FIG9_SEQS = (512, 1024, 2048, 3072, 4096)
+FIG9_CLUSTERS = 256
+FIG9_GLOBAL_BATCH = 4096
+FIG9_VALLEY_MODELS = ("baichuan2-13b", "qwen2.5-32b")   # training time lowest at 2048
+FIG9_SWEET_SEQS = (1024, 2048)                          # LLaMA-2-7B's best training time
+# "slightly decreases": utilization at 3072 and 4096 at most this far (relative) below 2048's (our choice)
+TOL_FIG9_DIP = 0.05
