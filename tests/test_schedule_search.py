@@ -171,3 +171,15 @@ def test_cli_names_the_schedule(capsys):
     assert cli_main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "8",
                      "--schedules", "x"]) == 2
     assert "unknown schedule 'x'" in capsys.readouterr().err
+
+
+def test_one_stage_layouts_are_listed_once():
+    """With P = 1 every schedule runs the same step and 1F1B holds the fewest activations: the
+    search lists each one-stage layout under 1F1B only."""
+    from ratrain.plan.planner import Planner
+    from ratrain.spec.models import get_model
+    planner = Planner(get_model("llama2-7b"), profile_source="roofline")
+    res = planner.plan(8, 8, 2048, "ratrain", top=50, confirm=0, schedules=parse_schedules("all"))
+    one_stage = [c for c in res.ranked if c.config.pp == 1]
+    assert one_stage and all(c.schedule == ScheduleChoice() for c in one_stage)
+    assert any(c.schedule != ScheduleChoice() for c in res.ranked if c.config.pp > 1)

@@ -370,12 +370,15 @@ class Planner:
         enumerated = pruned = 0
         timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
         plain_1f1b = [c == ONE_F_ONE_B for c in choices]
+        # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
+        # so the others would only repeat it lower in the ranking
+        one_stage_1f1b_only = any(plain_1f1b)
         for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
                               tp_degrees=tp_degrees, zero_stages=zero_stages):
             p, d, t, z, b, a, act, pref = c
             for si, choice in enumerate(choices):
                 plain = plain_1f1b[si]
-                if not plain and not runnable(choice, self.model.layers, p, a):
+                if not plain and (not runnable(choice, self.model.layers, p, a) or (p == 1 and one_stage_1f1b_only)):
                     continue
                 enumerated += 1
                 # Eq. 10 first: nothing is timed (or profiled) unless it fits
