@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import multiprocessing
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -166,7 +167,9 @@ def _simulate_all(jobs: list[tuple], workers: int, progress: Progress) -> list[S
         return [simulate_step(*job) for job in jobs]
     order = sorted(range(len(jobs)), key=lambda i: -_job_size(jobs[i]))
     out: list[SimulatedStep | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # spawn, not fork: the parent may hold Numba's worker threads (the kernel experiments ran first),
+    # and forking a threaded process is unsafe; the workers only simulate and never load Numba
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for n, (i, got) in enumerate(zip(order, pool.map(_simulate_job, [jobs[i] for i in order]), strict=True)):
             out[i] = got
             if (n + 1) % 10 == 0:
