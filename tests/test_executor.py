@@ -140,15 +140,20 @@ def test_baseline_ratrain_and_single_stage_are_bit_identical(name, make, referen
     assert res.baseline_stats["recovered_by_r_per_step"] == 0
 
 
+def _after_two_steps(cfg, schedules) -> list:
+    """The model state after two steps under each schedule, from the same seed."""
+    states = []
+    for sched in schedules:
+        state = ModelState.create(cfg.model(), cfg.adam(), cfg.seed, cfg.dp)
+        for _ in range(2):
+            execute_step(state, sched.tasks, sched.plan, cfg.batches())
+        states.append(state)
+    return states
+
+
 @pytest.mark.parametrize("name,make", sources())
 def test_final_weights_identical(name, make):
-    base, rat = make(CFG)
-    states = []
-    for sched in (base, rat):
-        state = ModelState.create(CFG.model(), CFG.adam(), CFG.seed, CFG.dp)
-        for _ in range(2):
-            execute_step(state, sched.tasks, sched.plan, CFG.batches())
-        states.append(state)
+    states = _after_two_steps(CFG, make(CFG))
     for a, b in zip(states[0].master, states[1].master, strict=False):
         for k in a:
             assert np.array_equal(a[k], b[k]), k
@@ -286,12 +291,7 @@ def test_interleaved_and_zb_h1_replay_bit_identical_to_baseline_1f1b(pipeline, r
 
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda s: s.name)
 def test_final_weights_identical_to_baseline_1f1b(pipeline):
-    states = []
-    for sched in (simulated_schedule(SCFG, False), simulated_schedule(SCFG, True, pipeline)):
-        state = ModelState.create(SCFG.model(), SCFG.adam(), SCFG.seed, SCFG.dp)
-        for _ in range(2):
-            execute_step(state, sched.tasks, sched.plan, SCFG.batches())
-        states.append(state)
+    states = _after_two_steps(SCFG, (simulated_schedule(SCFG, False), simulated_schedule(SCFG, True, pipeline)))
     for a, b in zip(states[0].master, states[1].master, strict=True):
         for k in a:
             assert np.array_equal(a[k], b[k]), k

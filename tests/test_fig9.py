@@ -9,7 +9,6 @@ from ratrain.repro.experiment import DEFAULT_SETTINGS
 from ratrain.repro.fig9 import (
     fig9_rows,
     figure,
-    forward_macs,
     mac_utilization,
     sequence_macs,
     shape_checks,
@@ -23,13 +22,13 @@ TINY = ModelSpec(name="tiny-fig9", hidden=192, ffn=384, layers=2, heads=3, kv_he
 
 
 def test_forward_macs_by_hand():
-    assert forward_macs(Operator("g", "gemm", m=2, k=3, n=4)) == 24
+    assert Operator("g", "gemm", m=2, k=3, n=4).useful_macs == 24
     # causal: 4 x 5 / 2 = 10 query-key pairs per head, QK^T and PV, 3 heads of 64
     causal = Operator("a", "attention", batch=1, heads=3, kv_heads=3, seq=4, head_dim=64, causal=True)
-    assert forward_macs(causal) == 2 * 3 * 10 * 64
+    assert causal.useful_macs == 2 * 3 * 10 * 64
     dense = Operator("a", "attention", batch=2, heads=3, kv_heads=1, seq=4, head_dim=64)
-    assert forward_macs(dense) == 2 * 2 * 3 * 16 * 64
-    assert forward_macs(Operator("n", "elementwise", bytes_moved=100)) == 0
+    assert dense.useful_macs == 2 * 2 * 3 * 16 * 64
+    assert Operator("n", "elementwise", bytes_moved=100).useful_macs == 0
 
 
 def test_sequence_macs_by_hand():

@@ -49,8 +49,7 @@ def budget_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None
                 raise ConfigError(f"budget must be positive, got {budget} GB")
             progress(f"Budget: {model_name} at {budget} GB")
             platform = s.platform.with_overrides(memory_budget_bytes=int(budget * GIB))
-            planner = Planner(model, platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
-                              constants=s.memory_constants(), progress=False)
+            planner = s.planner(model, platform, progress=False)
             n, small = _min_clusters(planner, gb, s)
             row = {"model": model_name, "budget_gb": budget, "min_clusters": n,
                    "pp": small.config.pp if small else None, "dp": small.config.dp if small else None}

@@ -8,9 +8,13 @@ hidden constant; one Settings instance serves every experiment.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from ratrain.plan.planner import Planner, mechanisms_for
+from ratrain.sim.simulator import Mechanisms
 from ratrain.spec.memory import FSR_BUFFER_LAYERS, MemoryConstants
+from ratrain.spec.models import ModelSpec
+from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import TrainingPlatform
 
 
@@ -91,6 +95,16 @@ class Settings:
 
     def memory_constants(self) -> MemoryConstants:
         return MemoryConstants(fsr_buffer_layers=self.fsr_buffer_layers)
+
+    def planner(self, model: ModelSpec, platform: TrainingPlatform | None = None, **kwargs) -> Planner:
+        """The planner every experiment uses: these settings' kernels, recovery and memory constants."""
+        return Planner(model, platform or self.platform, profile_source=self.profile_source,
+                       recovery_resource=self.recovery_resource, constants=self.memory_constants(), **kwargs)
+
+    def mechanisms(self, method: str, cfg: ParallelConfig, base: Mechanisms | None = None) -> Mechanisms:
+        """``method``'s mechanisms for ``cfg`` (or ``base``) with these settings' recovery buffer."""
+        mech = base if base is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
+        return replace(mech, fsr_buffer_layers=self.fsr_buffer_layers)
 
 
 DEFAULT_SETTINGS = Settings()

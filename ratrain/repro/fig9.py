@@ -26,11 +26,11 @@ from pathlib import Path
 
 from ratrain.cost.profile import LayerProfile
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import Planner, simulate_config
+from ratrain.plan.planner import simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
-from ratrain.spec.models import ModelSpec, Operator, embedding_and_head_operators, get_model, layer_operators
+from ratrain.spec.models import ModelSpec, embedding_and_head_operators, get_model, layer_operators
 from ratrain.spec.platform import GIB
 from rtcommon.progress import Progress
 
@@ -38,25 +38,14 @@ from rtcommon.progress import Progress
 # ------------------------------------------------------------------------------------------
 # definitions
 # ------------------------------------------------------------------------------------------
-def forward_macs(op: Operator) -> int:
-    """Useful forward MACs of one operator: a GEMM's m k n; attention's QK^T and PV over the
-    query-key pairs it must compute (causal: the lower triangle with its diagonal)."""
-    if op.kind == "gemm":
-        return op.m * op.k * op.n
-    if op.kind == "attention":
-        pairs = op.seq * (op.seq + 1) // 2 if op.causal else op.seq * op.seq
-        return 2 * op.batch * op.heads * pairs * op.head_dim
-    return 0
-
-
 def sequence_macs(spec: ModelSpec, seq: int) -> tuple[int, int]:
     """(all, attention) useful MACs of forward + backward for one sequence of ``seq`` tokens
     through the whole model; backward is twice forward (GEMM: dX and dW; attention: dV, dP, dQ, dK)."""
     layer = layer_operators(spec, 1, seq, 1)
     extra = embedding_and_head_operators(spec, 1, seq, 1)
-    total = spec.layers * sum(forward_macs(o) for o in layer) + sum(forward_macs(o)
+    total = spec.layers * sum(o.useful_macs for o in layer) + sum(o.useful_macs
                                                                      for o in extra["first"] + extra["last"])
-    attention = spec.layers * sum(forward_macs(o) for o in layer if o.kind == "attention")
+    attention = spec.layers * sum(o.useful_macs for o in layer if o.kind == "attention")
     return 3 * total, 3 * attention
 
 
@@ -91,7 +80,7 @@ def kernel_mac_utilization(prof: LayerProfile, spec: ModelSpec, peak_mac_per_s: 
     ops = {o.name: o for o in layer_operators(spec, prof.micro_batch, prof.seq, prof.tp)}
     timed = [o for o in prof.ops if o.kind in ("gemm", "attention")]
     seconds = sum(o.forward_s + o.backward_s for o in timed)
-    macs = 3 * sum(forward_macs(ops[o.name]) for o in timed)
+    macs = 3 * sum(ops[o.name].useful_macs for o in timed)
     return macs / (seconds * peak_mac_per_s)
 
 
@@ -107,8 +96,7 @@ def fig9_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
     rows = []
     for model_name in models:
         model = get_model(model_name)
-        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
-                          progress=False)
+        planner = s.planner(model, progress=False)
         for seq in seqs:
             progress(f"Fig. 9: {model_name} at seq {seq}: planning on {clusters} clusters, then simulating")
             best = planner.plan(clusters, gb, seq, "ratrain", top=1, micro_batches=(s.micro_batch,),
@@ -120,7 +108,8 @@ def fig9_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
             if best is not None:
                 cfg = best.config
                 chk = simulate_config(model, cfg, method="ratrain", platform=s.platform,
-                                      profile_source=s.profile_source, recovery_resource=s.recovery_resource)
+                                      profile_source=s.profile_source, recovery_resource=s.recovery_resource,
+                                      mechanisms=s.mechanisms("ratrain", cfg))
                 step_s = chk.simulated_ms / 1e3
                 stages = chk.result.stages
                 busy = sum(st.compute_busy_ms for st in stages) / (len(stages) * chk.simulated_ms)

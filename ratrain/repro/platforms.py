@@ -64,8 +64,7 @@ def what_if_platforms(files: tuple[str | Path, ...] | None = None) -> list[Train
 
 
 def _planner(model_name: str, platform: TrainingPlatform, s: Settings) -> Planner:
-    return Planner(get_model(model_name), platform, profile_source=s.profile_source,
-                   recovery_resource=s.recovery_resource, progress=False)
+    return s.planner(get_model(model_name), platform, progress=False)
 
 
 def smallest_peak_gb(planner: Planner, clusters: int, global_batch: int, s: Settings) -> tuple[float, str]:

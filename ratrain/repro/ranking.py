@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratrain.cost.terms import pipeline_costs
-from ratrain.plan.planner import Candidate, Planner, mechanisms_for
+from ratrain.plan.planner import Candidate
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
@@ -161,19 +161,27 @@ def _job_size(job: tuple) -> int:
     return model.layers * min(cfg.accum, 3 * a1 + 3 * EXTRAPOLATION_STRIDE)
 
 
-def _simulate_all(jobs: list[tuple], workers: int, progress: Progress) -> list[SimulatedStep]:
-    """``simulate_step`` of every job, on ``workers`` processes (largest first) when > 1."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [simulate_step(*job) for job in jobs]
-    order = sorted(range(len(jobs)), key=lambda i: -_job_size(jobs[i]))
-    out: list[SimulatedStep | None] = [None] * len(jobs)
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
     # spawn, not fork: the parent may hold Numba's worker threads (the kernel experiments ran first),
     # and forking a threaded process is unsafe; the workers only simulate and never load Numba
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for n, (i, got) in enumerate(zip(order, pool.map(_simulate_job, [jobs[i] for i in order]), strict=True)):
-            out[i] = got
-            if (n + 1) % 10 == 0:
-                progress(f"Ranking: {n + 1}/{len(jobs)} simulated")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def _simulate_all(jobs: list[tuple], workers: int, progress: Progress,
+                  pool: ProcessPoolExecutor | None = None) -> list[SimulatedStep]:
+    """``simulate_step`` of every job, on ``workers`` processes (largest first) when > 1; ``pool``
+    (the study's, started once for every case) is used when given."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [simulate_step(*job) for job in jobs]
+    if pool is None:
+        with _spawn_pool(workers) as own:
+            return _simulate_all(jobs, workers, progress, own)
+    order = sorted(range(len(jobs)), key=lambda i: -_job_size(jobs[i]))
+    out: list[SimulatedStep | None] = [None] * len(jobs)
+    for n, (i, got) in enumerate(zip(order, pool.map(_simulate_job, [jobs[i] for i in order]), strict=True)):
+        out[i] = got
+        if (n + 1) % 10 == 0:
+            progress(f"Ranking: {n + 1}/{len(jobs)} simulated")
     return out
 
 
@@ -221,13 +229,12 @@ def _spread_pct(points: list[dict], key: str) -> float:
 
 
 def case_ranking(model_name: str, clusters: int, global_batch: int, s: Settings = DEFAULT_SETTINGS,
-                 progress: Progress | None = None, source: str = "") -> dict:
+                 progress: Progress | None = None, source: str = "", pool: ProcessPoolExecutor | None = None) -> dict:
     """One row: the planner's order of RATrain's feasible space against the simulator's."""
     progress = progress or (lambda msg: None)
     t0 = time.perf_counter()
     model = get_model(model_name)
-    planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
-                      progress=False)
+    planner = s.planner(model, progress=False)
     # every feasible candidate, each confirmed on the simulator's (emulated) profile, in the planner's order
     res = planner.plan(clusters, global_batch, s.seq, "ratrain", top=10**9, micro_batches=(s.micro_batch,),
                        tp_degrees=s.ratrain_tp_degrees, zero_stages=s.ratrain_zero_stages, confirm=10**9)
@@ -239,7 +246,7 @@ def case_ranking(model_name: str, clusters: int, global_batch: int, s: Settings 
     which: list[int] = []
     for cand in ranked:
         cfg = cand.config
-        mech = mechanisms_for("ratrain", cfg.activation, cfg.prefetch)
+        mech = s.mechanisms("ratrain", cfg)
         prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
         costs = pipeline_costs(model, cfg, prof, s.platform, recovery_resource=s.recovery_resource)
         k = next((i for i, (c, m, _) in enumerate(unique) if m == mech and c == costs), None)
@@ -247,7 +254,7 @@ def case_ranking(model_name: str, clusters: int, global_batch: int, s: Settings 
             k = len(unique)
             unique.append((costs, mech, (model, cfg, prof, s.platform, mech, s.recovery_resource)))
         which.append(k)
-    steps = _simulate_all([job for _, _, job in unique], s.ranking_workers, progress)
+    steps = _simulate_all([job for _, _, job in unique], s.ranking_workers, progress, pool)
     points: list[dict] = []
     for cand, k in zip(ranked, which, strict=True):
         cfg, got, bd = cand.config, steps[k], cand.breakdown
@@ -278,7 +285,10 @@ def case_ranking(model_name: str, clusters: int, global_batch: int, s: Settings 
 # ---------------------------------------------------------------- the experiment
 
 def ranking_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> list[dict]:
-    return [case_ranking(m, n, gb, s, progress, src) for src, m, n, gb in _cases(s)]
+    if s.ranking_workers <= 1:
+        return [case_ranking(m, n, gb, s, progress, src) for src, m, n, gb in _cases(s)]
+    with _spawn_pool(s.ranking_workers) as pool:       # one pool for every case: spawning costs imports
+        return [case_ranking(m, n, gb, s, progress, src, pool) for src, m, n, gb in _cases(s)]
 
 
 def run_ranking(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> Experiment:

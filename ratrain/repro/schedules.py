@@ -19,13 +19,12 @@ analytic Eq. 9 model of the same layout. The analytic activation term assumes
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from ratrain.cost.terms import load_profile
-from ratrain.plan.planner import mechanisms_for, simulate_config
+from ratrain.plan.planner import simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
@@ -121,8 +120,7 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
     for li, (source, model_name, cfg) in enumerate(layouts or paper_layouts(s)):
         model = get_model(model_name)
         profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=s.profile_source)
-        with_mech = replace(mechanisms_for("ratrain", cfg.activation, cfg.prefetch),
-                            fsr_buffer_layers=s.fsr_buffer_layers)
+        with_mech = s.mechanisms("ratrain", cfg)
         without = Mechanisms.all_off()
         wbytes = layer_weight_gradient_bytes(model, model.layers, cfg.micro_batch, cfg.seq, cfg.tp)
         fractions = None

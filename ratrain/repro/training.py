@@ -4,11 +4,10 @@ paper leaves open is a field of :class:`ratrain.repro.experiment.Settings`.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import Planner, mechanisms_for, simulate_config
+from ratrain.plan.planner import simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import (
     DEFAULT_SETTINGS,
@@ -34,10 +33,8 @@ from rtcommon.progress import Progress
 
 
 def _sim(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None):
-    mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
     return simulate_config(model, cfg, method=method, platform=s.platform, profile_source=s.profile_source,
-                           recovery_resource=s.recovery_resource,
-                           mechanisms=replace(mech, fsr_buffer_layers=s.fsr_buffer_layers))
+                           recovery_resource=s.recovery_resource, mechanisms=s.mechanisms(method, cfg, mechanisms))
 
 
 def _peak_gb(model, cfg: ParallelConfig, s: Settings) -> float:
@@ -123,8 +120,7 @@ def run_table3(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for model_name, min_clusters, P, D, A, peak, step, gb in paper.TABLE3:
         model = get_model(model_name)
         progress(f"Table 3: smallest feasible footprint of {model_name} (global batch {gb})")
-        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
-                          constants=s.memory_constants())
+        planner = s.planner(model)
         found = None
         for n in s.table3_grid:
             res = planner.plan(n, gb, s.seq, "ratrain", top=1, micro_batches=(s.micro_batch,), tp_degrees=(1,),
@@ -174,8 +170,7 @@ def run_table4(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) ->
     for model_name, clusters, pred, meas, err in paper.TABLE4:
         model = get_model(model_name)
         progress(f"Table 4: planning {model_name} on {clusters} clusters, then simulating the choice")
-        planner = Planner(model, s.platform, profile_source=s.profile_source, recovery_resource=s.recovery_resource,
-                          constants=s.memory_constants())
+        planner = s.planner(model)
         res = planner.plan(clusters, s.table4_global_batch, s.seq, "ratrain", top=1,
                            micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,
                            zero_stages=s.ratrain_zero_stages)
@@ -204,8 +199,7 @@ def scaleout_base(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
     """The planner's LLaMA-2-7B layout at Table 6's first cluster count."""
     progress = progress or (lambda msg: None)
     base_n = s.table6_clusters[0]
-    planner = Planner(get_model("llama2-7b"), s.platform, profile_source=s.profile_source,
-                      recovery_resource=s.recovery_resource, constants=s.memory_constants())
+    planner = s.planner(get_model("llama2-7b"))
     progress(f"Table 6: planning LLaMA-2-7B on {base_n} clusters")
     res = planner.plan(base_n, base_n * s.table6_batch_per_cluster, s.seq, "ratrain", top=1,
                        micro_batches=(s.micro_batch,), tp_degrees=s.ratrain_tp_degrees,

@@ -347,6 +347,14 @@ class Operator:
             return 2 * self.batch * self.heads * self.seq * self.seq * self.head_dim
         return 0
 
+    @property
+    def useful_macs(self) -> int:
+        """Forward multiply-accumulates the result needs: a causal attention's QK^T and PV over the
+        lower triangle with its diagonal only (``macs`` counts it dense)."""
+        if self.kind == "attention" and self.causal:
+            return 2 * self.batch * self.heads * (self.seq * (self.seq + 1) // 2) * self.head_dim
+        return self.macs
+
     def to_json(self) -> dict:
         out = {key: value for key, value in asdict(self).items() if value not in (None, False, 0)}
         out["name"], out["kind"] = self.name, self.kind
