@@ -73,6 +73,17 @@ class Program:
     def bundles(self) -> int:
         return int(self.code.shape[0])
 
+    def freeze(self) -> Program:
+        """Make ``code`` and ``descriptors`` read-only (in place) and return self: the machine then keeps
+        its linked, checked and decoded form between runs (kernels freeze the programs they build)."""
+        self.code.flags.writeable = False
+        self.descriptors.flags.writeable = False
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        return not (self.code.flags.writeable or self.descriptors.flags.writeable)
+
     def disassemble(self) -> str:
         return disassemble(self)
 

@@ -19,12 +19,15 @@ cycles and errors are those of the bundle-by-bundle run by construction. In func
 run's data effects are then executed by :func:`run_plain` (now, or deferred: see the section
 below), where loads do write registers: a run there also ends before an access based on a
 register an ``sldh`` of the same run loaded, and ``vexp``/``vlog`` are not plain.
-``tests/test_blocks.py`` checks the tables against :func:`build_blocks_reference` and whole
-kernels' counters against runs with ``fast_forward=False``.
+A run's multiply-accumulate core executes fused (:mod:`mtemu.fused`), and a DMA's data move is
+:func:`mtemu.dma.move`. ``tests/test_blocks.py`` checks the tables against
+:func:`build_blocks_reference` and whole kernels' counters and data against runs with
+``fast_forward=False``; ``tests/test_plain_runs.py`` and ``tests/test_fused.py`` check
+:func:`run_plain` against :func:`run_plain_reference`.
 
 Numba caches ``machine._run`` keyed on machine.py alone, with the functions and constants it uses
-from here compiled in: after editing this module, clear the Numba cache (or touch machine.py),
-as for isa.py, trace.py and fp16.py.
+from here compiled in; ``mtemu/__init__.py`` therefore gives every state of the jitted sources
+(this module, fused.py, dma.py, machine.py, ...) its own cache folder.
 """
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import isa
+from .dma import move
 from .fp16 import f32_to_f16_array, f32_to_f16_bits, widen_f16
+from .fused import MIN_FUSED_TERMS, N_OPCOLS, O_FUSE_AT, O_FUSE_END, O_IMM, O_R0, mark_stretches, run_fused
 
 MAX_CLASSES = 8             # (register, memory, alignment) classes per run
 MIN_BUNDLES = 8             # shorter runs go bundle by bundle (the checks would cost more)
@@ -270,7 +275,9 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
         if lo[p, j] > hi[p, j]:
             continue
         base = sregs[d, creg[p, j]]
-        if base + lo[p, j] < 0 or base + hi[p, j] > caps[cmem[p, j]]:
+        # compared without forming base + offset, which wraps for a register near 2**63 (offsets
+        # are bounded by MAX_ADDRESS_IMM, so -lo and caps - hi cannot)
+        if base < -lo[p, j] or base > caps[cmem[p, j]] - hi[p, j]:
             return -1
         if ((base & (calign[p, j] - 1)) | mis[p, j]) != 0:
             return -1
@@ -286,19 +293,23 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
 # ------------------------------------------------------------------------------------------
 # functional mode: the data of an accepted run, now or deferred
 # ------------------------------------------------------------------------------------------
-# A run's data effects touch only its DSP's registers, SM and AM, so they may wait until
-# something else looks at that state: a bundle of the DSP that is not plain (if it touches
-# vector registers or SM/AM) or a DMA of the DSP that reads or writes its SM/AM (then that DSP's
-# runs execute), a broadcast (it writes every DSP's SM or AM) or the end of the run (then every
-# DSP's waiting runs execute together, DSPs spread over threads). A kernel whose broadcast opens
-# each step so gets every DSP's step executed in parallel. The scalar side runs at once: ``sldh``
-# is replayed on the real registers when the run is accepted (so branches, addresses and later
-# runs see its loads) and again, on a copy of the registers taken at acceptance, when the vector
-# side executes. SM cannot change in between: a run with ``ssth`` is executed at once (after the
-# DSP's waiting ones), and every other writer of a DSP's SM is a non-plain bundle or a DMA, which
-# wait for that DSP's runs first. The order of each DSP's effects
-# is therefore the bundle-by-bundle order, and the data are identical.
-QUEUE = 64                  # runs a DSP may have waiting
+# A run's data effects touch only its DSP's registers, SM and AM, so they may wait in a queue per
+# DSP until something else looks at that state; a DMA whose data move writes only the DSP's AM waits
+# in the same queue. The scalar side runs at once: ``sldh`` is replayed on the real registers when
+# the run is accepted (so branches, addresses and later runs see its loads), and the values it read
+# are kept with the queued run, whose vector side replays them (on a copy of the registers taken at
+# acceptance) instead of reading SM again. So queued work reads and writes only its DSP's vector
+# registers and AM, plus, for a queued DMA, its source. What must wait for it (:func:`must_flush`):
+# a bundle of the DSP that is not plain and touches vector registers or AM (or stores to SM, which
+# a queued DMA may read), and a DMA that does not wait whose source or destination overlaps a range
+# queued work touches (a broadcast into every DSP's AM or SM, a transfer out of the DSP's AM, one into
+# GSM or DDR where a queued DMA reads). Then that DSP's queue, or every DSP's, executes in order
+# (:func:`settle`; every DSP's over threads); so does the end of the run. The order of each DSP's
+# effects is the bundle-by-bundle order, and the data are identical.
+QUEUE = 64                  # runs and DMAs a DSP may have waiting
+# a waiting DMA's row of the queue's register copies: what it moves
+Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
+PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GEMM run holds ~6600)
 # Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
 if numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "workqueue"
@@ -311,7 +322,7 @@ def _fill(dst, x):
 
 
 @njit(cache=True)
-def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
+def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val, loads, li):
     """The data effects of bundles [p, e) of a run DSP d may skip, in order, on scalar registers
     ``sr`` (DSP d's, or a copy): the values the bundle-by-bundle path computes, faster.
 
@@ -319,13 +330,22 @@ def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, l
     ``bc_val``: DSP d's row all False on entry and exit): a ``vfma`` reading it multiplies by the
     scalar (the same FP32 product per lane), anything else that reads it, and the run's end, first
     writes the lanes. Vector loads widen FP16 with :func:`~mtemu.fp16.widen_f16`. Lane loops work on
-    1-D slices so LLVM vectorises them. :func:`run_plain_reference` is the plain statement of it."""
+    1-D slices so LLVM vectorises them. Fused stretches (:mod:`mtemu.fused`) run blocked. ``sldh`` read
+    SM, or, if ``loads`` is not empty, take ``loads[li:]`` in order (what they read when the run was
+    accepted). :func:`run_plain_reference` is the plain statement of it."""
     sm0 = bases[0] + d * caps[0]
     am0 = bases[1] + d * caps[1]
     v = vregs[d]
     on = bc_on[d]
     val = bc_val[d]
-    for i in range(off[p], off[e]):
+    i = off[p]
+    last = off[e]
+    while i < last:
+        fe = ops[i, O_FUSE_END]
+        if fe > i and fe <= last:
+            li += run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, li)
+            i = fe
+            continue
         op = ops[i, 0]
         r0 = ops[i, 1]
         r1 = ops[i, 2]
@@ -369,7 +389,11 @@ def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, l
                 dst[k] = widen_f16(src[k])
             on[r0] = False
         elif op == isa.OP_SLDH:
-            sr[r0] = mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1]
+            if loads.size > 0:
+                sr[r0] = loads[li]
+                li += 1
+            else:
+                sr[r0] = mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1]
         elif op == isa.OP_VLDW:
             i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
             src32 = mem32[i0:i0 + lanes]
@@ -409,6 +433,7 @@ def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, l
                 xb = vb[k]
                 dst[k] = xa if (xa > xb or xa != xa) else xb
             on[r0] = False
+        i += 1
     for r in range(on.size):
         if on[r]:
             _fill(v[r], val[r])
@@ -416,115 +441,276 @@ def run_plain(d, p, e, ops, off, sr, vregs, mem16, mem32, f16tab, bases, caps, l
 
 
 @njit(cache=True)
-def _run_scalar(d, p, e, ops, sld, sld_off, sr, mem16, bases, caps):
-    """The scalar side of bundles [p, e): their ``sldh`` loads (rows ``sld`` of ``ops``), in order."""
+def _run_scalar(d, p, e, ops, sld, sld_off, sr, mem16, bases, caps, out, at):
+    """The scalar side of bundles [p, e): their ``sldh`` loads (rows ``sld`` of ``ops``), in order,
+    each value also written to ``out[at:]``."""
     sm0 = bases[0] + d * caps[0]
     for j in range(sld_off[p], sld_off[e]):
         i = sld[j]
-        sr[ops[i, 1]] = mem16[(sm0 + sr[ops[i, 2]] + ops[i, 4]) >> 1]
+        x = mem16[(sm0 + sr[ops[i, 2]] + ops[i, 4]) >> 1]
+        sr[ops[i, 1]] = x
+        out[at] = x
+        at += 1
+
+
+_NO_LOADS = np.zeros(0, np.uint16)
 
 
 @njit(cache=True)
-def flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
-    """Execute DSP d's waiting runs, in order."""
+def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+              bc_on, bc_val):
+    """Execute DSP d's waiting runs and DMA data moves, in order."""
     for i in range(qn[d]):
-        run_plain(d, qp[d, i], qe[d, i], ops, off, qregs[d, i], vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                  bc_on, bc_val)
+        if qitem[d, i, 0] < 0:
+            g = qregs[d, i]
+            move(mem16, mem32, g[Q_MODE], g[Q_SRC], g[Q_DST], g[Q_ROWS], g[Q_ROW_BYTES], g[Q_SRC_STRIDE],
+                 g[Q_DST_STRIDE])
+        else:
+            run_plain(d, qitem[d, i, 0], qitem[d, i, 1], ops, off, fused, qregs[d, i], vregs, mem16, mem32, f16tab,
+                      bases, caps, lanes, bc_on, bc_val, qloads[d], qitem[d, i, 2])
     qn[d] = 0
+    qlen[d] = 0
 
 
 @njit(cache=True, parallel=True)
-def _flush_threads(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val):
-    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, SM, AM and scratch rows
-        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+def _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                   bc_on, bc_val):
+    for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, AM and queue rows
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                  bc_on, bc_val)
 
 
 @njit(cache=True)
-def flush(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads):
-    """Execute every waiting run (DSP by DSP in order; over threads if ``threads``)."""
-    waiting = 0
-    for d in range(qn.shape[0]):
-        waiting += qn[d]
-    if waiting == 0:
+def flush(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
+          bc_val, threads):
+    """Execute all waiting work (DSP by DSP in order; over threads if ``threads`` and more than one DSP waits)."""
+    if _busy_dsps(qn) == 0:
         return
-    if threads:
-        _flush_threads(ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+    if threads and _busy_dsps(qn) > 1:
+        _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps,
+                       lanes, bc_on, bc_val)
     else:
         for d in range(qn.shape[0]):
-            flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+            flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps,
+                      lanes, bc_on, bc_val)
 
 
 @njit(cache=True)
-def accept_data(d, p, e, ops, off, sld, sld_off, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
-                qn, qp, qe, qregs, bc_on, bc_val):
-    """Functional mode, a run :func:`try_skip` accepted: queue it (a run with scalar stores, or a
-    full queue, runs DSP d's waiting ones first; one with scalar stores then runs at once)."""
-    if deltas[p, B_SSTH] > 0:
-        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
-        run_plain(d, p, e, ops, off, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+def _busy_dsps(qn):
+    n = 0
+    for d in range(qn.shape[0]):
+        if qn[d] > 0:
+            n += 1
+    return n
+
+
+@njit(cache=True)
+def waiting_ops(off, qn, qitem):
+    """Instructions waiting in every DSP's queue (runs only)."""
+    total = 0
+    for d in range(qn.shape[0]):
+        for i in range(qn[d]):
+            if qitem[d, i, 0] >= 0:
+                total += off[qitem[d, i, 1]] - off[qitem[d, i, 0]]
+    return total
+
+
+@njit(cache=True)
+def settle(d, need, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+           bc_on, bc_val, threads):
+    """Execute the waiting work :func:`must_flush` asked for (``need``: 1 DSP d's, 2 every DSP's). With
+    threads, DSP d's alone become everyone's once other DSPs wait too and PARALLEL_OPS instructions
+    wait in all: running the others' early is always allowed (each DSP's own order is kept) and
+    spreads the work over the threads."""
+    if need == 0:
         return
-    if qn[d] == qp.shape[1]:
-        flush_dsp(d, ops, off, qn, qp, qe, qregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val)
+    if need == 1 and not (threads and _busy_dsps(qn) > 1 and waiting_ops(off, qn, qitem) >= PARALLEL_OPS):
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                  bc_on, bc_val)
+    else:
+        flush(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
+              bc_val, threads)
+
+
+@njit(cache=True)
+def accept_data(d, p, e, ops, off, fused, sld, sld_off, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
+                creg, cmem, lo, hi, qn, qitem, qregs, qrange, qloads, qlen, bc_on, bc_val, threads):
+    """Functional mode, a run :func:`try_skip` accepted: queue it with the AM ranges it touches and
+    the values its ``sldh`` read (a run with scalar stores runs at once, after DSP d's waiting work;
+    a full queue or load buffer first lets the waiting work run)."""
+    if deltas[p, B_SSTH] > 0:
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                  bc_on, bc_val)
+        run_plain(d, p, e, ops, off, fused, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
+                  _NO_LOADS, 0)
+        return
+    nsld = sld_off[e] - sld_off[p]
+    if qn[d] == qitem.shape[1] or qlen[d] + nsld > qloads.shape[1]:
+        settle(d, 1, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+               bc_on, bc_val, threads)
     i = qn[d]
-    qp[d, i] = p
-    qe[d, i] = e
+    qitem[d, i, 0] = p
+    qitem[d, i, 1] = e
+    qitem[d, i, 2] = qlen[d]
     for r in range(sregs.shape[1]):
         qregs[d, i, r] = sregs[d, r]
+    for j in range(MAX_CLASSES):
+        qrange[d, i, j, 0] = -1
+        if lo[p, j] <= hi[p, j] and cmem[p, j] == C_AM:
+            base = sregs[d, creg[p, j]]
+            qrange[d, i, j, 0] = isa.SP_AM
+            qrange[d, i, j, 1] = base + lo[p, j]
+            qrange[d, i, j, 2] = base + hi[p, j]
     qn[d] = i + 1
-    _run_scalar(d, p, e, ops, sld, sld_off, sregs[d], mem16, bases, caps)
+    _run_scalar(d, p, e, ops, sld, sld_off, sregs[d], mem16, bases, caps, qloads[d], qlen[d])
+    qlen[d] += nsld
 
 
 @njit(cache=True)
-def must_flush(d, p, code, descs, desc_off, touches):
-    """Before DSP d runs bundle p by itself, whose waiting runs must execute first: 0 none, 1 DSP d's
-    (the bundle touches d's vector registers, SM or AM, or its DMA reads or writes d's SM or AM),
-    2 every DSP's (a broadcast writes every SM or AM)."""
+def deferrable(mode, src_space, dst_space):
+    """Whether a DMA's data move may wait in the queue of the DSP whose AM it writes (a broadcast: in
+    every DSP's, if it reads GSM or DDR, which are the same for all)."""
+    if dst_space != isa.SP_AM:
+        return False
+    return mode != isa.DMA_BROADCAST or src_space == isa.SP_GSM or src_space == isa.SP_DDR
+
+
+@njit(cache=True)
+def defer_dma(d, mode, src_space, sa, sext, sbase, dst_space, da, dext, dbase, rows, row_bytes, src_stride, dst_stride,
+              ops, off, fused, qn, qitem, qregs, qrange, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+              bc_on, bc_val, threads):
+    """Queue, for DSP d, the data move into its AM of a checked DMA that :func:`deferrable` allows, with
+    the ranges it writes (d's AM) and reads (d's SM or AM, GSM or DDR)."""
+    if qn[d] == qitem.shape[1]:
+        settle(d, 1, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+               bc_on, bc_val, threads)
+    i = qn[d]
+    qitem[d, i, 0] = -1
+    qitem[d, i, 1] = -1
+    qitem[d, i, 2] = qlen[d]
+    g = qregs[d, i]
+    g[Q_MODE] = mode
+    g[Q_SRC] = sbase + sa
+    g[Q_DST] = dbase + da
+    g[Q_ROWS] = rows
+    g[Q_ROW_BYTES] = row_bytes
+    g[Q_SRC_STRIDE] = src_stride
+    g[Q_DST_STRIDE] = dst_stride
+    for j in range(MAX_CLASSES):
+        qrange[d, i, j, 0] = -1
+    qrange[d, i, 0, 0] = dst_space
+    qrange[d, i, 0, 1] = da
+    qrange[d, i, 0, 2] = da + dext
+    qrange[d, i, 1, 0] = src_space
+    qrange[d, i, 1, 1] = sa
+    qrange[d, i, 1, 2] = sa + sext
+    qn[d] = i + 1
+
+
+@njit(cache=True)
+def _waits_on(d, space, a, b, qn, qrange):
+    """Whether waiting work of DSP d touches [a, b) of ``space`` (SM and AM: d's own)."""
+    for i in range(qn[d]):
+        for j in range(MAX_CLASSES):
+            if qrange[d, i, j, 0] == space and qrange[d, i, j, 1] < b and a < qrange[d, i, j, 2]:
+                return True
+    return False
+
+
+@njit(cache=True)
+def must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange):
+    """Before DSP d runs bundle p by itself, whose waiting work must execute first: 0 none, 1 DSP d's,
+    2 several DSPs'. DSP d's if the bundle touches its vector registers or AM or stores to SM, or has
+    a DMA that does not wait (:func:`deferrable`) whose source overlaps what d's waiting work
+    touches; several if such a DMA writes a range another DSP's waiting work touches (a broadcast
+    into SM or AM, a transfer into GSM or DDR where a waiting DMA reads)."""
     need = 1 if touches[p] else 0
     for u in range(code.shape[1]):
-        if code[p, u, 0] == isa.OP_DMA:
-            di = desc_off[d] + code[p, u, 2]
-            src = descs[di, 0]
-            dst = descs[di, 1]
-            if descs[di, 6] == isa.DMA_BROADCAST:
-                return 2
-            if src == isa.SP_SM or src == isa.SP_AM or dst == isa.SP_SM or dst == isa.SP_AM:
-                need = 1
+        if code[p, u, 0] != isa.OP_DMA:
+            continue
+        di = desc_off[d] + code[p, u, 2]
+        rows = descs[di, 2]
+        mode = descs[di, 6]
+        if rows <= 0 or deferrable(mode, descs[di, 0], descs[di, 1]):
+            continue
+        for side in range(2):
+            space = descs[di, side]
+            stride = descs[di, 4 + side]
+            a = sregs[d, code[p, u, 3 + side]] + code[p, u, 5 + side]
+            b = a + (rows - 1) * stride + descs[di, 3]
+            if stride < 0:                       # not produced by the assembler; be safe
+                a = -_FAR
+                b = _FAR
+            if side == 0:
+                if _waits_on(d, space, a, b, qn, qrange):
+                    need = max(need, 1)
+                continue
+            shared = mode == isa.DMA_BROADCAST or space == isa.SP_GSM or space == isa.SP_DDR
+            for e in range(qn.shape[0]):
+                if (e == d or shared) and _waits_on(e, space, a, b, qn, qrange):
+                    if e != d:
+                        return 2
+                    need = max(need, 1)
     return need
 
 
+# bundles that touch what waiting work holds: vector registers, AM, and SM stores (a waiting DMA may
+# read SM); scalar loads read SM, which waiting work never writes
 _TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
-                       isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
+                       isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
 
 
-def decode_ops(code: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The instructions of ``code`` as one list for :func:`run_plain`: rows (op, r0, r1, r2, imm0) in
-    bundle then unit order, empty slots and nops left out; bundle q's rows are ``ops[off[q]:off[q + 1]]``.
-    Also ``sld``, the rows that are ``sldh``, bundle q's being ``sld[sld_off[q]:sld_off[q + 1]]``.
-    Returns ``(ops, off, sld, sld_off)``."""
+def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_registers: int | None = None
+               ) -> tuple[np.ndarray, ...]:
+    """The instructions of ``code`` as one list for :func:`run_plain`: rows (op, r0, r1, r2, imm0,
+    fuse end, fuse record) in bundle then unit order, empty slots and nops left out; bundle q's rows
+    are ``ops[off[q]:off[q + 1]]``. Also ``fused``, the records of the fused stretches
+    (:func:`mtemu.fused.mark_stretches`; register counts default to the largest register number used
+    + 1), and ``sld``, the rows that are ``sldh``, bundle q's being ``sld[sld_off[q]:sld_off[q + 1]]``.
+    Returns ``(ops, off, fused, sld, sld_off)``."""
     live = (code[:, :, isa.F_OP] != 0) & (code[:, :, isa.F_OP] != isa.OP_NOP)
-    ops = np.ascontiguousarray(code[live][:, [isa.F_OP, isa.F_R0, isa.F_R1, isa.F_R2, isa.F_IMM0]], dtype=np.int64)
+    ops = np.zeros((int(live.sum()), N_OPCOLS), np.int64)
+    ops[:, :O_FUSE_END] = code[live][:, [isa.F_OP, isa.F_R0, isa.F_R1, isa.F_R2, isa.F_IMM0]]
+    used = int(ops[:, O_R0:O_IMM].max()) + 1 if ops.shape[0] else 1
+    fused = mark_stretches(ops, max(scalar_registers or 0, used), max(vector_registers or 0, used), MIN_FUSED_TERMS)
     off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(live.sum(axis=1), out=off[1:])
     loads = code[:, :, isa.F_OP] == isa.OP_SLDH
     sld = np.flatnonzero(ops[:, 0] == isa.OP_SLDH).astype(np.int64)
     sld_off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(loads.sum(axis=1), out=sld_off[1:])
-    return ops, off, sld, sld_off
+    return ops, off, fused, sld, sld_off
 
 
-def defer_buffers(code: np.ndarray, dsps: int, nregs: int, vector_registers: int, on: bool
-                  ) -> tuple[np.ndarray, ...]:
-    """(touches, qn, qp, qe, qregs, ops, off, sld, sld_off, bc_on, bc_val): per PC, whether a bundle
-    touches vector registers, SM or AM; the queue of waiting runs per DSP; :func:`decode_ops`'s tables;
-    per DSP the broadcast scratch of :func:`run_plain`. Zero-length when deferring is off."""
-    if not on:
-        z = np.zeros(0, np.int64)
-        return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE), np.int64), np.zeros((0, QUEUE), np.int64),
-                np.zeros((0, QUEUE, nregs), np.int64), np.zeros((0, 5), np.int64), z, z, z,
-                np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
+def defer_tables(code: np.ndarray, nregs: int, vector_registers: int, end: np.ndarray) -> tuple:
+    """The static part of deferring, computed once per linked program: ``(touches, ops, off, fused, sld,
+    sld_off, longest)``: per PC whether a bundle touches what waiting work holds, :func:`decode_ops`'s
+    tables, and the most ``sldh`` of any run (``end``: the runs' ends, :func:`build_blocks`)."""
     touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
-    return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE), np.int64), np.zeros((dsps, QUEUE), np.int64),
-            np.zeros((dsps, QUEUE, nregs), np.int64), *decode_ops(code),
+    ops, off, fused, sld, sld_off = decode_ops(code, nregs, vector_registers)
+    longest = 1
+    if end.size:
+        longest = max(1, int((sld_off[np.maximum(end, np.arange(end.size))] - sld_off[:-1]).max()))
+    return touches, ops, off, fused, sld, sld_off, longest
+
+
+def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers: int) -> tuple[np.ndarray, ...]:
+    """The machine's deferring arguments for one run, from :func:`defer_tables` (None: deferring off,
+    zero-length arrays): (touches, qn, qitem, qregs, qrange, qloads, qlen, ops, off, fused, sld, sld_off,
+    bc_on, bc_val): per DSP the queue of waiting work (count; per entry its run's PCs, or -1 for a
+    DMA, and where its loads start; a copy of the scalar registers, or what a DMA moves; per class
+    (space, start, end) of what it touches), the buffer of its runs' ``sldh`` values (room for QUEUE
+    of the longest run) and how much of it is used; per DSP the broadcast scratch of :func:`run_plain`."""
+    if tables is None:
+        z = np.zeros(0, np.int64)
+        return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64), np.zeros((0, QUEUE, nregs), np.int64),
+                np.zeros((0, QUEUE, MAX_CLASSES, 3), np.int64), np.zeros((0, 0), np.uint16), z,
+                np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), z, z,
+                np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
+    touches, ops, off, fused, sld, sld_off, longest = tables
+    return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE, 3), np.int64),
+            np.zeros((dsps, QUEUE, nregs), np.int64), np.zeros((dsps, QUEUE, MAX_CLASSES, 3), np.int64),
+            np.zeros((dsps, QUEUE * longest), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, sld, sld_off,
             np.zeros((dsps, vector_registers), np.bool_), np.zeros((dsps, vector_registers), np.float32))
 
 

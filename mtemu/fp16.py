@@ -42,6 +42,8 @@ __all__ = [
     "f32_to_f16_bits",
     "widen_f16",
     "HARDWARE_F16",
+    "add_fp16_product",
+    "HARDWARE_FMA",
     "f16_to_f32_into",
     "f32_to_f16_into",
     "f16_to_f32_array",
@@ -118,15 +120,16 @@ def f32_to_f16_bits(x) -> np.uint16:
     return f32_bits_to_f16_bits(np.float32(x).view(np.uint32))
 
 
-def _target_converts_f16() -> bool:
-    """Whether Numba's JIT target has F16C (x86-64): then LLVM lowers half -> float to vcvtph2ps."""
+def _target_has(feature: str) -> bool:
+    """Whether Numba's JIT target (x86-64) has a CPU feature, e.g. "f16c" or "fma"."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     features = numba.config.CPU_FEATURES if numba.config.CPU_FEATURES is not None else get_host_cpu_features()
-    return "+f16c" in str(features).split(",")
+    return "+" + feature in str(features).split(",")
 
 
-HARDWARE_F16 = _target_converts_f16()
+# with F16C, LLVM lowers half -> float to vcvtph2ps
+HARDWARE_F16 = _target_has("f16c")
 
 
 @intrinsic
@@ -143,6 +146,34 @@ def _widen_f16_hw(typingctx, h):
 # Chosen once per process; Numba's cache is keyed on the CPU's features, so a cache moved to a
 # machine without F16C is recompiled there with the integer path.
 widen_f16 = _widen_f16_hw if HARDWARE_F16 else f16_bits_to_f32
+
+
+HARDWARE_FMA = _target_has("fma")
+
+
+@intrinsic
+def _fma_f32(typingctx, acc, x, y):
+    """acc + x * y rounded once (LLVM's ``llvm.fma.f32``)."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 32 for t in (acc, x, y)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, [args[1], args[2], args[0]])
+    return types.float32(acc, x, y), codegen
+
+
+@njit(cache=True, inline="always")
+def _add_product_rounded(acc, x, y):
+    return acc + x * y
+
+
+# acc + x * y for FP32 values x, y that are FP16 values (widened): their product has at most 22
+# significant bits and an exponent inside FP32's normal range, so it is exact in FP32 and rounding
+# the sum once (a fused multiply-add) gives the bits of rounding product then sum. One instruction
+# where the JIT target has FMA (tests/test_fp16.py compares both forms).
+add_fp16_product = _fma_f32 if HARDWARE_FMA else _add_product_rounded
 
 
 @njit(cache=True)

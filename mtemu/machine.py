@@ -31,6 +31,7 @@ import functools
 import math
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from time import monotonic
 
@@ -41,7 +42,20 @@ from rtcommon.hostmem import check_host_memory
 
 from . import isa
 from .assembler import Program
-from .blocks import accept_data, build_blocks, defer_buffers, empty_blocks, flush, flush_dsp, must_flush, try_skip
+from .blocks import (
+    accept_data,
+    build_blocks,
+    defer_buffers,
+    defer_dma,
+    defer_tables,
+    deferrable,
+    empty_blocks,
+    flush,
+    must_flush,
+    settle,
+    try_skip,
+)
+from .dma import move
 from .errors import MachineError
 from .fp16 import f16_to_f32_into_reference, f32_to_f16_bits, widen_f16
 from .platform import DEFAULT, Platform, validate_platform
@@ -123,7 +137,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
          tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
          blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_p, dq_e, dq_regs, dq_ops, dq_off, dq_sld, dq_sld_off, bc_on, bc_val, threads,
+         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_loads, dq_len, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off,
+         bc_on, bc_val, threads,
          time, pc, state, chan, srv_free, ctl):
     """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
     bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
@@ -213,19 +228,12 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                              blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
                 if e >= 0:
                     if functional:
-                        accept_data(d, p, e, dq_ops, dq_off, dq_sld, dq_sld_off, sregs, vregs, mem16, mem32,
-                                    f16tab, bases, caps, lanes, blk_deltas, dq_n, dq_p, dq_e, dq_regs, bc_on, bc_val)
+                        accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off, sregs, vregs, mem16, mem32,
+                                    f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
+                                    dq_n, dq_item, dq_regs, dq_range, dq_loads, dq_len, bc_on, bc_val, threads)
                     t += e - p
                     p = e
                     continue
-            if deferring:
-                need = must_flush(d, p, code, descs, desc_off, dq_touch)
-                if need == 1:
-                    flush_dsp(d, dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps,
-                              lanes, bc_on, bc_val)
-                elif need == 2:
-                    flush(dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                          bc_on, bc_val, threads)
             # ---------------------------------------------------------------------------------
             if budget <= 0:
                 # out of bundles for this call: stop before bundle p, resume here next call
@@ -239,6 +247,11 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
             if sync and t > limit:
                 break
+            if deferring:
+                # after the yield: the DSPs behind have queued their work too, so it can run in parallel
+                need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
+                settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_loads, dq_len, vregs, mem16, mem32,
+                       f16tab, bases, caps, lanes, bc_on, bc_val, threads)
             next_p = p + 1
             extra = np.int64(0)
             extra_state = TS_BRANCH
@@ -378,33 +391,22 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         _fail(err, E_ALIGN, d, p, u, src_sp, sa, align)
                         time[d] = t
                         return
-                    if functional:
-                        # row loops over 1-D slices: LLVM vectorises them (element order is kept
-                        # where source and destination overlap)
-                        if mode == isa.DMA_REDUCE_ADD:
-                            nw = rowb >> 2
-                            for r in range(rows):
-                                s0 = (sbase + sa + r * sstr) >> 2
-                                d0 = (dbase + da + r * dstr) >> 2
-                                src32 = mem32[s0:s0 + nw]
-                                dst32 = mem32[d0:d0 + nw]
-                                for k in range(nw):
-                                    dst32[k] += src32[k]
+                    if functional and rows > 0:
+                        if deferring and deferrable(mode, src_sp, dst_sp):
+                            # into AM: the data move waits, in order, with the runs of the DSP it writes
+                            for tg in range(dsps if mode == isa.DMA_BROADCAST else 1):
+                                tq = tg if mode == isa.DMA_BROADCAST else d
+                                tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
+                                defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
+                                          dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_loads,
+                                          dq_len, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
+                                          threads)
+                        elif mode == isa.DMA_BROADCAST:
+                            for tg in range(dsps):
+                                tb, _c = _space_base_cap(dst_sp, tg, caps, bases)
+                                move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
                         else:
-                            nh = rowb >> 1
-                            ntarget = dsps if mode == isa.DMA_BROADCAST else 1
-                            for tg in range(ntarget):
-                                if mode == isa.DMA_BROADCAST:
-                                    tb, _c = _space_base_cap(dst_sp, tg, caps, bases)
-                                else:
-                                    tb = dbase
-                                for r in range(rows):
-                                    s0 = (sbase + sa + r * sstr) >> 1
-                                    d0 = (tb + da + r * dstr) >> 1
-                                    src16 = mem16[s0:s0 + nh]
-                                    dst16 = mem16[d0:d0 + nh]
-                                    for k in range(nh):
-                                        dst16[k] = src16[k]
+                            move(mem16, mem32, mode, sbase + sa, dbase + da, rows, rowb, sstr, dstr)
                     nbytes = rows * rowb
                     if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
                         srv = SRV_DDR
@@ -510,8 +512,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
         time[d] = t
         pc[d] = p
     if deferring:
-        flush(dq_ops, dq_off, dq_n, dq_p, dq_e, dq_regs, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
-              bc_val, threads)
+        flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_loads, dq_len, vregs, mem16, mem32, f16tab, bases,
+              caps, lanes, bc_on, bc_val, threads)
     ctl[C_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
@@ -669,7 +671,11 @@ class Cluster:
             dsp_program = [0] * p.dsps
         if len(dsp_program) != p.dsps:
             raise MachineError(f"need one program index per DSP ({p.dsps}), got {len(dsp_program)}")
-        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
+        if fast_forward is None:
+            fast_forward = os.environ.get("MTEMU_FAST_FORWARD", "1").strip() != "0"
+        skip = fast_forward and trace is None
+        code, descs, lo, hi, desc_off, blocks, tables = _prepare(programs, dsp_program, p, self.functional, skip)
+        desc_off = desc_off.copy()
         if dsp_descriptors:
             extra = []
             base = descs.shape[0]
@@ -705,15 +711,7 @@ class Cluster:
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
         lanes = p.vector_lanes if self.functional else 1
-        if fast_forward is None:
-            fast_forward = os.environ.get("MTEMU_FAST_FORWARD", "1").strip() != "0"
-        skip = fast_forward and trace is None
-        if skip:
-            seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
-            blocks = build_blocks(code, seg_end, lanes, self.functional)
-        else:
-            blocks = empty_blocks()
-        defer = defer_buffers(code, p.dsps, p.scalar_registers, p.vector_registers, skip and self.functional)
+        defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
         run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
@@ -762,6 +760,39 @@ def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ..
     return (np.zeros((n, cap, 2), np.int64), np.zeros(n, np.int64), np.full(n, -1, np.int64),
             np.full(n, -1, np.int64), np.zeros((dcap, N_DMA_FIELDS), np.int64), np.zeros((dcap, 2), np.float64),
             np.zeros((bcap, 3), np.int64), np.zeros(2, np.int64))
+
+
+# Linked, checked and decoded programs, by the identity of their Program objects, for programs that
+# are frozen (read-only arrays, Program.freeze: the kernels' programs): preparing a 1024^3 GEMM takes
+# some 30 ms. Entries hold their programs, so an identity is not reused while its entry lives.
+_PREPARED: OrderedDict = OrderedDict()
+PREPARED_ENTRIES = 8
+
+
+def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool) -> tuple:
+    """``(code, descs, lo, hi, desc_off, blocks, defer_tables)`` of :func:`_link`, :func:`build_blocks` and
+    :func:`~mtemu.blocks.defer_tables` (None when not deferring), kept for frozen programs."""
+    cacheable = all(isinstance(pr, Program) and pr.frozen for pr in programs)
+    key = (tuple(id(pr) for pr in programs), tuple(int(k) for k in dsp_program), p, bool(functional), bool(skip))
+    if cacheable and key in _PREPARED:
+        _PREPARED.move_to_end(key)
+        return _PREPARED[key][1]
+    code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
+    lanes = p.vector_lanes if functional else 1
+    tables = None
+    if skip:
+        seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
+        blocks = build_blocks(code, seg_end, lanes, functional)
+        if functional:
+            tables = defer_tables(code, p.scalar_registers, p.vector_registers, blocks[0])
+    else:
+        blocks = empty_blocks()
+    prepared = (code, descs, lo, hi, desc_off, blocks, tables)
+    if cacheable:
+        _PREPARED[key] = (list(programs), prepared)
+        while len(_PREPARED) > PREPARED_ENTRIES:
+            _PREPARED.popitem(last=False)
+    return prepared
 
 
 def _link(programs: list[Program], dsp_program: list[int], p: Platform):

@@ -347,13 +347,22 @@ def random_functional_program(draw):
 def test_random_functional_programs_compute_alike(prog, seed):
     rng = np.random.default_rng(seed)
     fill = rng.standard_normal(TINY.dsps * (TINY.sm_bytes + 4096) // 2).astype(np.float16).view(np.uint8)
-    out = []
-    for ff in (True, False):
-        c = Cluster(TINY, ddr_bytes=0, functional=True)
+
+    def load(c):
         n_sm = TINY.sm_bytes
         for d in range(TINY.dsps):
             c.region("SM", 0, n_sm, d)[:] = fill[d * n_sm:(d + 1) * n_sm]
             c.region("AM", 0, 4096, d)[:] = fill[TINY.dsps * n_sm + d * 4096:][:4096]
+    _assert_fast_equals_full(TINY, 0, prog, load)
+
+
+def _assert_fast_equals_full(platform, ddr_bytes, prog, load) -> None:
+    """Run ``prog`` fast-forwarded and bundle by bundle on clusters ``load`` filled alike: the same
+    counters (or error) and, bit for bit, the same memory and registers."""
+    out = []
+    for ff in (True, False):
+        c = Cluster(platform, ddr_bytes=ddr_bytes, functional=True)
+        load(c)
         try:
             stats = c.run([prog], fast_forward=ff)
         except MachineError as exc:
@@ -365,3 +374,61 @@ def test_random_functional_programs_compute_alike(prog, seed):
     if fast[0] != "error":
         for x, y in zip(fast[1:], full[1:], strict=True):
             assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@st.composite
+def random_dma_program(draw):
+    """Runs of vector work between DMAs of every kind the queue treats differently: into AM (they wait
+    with the runs: a copy, a broadcast out of DDR or GSM), into SM, GSM or DDR (they do not, and out
+    of AM, a copy or a reduce-add, they make the DSP's runs execute first), over address ranges that
+    overlap the runs' loads and stores, issued by every DSP of a three-DSP cluster sharing DDR and GSM."""
+    b = ProgramBuilder(THREE)
+    descs = [b.descriptor("DDR", "AM", 2, 256, 512, 256, "broadcast"),
+             b.descriptor("GSM", "AM", 1, 512, 512, 512, "broadcast"),
+             b.descriptor("DDR", "AM", 2, 256, 256, 256, "copy"),
+             b.descriptor("AM", "DDR", 1, 256, 256, 256, "reduce_add"),
+             b.descriptor("AM", "DDR", 2, 256, 256, 256, "copy"), b.descriptor("AM", "GSM", 1, 512, 512, 512, "copy"),
+             b.descriptor("DDR", "SM", 1, 256, 256, 256, "copy"), b.descriptor("SM", "AM", 1, 256, 256, 256, "copy"),
+             b.descriptor("GSM", "DDR", 1, 512, 512, 512, "copy")]
+    for r in range(1, 4):
+        b.bundle(ins("smovi", r, draw(st.sampled_from([0, 256, 512, 1024]))))
+    b.bundle(ins("smovi", 5, draw(st.integers(1, 3))))
+    b.label("top")
+    for _ in range(draw(st.integers(1, 24))):
+        kind = draw(st.sampled_from(["run", "run", "dma"]))
+        if kind == "dma":
+            src, dst = draw(st.sampled_from([0, 256, 512, 1024])), draw(st.sampled_from([0, 256, 512, 1024]))
+            b.bundle(ins("dma", 0, draw(st.sampled_from(descs)), (0, src), (0, dst)))
+            b.bundle(ins("dmawait", 0))
+            continue
+        for k in range(MIN_BUNDLES + draw(st.integers(0, 8))):      # long enough to be a run
+            op = draw(st.sampled_from(["vfma", "svbcast", "sldh", "vldh", "vldw", "vstw"]))
+            reg, imm = draw(st.integers(1, 3)), draw(st.integers(0, 160)) * 4
+            if op == "vfma":
+                b.bundle(ins(op, k % 8, 16 + k % 8, 48 + k % 8))
+            elif op == "svbcast":
+                b.bundle(ins(op, 48 + k % 8, 20 + k % 8))
+            elif op == "sldh":
+                b.bundle(ins(op, 20 + k % 8, (reg, imm)))
+            elif op in ("vldh", "vldw"):
+                b.bundle(ins(op, 16 + k % 8, (reg, imm)))
+            else:
+                b.bundle(ins(op, (reg, imm), k % 8))
+            b.nops(9)
+    b.nops(10)
+    b.bundle(ins("bdec", 5, "top"))
+    b.bundle(ins("halt"))
+    return b.assemble()
+
+
+THREE = DEFAULT.with_overrides(dsps=3, vector_lanes=32)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dma_program(), st.integers(0, 2**32 - 1))
+def test_random_programs_with_every_kind_of_dma_compute_alike(prog, seed):
+    fill = np.random.default_rng(seed).standard_normal(1 << 23).astype(np.float16).view(np.uint16)
+
+    def load(c):
+        c.mem[:] = fill[:c.mem.size]
+    _assert_fast_equals_full(THREE, 8192, prog, load)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtemu import isa
+from mtemu import isa, machine
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.errors import MachineError, MtemuError
 from mtemu.machine import Cluster
@@ -171,6 +171,26 @@ def test_raw_program_with_bad_register_is_refused_before_running():
     prog.code[0, isa.VMAC, isa.F_OP] = 77
     with pytest.raises(MachineError, match="unknown opcode 77"):
         Cluster(SMALL, ddr_bytes=0).run([prog])
+
+
+def test_frozen_programs_are_prepared_once_and_edited_ones_are_not_stale():
+    text = "{ smovi s1, 7 }\n{ ssth [s0+16], s1 }\n{ halt }"
+    prog = parse(text, SMALL)
+    c = Cluster(SMALL, ddr_bytes=0)
+    c.run([prog])
+    assert int(c.region("SM", 16, 2)[0:2].view(np.uint16)[0]) == 7
+    prog.code[0, isa.SMAC1, isa.F_IMM0] = 9          # a program that is not frozen may change
+    c.run([prog])
+    assert int(c.region("SM", 16, 2)[0:2].view(np.uint16)[0]) == 9
+    assert not any(prog is p for entry in machine._PREPARED.values() for p in entry[0])
+    frozen = parse(text, SMALL).freeze()
+    assert frozen.frozen and not frozen.code.flags.writeable
+    with pytest.raises(ValueError):
+        frozen.code[0, isa.SMAC1, isa.F_IMM0] = 9
+    for _ in range(2):
+        c.run([frozen])
+        assert int(c.region("SM", 16, 2)[0:2].view(np.uint16)[0]) == 7
+    assert sum(frozen is p for entry in machine._PREPARED.values() for p in entry[0]) == 1
 
 
 # --- never a crash: random programs and random addresses ----------------------------------

@@ -19,6 +19,7 @@ from mtemu.machine import F16_TABLE
 LANES = 16
 SM_BYTES, AM_BYTES = 1024, 4096
 NV, NS = 8, 16
+NO_LOADS = np.zeros(0, np.uint16)              # sldh read SM
 BASES = np.array([0, SM_BYTES, 0, 0], np.int64)        # one DSP: SM, then AM
 CAPS = np.array([SM_BYTES, AM_BYTES, 0, 0], np.int64)
 VECTOR_OPS = ("vfma", "vfma", "vfma", "svbcast", "svbcastw", "vmax", "sldh", "ssth", "vldh", "vldw", "vstw", "vsth")
@@ -69,9 +70,10 @@ def _state(rng):
 
 
 def _fast(code, p, e, mem, sregs, vregs):
-    ops, off, _sld, _sld_off = decode_ops(code)
+    ops, off, fused, _sld, _sld_off = decode_ops(code)
     on, val = np.zeros((1, NV), np.bool_), np.zeros((1, NV), np.float32)
-    run_plain(0, p, e, ops, off, sregs, vregs, mem, mem.view(np.float32), F16_TABLE, BASES, CAPS, LANES, on, val)
+    run_plain(0, p, e, ops, off, fused, sregs, vregs, mem, mem.view(np.float32), F16_TABLE, BASES, CAPS, LANES, on, val,
+              NO_LOADS, 0)
     assert not on.any()                           # every deferred broadcast was written out
 
 
@@ -125,10 +127,10 @@ def test_vector_loads_widen_every_fp16_pattern_like_the_table():
     mem = np.zeros((SM_BYTES + (1 << 17)) // 2, np.uint16)
     mem[SM_BYTES // 2:] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     code = _bundles(*[[isa.OP_VLDH, r, 1, 0, 0, r * 2 * lanes, 0] for r in range(64)])
-    ops, off, _s, _so = decode_ops(code)
+    ops, off, fused, _s, _so = decode_ops(code)
     vregs = np.zeros((1, 64, lanes), np.float32)
-    run_plain(0, 0, 64, ops, off, np.zeros(NS, np.int64), vregs, mem, mem.view(np.float32), F16_TABLE,
-              BASES, caps, lanes, np.zeros((1, 64), np.bool_), np.zeros((1, 64), np.float32))
+    run_plain(0, 0, 64, ops, off, fused, np.zeros(NS, np.int64), vregs, mem, mem.view(np.float32), F16_TABLE,
+              BASES, caps, lanes, np.zeros((1, 64), np.bool_), np.zeros((1, 64), np.float32), NO_LOADS, 0)
     assert np.array_equal(vregs.reshape(-1).view(np.uint32), F16_TABLE.view(np.uint32))
 
 
@@ -138,7 +140,8 @@ def test_decoded_ops_keep_bundle_and_unit_order():
     code[0, 0] = [isa.OP_VFMA, 3, 4, 5, 0, 0, 0]
     code[1, 0] = [isa.OP_NOP, 0, 0, 0, 0, 1, 0]
     code[2, 3] = [isa.OP_SLDH, 6, 1, 0, 0, 4, 0]
-    ops, off, sld, sld_off = decode_ops(code)
-    assert ops.tolist() == [[isa.OP_VFMA, 3, 4, 5, 0], [isa.OP_VLDH, 1, 2, 0, 8], [isa.OP_SLDH, 6, 1, 0, 4]]
+    ops, off, _fused, sld, sld_off = decode_ops(code)
+    assert ops[:, :5].tolist() == [[isa.OP_VFMA, 3, 4, 5, 0], [isa.OP_VLDH, 1, 2, 0, 8], [isa.OP_SLDH, 6, 1, 0, 4]]
+    assert not ops[:, 5:].any()                   # too short to fuse
     assert off.tolist() == [0, 2, 2, 3]
     assert sld.tolist() == [2] and sld_off.tolist() == [0, 0, 0, 1]

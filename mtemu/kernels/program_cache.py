@@ -84,12 +84,12 @@ def cache_path(key: str) -> Path:
 def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platform, build: Callable[[], Built]) -> Built:
     """``build()`` (program, per-DSP descriptor tables, initial registers), or its copy on disk."""
     if not enabled():
-        return build()
+        return _frozen(build())
     key = cache_key(kernel, shape, tiles, platform)
     path = cache_path(key)
     if path.exists():
         try:
-            return _load(path, key)
+            return _frozen(_load(path, key))
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             warnings.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
     built = build()
@@ -97,6 +97,12 @@ def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platfor
         atomic_write_bytes(path, _dump(key, *built))
     except OSError:
         pass            # a read-only cache costs the build next time, nothing else
+    return _frozen(built)
+
+
+def _frozen(built: Built) -> Built:
+    """Kernel programs are shared (lru caches): read-only, and kept prepared by the machine."""
+    built[0].freeze()
     return built
 
 

@@ -1,0 +1,344 @@
+"""Fused stretches: the multiply-accumulate core of a straight-line run, compiled once and executed blocked.
+
+Most of a GEMM micro-kernel's run (:mod:`mtemu.blocks`) is a *stretch* of ``sldh``, ``svbcast``,
+``vldh`` and ``vfma`` in which every ``vfma`` adds (a broadcast FP16 scalar) x (an FP16 vector loaded
+in the stretch) to an accumulator that nothing else in the stretch reads or writes, and every address
+is based on a register the stretch does not load. Executed instruction by instruction, each ``vfma``
+reads and writes all its lanes in memory. :func:`mark_stretches` finds the stretches of a decoded
+instruction list and compiles each into a record of what is static (which loads, which broadcast
+sources, which terms per accumulator); :func:`run_fused` then
+
+1. widens each loaded row once (AM does not change inside a stretch: it has no stores),
+2. reads each broadcast value (from SM, or the scalar a run's ``sldh`` captured when it was
+   accepted, or a register as it was on entry),
+3. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
+   rounds in which every accumulator takes its next terms (accumulators that share loaded rows, a
+   GEMM's rows of C, reuse them while they are in the L1 cache),
+4. leaves the scalar and vector registers as the instructions would.
+
+Every sum is rounded to FP32 as before (products of FP16 values are exact in FP32, see
+:data:`~mtemu.fp16.add_fp16_product`); accumulators are independent of each other and lanes of each
+other, so the order of the work changes no bit. ``tests/test_fused.py`` compares it with the
+instruction-by-instruction reference on random stretches.
+
+Hot loops index 2-D arrays, and flat memory with an unsigned index: array views cost reference
+counting per use, and a signed flat index (which may wrap around) keeps LLVM from vectorising.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import isa
+from .fp16 import add_fp16_product, widen_f16
+
+MIN_FUSED_TERMS = 16        # shorter stretches run instruction by instruction
+FUSE_DEPTH = 8              # terms added per pass over an accumulator's lanes (_add_terms8)
+# columns of the decoded instruction list (mtemu.blocks.decode_ops)
+O_OP, O_R0, O_R1, O_R2, O_IMM = 0, 1, 2, 3, 4
+O_FUSE_END = 5              # a fused stretch starts at this op and ends before op O_FUSE_END (0: none)
+O_FUSE_AT = 6               # where its record starts in the `fused` array
+N_OPCOLS = 7
+# A stretch record in the flat int64 `fused` array: a header of counts, then its sections
+#   loads    (base register, imm) per vldh, in order                  -> rows of widened lanes
+#   bcasts   (source, a, b, c) per svbcast, in order: source 0 = SM[s[a] + b], which the
+#            stretch's sldh number c loaded; 1 = scalar register a as it was on entry
+#   scalars  (register, base register, imm, sldh number): registers the stretch's sldh leave
+#   accs     (vector register, terms) in register order
+#   terms    (bcast, load) numbers, grouped by accumulator as `accs`, in program order within each
+#   finals   (vector register, kind, number): what a broadcast or loaded register holds at the end
+H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH = range(7)
+N_HEADER = 7
+_K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
+
+
+@njit(cache=True)
+def _scan(ops, i, vkind, sload):
+    """End and term count of the longest stretch starting at op i."""
+    n = ops.shape[0]
+    vkind[:] = _K_NONE
+    sload[:] = False
+    terms = 0
+    j = i
+    while j < n:
+        op = ops[j, O_OP]
+        r0 = ops[j, O_R0]
+        r1 = ops[j, O_R1]
+        if op == isa.OP_SLDH:
+            if sload[r1]:                       # an address from a register the stretch loaded
+                break
+            sload[r0] = True
+        elif op == isa.OP_SVBCAST:
+            if vkind[r0] == _K_ACC:
+                break
+            vkind[r0] = _K_BCAST
+        elif op == isa.OP_VLDH:
+            if vkind[r0] == _K_ACC or sload[r1]:
+                break
+            vkind[r0] = _K_LOAD
+        elif op == isa.OP_VFMA:
+            k1 = vkind[r1]
+            k2 = vkind[ops[j, O_R2]]
+            if not ((k1 == _K_BCAST and k2 == _K_LOAD) or (k1 == _K_LOAD and k2 == _K_BCAST)):
+                break
+            if vkind[r0] != _K_NONE and vkind[r0] != _K_ACC:
+                break
+            vkind[r0] = _K_ACC
+            terms += 1
+        else:
+            break
+        j += 1
+    return j, terms
+
+
+@njit(cache=True)
+def _compile(ops, i, j, nsregs, nvregs, out, at):
+    """Write the record of stretch [i, j) at ``out[at:]``; return where it ends."""
+    n = j - i
+    vkind = np.zeros(nvregs, np.int64)
+    vnum = np.zeros(nvregs, np.int64)
+    sload = np.full(nsregs, -1, np.int64)       # the op that last loaded a scalar register
+    snum = np.zeros(nsregs, np.int64)           # and its sldh number
+    tacc = np.empty(n, np.int64)
+    tb = np.empty(n, np.int64)
+    tl = np.empty(n, np.int64)
+    loads = np.empty((n, 2), np.int64)
+    bcasts = np.empty((n, 4), np.int64)
+    nl = 0
+    nb = 0
+    nt = 0
+    nsl = 0
+    for q in range(i, j):
+        op = ops[q, O_OP]
+        r0 = ops[q, O_R0]
+        r1 = ops[q, O_R1]
+        if op == isa.OP_SLDH:
+            sload[r0] = q
+            snum[r0] = nsl
+            nsl += 1
+        elif op == isa.OP_SVBCAST:
+            s = sload[r1]
+            if s >= 0:
+                bcasts[nb, 0] = 0
+                bcasts[nb, 1] = ops[s, O_R1]
+                bcasts[nb, 2] = ops[s, O_IMM]
+                bcasts[nb, 3] = snum[r1]
+            else:
+                bcasts[nb, 0] = 1
+                bcasts[nb, 1] = r1
+                bcasts[nb, 2] = 0
+                bcasts[nb, 3] = 0
+            vkind[r0] = _K_BCAST
+            vnum[r0] = nb
+            nb += 1
+        elif op == isa.OP_VLDH:
+            loads[nl, 0] = r1
+            loads[nl, 1] = ops[q, O_IMM]
+            vkind[r0] = _K_LOAD
+            vnum[r0] = nl
+            nl += 1
+        else:
+            r2 = ops[q, O_R2]
+            tacc[nt] = r0
+            if vkind[r1] == _K_BCAST:
+                tb[nt] = vnum[r1]
+                tl[nt] = vnum[r2]
+            else:
+                tb[nt] = vnum[r2]
+                tl[nt] = vnum[r1]
+            vkind[r0] = _K_ACC
+            nt += 1
+    p = at + N_HEADER
+    for q in range(nl):
+        out[p] = loads[q, 0]
+        out[p + 1] = loads[q, 1]
+        p += 2
+    for q in range(nb):
+        for f in range(4):
+            out[p + f] = bcasts[q, f]
+        p += 4
+    ns = 0
+    for r in range(nsregs):
+        s = sload[r]
+        if s >= 0:
+            out[p] = r
+            out[p + 1] = ops[s, O_R1]
+            out[p + 2] = ops[s, O_IMM]
+            out[p + 3] = snum[r]
+            p += 4
+            ns += 1
+    count = np.zeros(nvregs, np.int64)
+    for t in range(nt):
+        count[tacc[t]] += 1
+    na = 0
+    for r in range(nvregs):
+        if count[r] > 0:
+            out[p] = r
+            out[p + 1] = count[r]
+            p += 2
+            na += 1
+    for r in range(nvregs):
+        if count[r] == 0:
+            continue
+        for t in range(nt):
+            if tacc[t] == r:
+                out[p] = tb[t]
+                out[p + 1] = tl[t]
+                p += 2
+    nf = 0
+    for r in range(nvregs):
+        if vkind[r] == _K_BCAST or vkind[r] == _K_LOAD:
+            out[p] = r
+            out[p + 1] = vkind[r]
+            out[p + 2] = vnum[r]
+            p += 3
+            nf += 1
+    out[at + H_LOADS] = nl
+    out[at + H_BCASTS] = nb
+    out[at + H_SCALARS] = ns
+    out[at + H_ACCS] = na
+    out[at + H_TERMS] = nt
+    out[at + H_FINALS] = nf
+    out[at + H_SLDH] = nsl
+    return p
+
+
+@njit(cache=True)
+def mark_stretches(ops, nsregs, nvregs, min_terms):
+    """Mark the fused stretches in decoded ``ops`` (columns ``O_FUSE_*``) and return their records."""
+    n = ops.shape[0]
+    vkind = np.zeros(nvregs, np.int64)
+    sload = np.zeros(nsregs, np.bool_)
+    starts = []
+    ends = []
+    size = 0
+    i = 0
+    while i < n:
+        op = ops[i, O_OP]
+        if op != isa.OP_SLDH and op != isa.OP_SVBCAST and op != isa.OP_VLDH:
+            i += 1
+            continue
+        j, terms = _scan(ops, i, vkind, sload)
+        if terms >= min_terms:
+            starts.append(i)
+            ends.append(j)
+            # at most: 4 per op (bcast) or 2 (load) + 2 (term); 4 per scalar, 2 + 3 per vector register
+            size += N_HEADER + 4 * (j - i) + 4 * nsregs + 5 * nvregs
+            i = j
+        else:
+            i = max(j, i + 1)
+    out = np.zeros(max(size, 1), np.int64)
+    at = 0
+    for s in range(len(starts)):
+        ops[starts[s], O_FUSE_END] = ends[s]
+        ops[starts[s], O_FUSE_AT] = at
+        at = _compile(ops, starts[s], ends[s], nsregs, nvregs, out, at)
+    return out[:max(at, 1)].copy()
+
+
+@njit(cache=True)
+def run_fused(fused, at, sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, li):
+    """The stretch whose record starts at ``fused[at]``, on one DSP's scalar registers ``sr``, vector
+    registers ``v`` and deferred broadcasts ``on``/``val``: the same bits as instruction by instruction.
+
+    Its ``sldh`` read SM (``sm0``: the DSP's SM in ``mem16``), or, if ``loads`` is not empty, take
+    ``loads[li:]`` (what they read when the run was accepted). Returns the number of ``sldh`` done."""
+    nl = fused[at + H_LOADS]
+    nb = fused[at + H_BCASTS]
+    ns = fused[at + H_SCALARS]
+    na = fused[at + H_ACCS]
+    nf = fused[at + H_FINALS]
+    captured = loads.size > 0
+    p = at + N_HEADER
+    # the loaded rows, widened once (every base register holds its entry value throughout)
+    rows = np.empty((nl, lanes), np.float32)
+    for q in range(nl):
+        s0 = (am0 + sr[fused[p]] + fused[p + 1]) >> 1
+        for k in range(lanes):
+            rows[q, k] = widen_f16(mem16[np.uint64(s0 + k)])
+        p += 2
+    # the broadcast values
+    bval = np.empty(nb, np.float32)
+    for q in range(nb):
+        if fused[p] == 1:
+            bval[q] = f16tab[sr[fused[p + 1]] & 0xFFFF]
+        elif captured:
+            bval[q] = f16tab[loads[li + fused[p + 3]]]
+        else:
+            bval[q] = f16tab[mem16[(sm0 + sr[fused[p + 1]] + fused[p + 2]) >> 1]]
+        p += 4
+    # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
+    sv = np.empty(ns, np.int64)
+    for q in range(ns):
+        g = p + 4 * q
+        sv[q] = loads[li + fused[g + 3]] if captured else mem16[(sm0 + sr[fused[g + 1]] + fused[g + 2]) >> 1]
+    for q in range(ns):
+        sr[fused[p + 4 * q]] = sv[q]
+    p += 4 * ns
+    # the accumulators' terms, in rounds of FUSE_DEPTH terms per accumulator
+    pa = p
+    pt = pa + 2 * na
+    start = np.empty(na, np.int64)
+    stop = np.empty(na, np.int64)
+    for q in range(na):
+        r = fused[pa + 2 * q]
+        start[q] = pt
+        pt += 2 * fused[pa + 2 * q + 1]
+        stop[q] = pt
+        if on[r]:
+            for k in range(lanes):
+                v[r, k] = val[r]
+            on[r] = False
+    left = na
+    while left > 0:
+        left = 0
+        for q in range(na):
+            j = start[q]
+            if j >= stop[q]:
+                continue
+            r = fused[pa + 2 * q]
+            if j + 2 * FUSE_DEPTH <= stop[q]:
+                _add_terms8(v, r, rows, bval, fused, j, lanes)
+                j += 2 * FUSE_DEPTH
+            else:
+                while j < stop[q]:
+                    x = bval[fused[j]]
+                    w = fused[j + 1]
+                    for k in range(lanes):
+                        v[r, k] = add_fp16_product(v[r, k], x, rows[w, k])
+                    j += 2
+            start[q] = j
+            if j < stop[q]:
+                left += 1
+    # the vector registers it leaves: broadcasts stay deferred, loaded rows are written
+    p = pt
+    for _ in range(nf):
+        r = fused[p]
+        o = fused[p + 2]
+        if fused[p + 1] == _K_BCAST:
+            on[r] = True
+            val[r] = bval[o]
+        else:
+            for k in range(lanes):
+                v[r, k] = rows[o, k]
+            on[r] = False
+        p += 3
+    return fused[at + H_SLDH]
+
+
+@njit(cache=True)
+def _add_terms8(v, r, rows, bval, fused, j, lanes):
+    """v[r] += the eight terms at fused[j:j+16] (bcast, load), one after another, each sum rounded."""
+    x0, x1, x2, x3 = bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]]
+    x4, x5, x6, x7 = bval[fused[j + 8]], bval[fused[j + 10]], bval[fused[j + 12]], bval[fused[j + 14]]
+    w0, w1, w2, w3 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7]
+    w4, w5, w6, w7 = fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
+    for k in range(lanes):
+        s = add_fp16_product(v[r, k], x0, rows[w0, k])
+        s = add_fp16_product(s, x1, rows[w1, k])
+        s = add_fp16_product(s, x2, rows[w2, k])
+        s = add_fp16_product(s, x3, rows[w3, k])
+        s = add_fp16_product(s, x4, rows[w4, k])
+        s = add_fp16_product(s, x5, rows[w5, k])
+        s = add_fp16_product(s, x6, rows[w6, k])
+        v[r, k] = add_fp16_product(s, x7, rows[w7, k])

@@ -1,0 +1,197 @@
+"""Fused stretches (mtemu.fused) against the instruction-by-instruction reference, bit for bit.
+
+A stretch is the multiply-accumulate core of a run: scalar loads, broadcasts, vector loads and
+``vfma`` adding (broadcast) x (loaded vector) into accumulators nothing else in it touches.
+:func:`mtemu.fused.run_fused` compiles it once and runs it blocked (rows widened once, terms added
+eight at a time per accumulator, accumulators in rounds, one fused multiply-add per term). These
+tests build random stretches in the shapes a micro-kernel takes (and ones that break the rules in
+the middle), run them through ``run_plain`` (which fuses them) and through ``run_plain_reference``,
+and compare memory, scalar and vector registers bit for bit. Data are finite FP16 values including
+subnormals and signed zeros, with exponents wide enough that sums overflow to infinities (inf - inf
+gives the CPU's default NaN in both).
+"""
+import numpy as np
+import pytest
+from numba import njit
+
+from mtemu import isa
+from mtemu.blocks import decode_ops, run_plain, run_plain_reference
+from mtemu.fp16 import add_fp16_product
+from mtemu.fused import FUSE_DEPTH, MIN_FUSED_TERMS, O_FUSE_END
+from mtemu.machine import F16_TABLE
+
+LANES = 16
+SM_BYTES, AM_BYTES = 2048, 8192
+NV, NS = 24, 24
+BASES = np.array([0, SM_BYTES, 0, 0], np.int64)
+CAPS = np.array([SM_BYTES, AM_BYTES, 0, 0], np.int64)
+NO_LOADS = np.zeros(0, np.uint16)
+
+
+def _op(name: str, r0=0, r1=0, r2=0, imm=0) -> list[int]:
+    return [getattr(isa, "OP_" + name.upper()), r0, r1, r2, 0, imm, 0]
+
+
+def _finite_f16(rng, n: int) -> np.ndarray:
+    bits = rng.integers(0, 0x7C00, n).astype(np.uint16)
+    bits[rng.random(n) < 0.1] &= 0x03FF
+    return bits | (rng.integers(0, 2, n).astype(np.uint16) << 15)
+
+
+def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra: bool) -> list[list[int]]:
+    """A micro-kernel's body: per k, mr scalar loads (s8..) and broadcasts (v mr*nv ..), nv vector loads,
+    mr x nv vfma into accumulators v0..; optionally interleaved with the odd extra (a broadcast read
+    straight from an entry register, a reloaded broadcast register, a scalar load nobody reads)."""
+    ops = []
+    acc0, va0, vb0 = 0, mr * nv, mr * nv + mr
+    for kk in range(ks):
+        for r in range(mr):
+            ops.append(_op("sldh", 8 + r, 1, imm=2 * (r * ks + kk)))
+        for r in range(mr):
+            src = 4 + r % 4 if extra and rng.random() < 0.2 else 8 + r    # s4..s7: entry registers
+            ops.append(_op("svbcast", va0 + r, src))
+        for c in range(nv):
+            ops.append(_op("vldh", vb0 + c, 2, imm=2 * LANES * (kk * nv + c)))
+        if extra and rng.random() < 0.3:
+            ops.append(_op("sldh", 20, 3, imm=2 * int(rng.integers(0, 64))))
+        for r in range(mr):
+            for c in range(nv):
+                a, b = va0 + r, vb0 + c
+                ops.append(_op("vfma", acc0 + r * nv + c, *((b, a) if scalar_second else (a, b))))
+    return ops
+
+
+def _bundled(ops: list[list[int]], rng, per_bundle: int) -> np.ndarray:
+    """Instructions in order, up to ``per_bundle`` per bundle (units in slot order)."""
+    groups = []
+    i = 0
+    while i < len(ops):
+        k = int(rng.integers(1, per_bundle + 1))
+        groups.append(ops[i:i + k])
+        i += k
+    code = np.zeros((len(groups), isa.N_UNITS, isa.N_FIELDS), np.int64)
+    for q, group in enumerate(groups):
+        for u, ins in enumerate(group):
+            code[q, u] = ins
+    return code
+
+
+def _state(rng):
+    mem = _finite_f16(rng, (SM_BYTES + AM_BYTES) // 2)
+    sregs = np.zeros(NS, np.int64)
+    sregs[1] = 0                                         # SM base of the scalar loads
+    sregs[2] = int(rng.integers(0, 4)) * 2 * LANES       # AM base of the vector loads
+    sregs[3] = 256
+    sregs[4:8] = mem[rng.integers(0, mem.size, 4)]
+    vregs = mem[SM_BYTES // 2:SM_BYTES // 2 + NV * LANES].view(np.float16).astype(np.float32).reshape(1, NV, LANES)
+    return mem, sregs, vregs.copy()
+
+
+def _compare(code, p, e, rng, loads=False):
+    mem, sregs, vregs = _state(rng)
+    want = [x.copy() for x in (mem, sregs, vregs)]
+    run_plain_reference(0, p, e, code, want[1], want[2], want[0], F16_TABLE, BASES, CAPS, LANES)
+    ops, off, fused, _sld, _sld_off = decode_ops(code, NS, NV)
+    on, val = np.zeros((1, NV), np.bool_), np.zeros((1, NV), np.float32)
+    captured, li = NO_LOADS, 0
+    if loads:
+        # what the run's sldh read when it was accepted; SM then changes (a DMA), which must not matter
+        captured = _scalar_loads(code, p, e, mem, sregs.copy())
+        mem[:SM_BYTES // 2] = _finite_f16(rng, SM_BYTES // 2)
+        want[0][:SM_BYTES // 2] = mem[:SM_BYTES // 2]
+    run_plain(0, p, e, ops, off, fused, sregs, vregs, mem, mem.view(np.float32), F16_TABLE, BASES, CAPS, LANES,
+              on, val, captured, li)
+    for got, ref in zip((mem, sregs, vregs), want, strict=True):
+        assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
+    return ops
+
+
+def _scalar_loads(code, p, e, mem, sregs):
+    out = []
+    for q in range(p, e):
+        for u in range(isa.N_UNITS):
+            if code[q, u, 0] == isa.OP_SLDH:
+                x = int(mem[(int(sregs[code[q, u, 2]]) + int(code[q, u, 5])) // 2])
+                sregs[code[q, u, 1]] = x
+                out.append(x)
+    return np.array(out, np.uint16)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_micro_kernels_fuse_and_compute_alike(seed):
+    rng = np.random.default_rng(seed)
+    mr, nv = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    ks = int(rng.integers(2, 12))
+    body = _stretch_program(rng, mr, nv, ks, bool(rng.integers(0, 2)), bool(rng.integers(0, 2)))
+    # a prologue and epilogue the stretch may not take in: accumulators loaded and stored
+    pro = [_op("vldw", r, 3, imm=4 * LANES * r) for r in range(mr * nv)]
+    epi = [_op("vstw", 0, 3, r, imm=4 * LANES * r) for r in range(mr * nv)]
+    code = _bundled(pro + body + epi, rng, 3)
+    ops = _compare(code, 0, len(code), rng, loads=bool(seed % 2))
+    if mr * nv * ks >= MIN_FUSED_TERMS:
+        assert ops[:, O_FUSE_END].any()              # the path under test was taken
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_entering_or_leaving_in_the_middle_of_a_stretch(seed):
+    """A run that starts or ends inside a stretch runs that part instruction by instruction."""
+    rng = np.random.default_rng(100 + seed)
+    code = _bundled(_stretch_program(rng, 3, 2, 8, bool(seed % 2), True), rng, 2)
+    p = int(rng.integers(0, len(code) // 2))
+    e = int(rng.integers(p + 1, len(code) + 1))
+    _compare(code, p, e, rng, loads=bool(seed % 3 == 0))
+
+
+def _end_of_first_stretch(ops_list):
+    code = _bundled(ops_list, np.random.default_rng(0), 1)
+    ops = decode_ops(code, NS, NV)[0]
+    starts = np.flatnonzero(ops[:, O_FUSE_END])
+    return (int(starts[0]), int(ops[starts[0], O_FUSE_END])) if starts.size else None
+
+
+def _fmas(n, acc=0, a=10, b=11):
+    return [_op("svbcast", a, 4), _op("vldh", b, 2)] + [_op("vfma", acc + i % 4, a, b) for i in range(n)]
+
+
+def test_stretches_stop_where_the_rules_break():
+    n = MIN_FUSED_TERMS
+    assert _end_of_first_stretch(_fmas(n)) == (0, n + 2)
+    # an accumulator read as a source ends it (the vfma is not taken in)
+    assert _end_of_first_stretch(_fmas(n) + [_op("vfma", 5, 0, 11)] + _fmas(2)) == (0, n + 2)
+    # a broadcast into an accumulator ends it
+    assert _end_of_first_stretch(_fmas(n) + [_op("svbcast", 1, 4)]) == (0, n + 2)
+    # a load based on a register the stretch loaded ends it
+    assert _end_of_first_stretch(_fmas(n) + [_op("sldh", 2, 1), _op("vldh", 11, 2)]) == (0, n + 3)
+    # anything else ends it; too few terms: no stretch
+    assert _end_of_first_stretch(_fmas(n) + [_op("vstw", 0, 3, 0)]) == (0, n + 2)
+    assert _end_of_first_stretch(_fmas(n - 1)) is None
+
+
+@njit
+def _fused_form(acc, x, y):
+    return add_fp16_product(acc, x, y)
+
+
+@njit
+def _rounded_form(acc, x, y):
+    return acc + x * y
+
+
+def test_one_rounding_equals_two_for_products_of_fp16_values():
+    """acc + x*y with x, y FP16 values: the fused form equals product-then-sum, bit for bit, on every
+    FP16 pattern for x (NaNs, infinities, subnormals) against random y and FP32 accumulators."""
+    rng = np.random.default_rng(7)
+    xs = F16_TABLE                                       # all 65536 patterns, widened
+    for _ in range(8):
+        ys = F16_TABLE[rng.integers(0, 1 << 16, xs.size)]
+        accs = rng.integers(0, 1 << 32, xs.size, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        accs[::3] = (xs[::3] * ys[::3]) * -1             # exact cancellations
+        got = np.array([_fused_form(a, x, y) for a, x, y in zip(accs, xs, ys, strict=True)], np.float32)
+        want = np.array([_rounded_form(a, x, y) for a, x, y in zip(accs, xs, ys, strict=True)], np.float32)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_depth_and_minimum_are_what_the_docs_say():
+    assert FUSE_DEPTH == 8 and MIN_FUSED_TERMS == 16
