@@ -309,6 +309,7 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
 QUEUE = 64                  # runs and DMAs a DSP may have waiting
 # a waiting DMA's row of the queue's register copies: what it moves
 Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
+LOADS_BYTES = 64 << 20      # scalar-load values all DSPs' queues may hold
 PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GEMM run holds ~6600)
 # Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
 if numba.config.THREADING_LAYER == "default":
@@ -700,7 +701,8 @@ def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers:
     bc_on, bc_val): per DSP the queue of waiting work (count; per entry its run's PCs, or -1 for a
     DMA, and where its loads start; a copy of the scalar registers, or what a DMA moves; per class
     (space, start, end) of what it touches), the buffer of its runs' ``sldh`` values (room for QUEUE
-    of the longest run) and how much of it is used; per DSP the broadcast scratch of :func:`run_plain`."""
+    of the longest run, at most LOADS_BYTES in all unless one run needs more) and how much of it is
+    used; per DSP the broadcast scratch of :func:`run_plain`."""
     if tables is None:
         z = np.zeros(0, np.int64)
         return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64), np.zeros((0, QUEUE, nregs), np.int64),
@@ -708,9 +710,10 @@ def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers:
                 np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), z, z,
                 np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
     touches, ops, off, fused, sld, sld_off, longest = tables
+    room = max(longest, min(QUEUE * longest, LOADS_BYTES // (2 * dsps)))     # one run always fits
     return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE, 3), np.int64),
             np.zeros((dsps, QUEUE, nregs), np.int64), np.zeros((dsps, QUEUE, MAX_CLASSES, 3), np.int64),
-            np.zeros((dsps, QUEUE * longest), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, sld, sld_off,
+            np.zeros((dsps, room), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, sld, sld_off,
             np.zeros((dsps, vector_registers), np.bool_), np.zeros((dsps, vector_registers), np.float32))
 
 

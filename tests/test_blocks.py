@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtemu import isa
+from mtemu import blocks, isa
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.blocks import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
 from mtemu.errors import MachineError
@@ -282,6 +282,23 @@ def test_functional_gemms_equal_the_bundle_by_bundle_run(shape):
     full = functional_gemm(ar, SMALL, a, b, False)
     _same_run(functional_gemm(ar, SMALL, a, b, True), full)
     assert np.array_equal(full[1].view(np.float16).reshape(shape[0], shape[2]), reference_gemm_a_resident(a, b, 128))
+
+
+def test_tiny_queues_and_load_buffers_change_no_bit(monkeypatch):
+    """Queues of two entries and a scalar-load buffer of one run's loads: the waiting work runs far
+    more often (queue full, buffer full), and the product is the same."""
+    monkeypatch.setattr(blocks, "QUEUE", 2)
+    monkeypatch.setattr(blocks, "LOADS_BYTES", 0)
+    shape = (100, 200, 300)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(shape[:2]).astype(np.float16)
+    b = rng.standard_normal(shape[1:]).astype(np.float16)
+    for gp, want in ((build_gemm(*shape, GemmTiles(mg=48, k2=64, n2=64), SMALL), reference_gemm(a, b)),
+                     (build_a_resident(*shape, AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64), SMALL),
+                      reference_gemm_a_resident(a, b, 128))):
+        _same_run(functional_gemm(gp, SMALL, a, b, True), functional_gemm(gp, SMALL, a, b, False))
+        got = functional_gemm(gp, SMALL, a, b, True)[1]
+        assert np.array_equal(got.view(np.float16).reshape(shape[0], shape[2]), want)
 
 
 def test_functional_attention_equals_the_bundle_by_bundle_run(monkeypatch):
