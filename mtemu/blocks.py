@@ -485,9 +485,10 @@ def _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16
 def flush(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
           bc_val, threads):
     """Execute all waiting work (DSP by DSP in order; over threads if ``threads`` and more than one DSP waits)."""
-    if _busy_dsps(qn) == 0:
+    busy = _busy_dsps(qn)
+    if busy == 0:
         return
-    if threads and _busy_dsps(qn) > 1:
+    if threads and busy > 1:
         _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps,
                        lanes, bc_on, bc_val)
     else:

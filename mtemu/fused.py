@@ -177,14 +177,10 @@ def _compile(ops, i, j, nsregs, nvregs, out, at):
             out[p + 1] = count[r]
             p += 2
             na += 1
-    for r in range(nvregs):
-        if count[r] == 0:
-            continue
-        for t in range(nt):
-            if tacc[t] == r:
-                out[p] = tb[t]
-                out[p + 1] = tl[t]
-                p += 2
+    for t in np.argsort(tacc[:nt], kind="mergesort"):     # stable: program order per accumulator
+        out[p] = tb[t]
+        out[p + 1] = tl[t]
+        p += 2
     nf = 0
     for r in range(nvregs):
         if vkind[r] == _K_BCAST or vkind[r] == _K_LOAD:

@@ -392,21 +392,18 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         time[d] = t
                         return
                     if functional and rows > 0:
-                        if deferring and deferrable(mode, src_sp, dst_sp):
-                            # into AM: the data move waits, in order, with the runs of the DSP it writes
-                            for tg in range(dsps if mode == isa.DMA_BROADCAST else 1):
-                                tq = tg if mode == isa.DMA_BROADCAST else d
-                                tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
+                        # into AM, the data move waits, in order, with the runs of the DSP it writes
+                        wait = deferring and deferrable(mode, src_sp, dst_sp)
+                        for tg in range(dsps if mode == isa.DMA_BROADCAST else 1):
+                            tq = tg if mode == isa.DMA_BROADCAST else d
+                            tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
+                            if wait:
                                 defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
                                           dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_loads,
                                           dq_len, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
                                           threads)
-                        elif mode == isa.DMA_BROADCAST:
-                            for tg in range(dsps):
-                                tb, _c = _space_base_cap(dst_sp, tg, caps, bases)
+                            else:
                                 move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
-                        else:
-                            move(mem16, mem32, mode, sbase + sa, dbase + da, rows, rowb, sstr, dstr)
                     nbytes = rows * rowb
                     if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
                         srv = SRV_DDR
