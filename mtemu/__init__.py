@@ -33,8 +33,11 @@ def _jit_cache_dir() -> str:
     return base if Path(base).name == leaf else str(Path(base) / leaf)
 
 
-if "numba" not in sys.modules:
-    os.environ["NUMBA_CACHE_DIR"] = _jit_cache_dir()
+os.environ["NUMBA_CACHE_DIR"] = _jit_cache_dir()
+if "numba" in sys.modules:
+    # numba was imported first (a test module, a user's script): its config already read the
+    # variable, but it picks the folder when each jitted function is defined, which is below
+    sys.modules["numba"].config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
 
 # public name -> module that defines it, imported on first access
 _LAZY = {

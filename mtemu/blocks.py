@@ -344,7 +344,7 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
     while i < last:
         fe = ops[i, O_FUSE_END]
         if fe > i and fe <= last:
-            li += run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, li)
+            li += run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, sm0, am0, lanes, loads, li)
             i = fe
             continue
         op = ops[i, 0]

@@ -2,8 +2,9 @@
 
 Most of a GEMM micro-kernel's run (:mod:`mtemu.blocks`) is a *stretch* of ``sldh``, ``svbcast``,
 ``vldh`` and ``vfma`` in which every ``vfma`` adds (a broadcast FP16 scalar) x (an FP16 vector loaded
-in the stretch) to an accumulator that nothing else in the stretch reads or writes, and every address
-is based on a register the stretch does not load. Executed instruction by instruction, each ``vfma``
+in the stretch) to an accumulator that nothing else in the stretch reads or writes once it is one (it
+may start as a broadcast or a load of the stretch), and every address is based on a register the
+stretch does not load. Executed instruction by instruction, each ``vfma``
 reads and writes all its lanes in memory. :func:`mark_stretches` finds the stretches of a decoded
 instruction list and compiles each into a record of what is static (which loads, which broadcast
 sources, which terms per accumulator); :func:`run_fused` then
@@ -44,7 +45,9 @@ N_OPCOLS = 7
 #   bcasts   (source, a, b, c) per svbcast, in order: source 0 = SM[s[a] + b], which the
 #            stretch's sldh number c loaded; 1 = scalar register a as it was on entry
 #   scalars  (register, base register, imm, sldh number): registers the stretch's sldh leave
-#   accs     (vector register, terms) in register order
+#   accs     (vector register, terms, start kind, number) in register order: the accumulator starts from
+#            its value on entry (kind 0), or from a broadcast (_K_BCAST) or loaded row (_K_LOAD) the
+#            stretch put in it before its first term (a micro-kernel zeroing C by broadcasting s0)
 #   terms    (bcast, load) numbers, grouped by accumulator as `accs`, in program order within each
 #   finals   (vector register, kind, number): what a broadcast or loaded register holds at the end
 H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH = range(7)
@@ -81,9 +84,7 @@ def _scan(ops, i, vkind, sload):
             k2 = vkind[ops[j, O_R2]]
             if not ((k1 == _K_BCAST and k2 == _K_LOAD) or (k1 == _K_LOAD and k2 == _K_BCAST)):
                 break
-            if vkind[r0] != _K_NONE and vkind[r0] != _K_ACC:
-                break
-            vkind[r0] = _K_ACC
+            vkind[r0] = _K_ACC      # from its entry value, or the broadcast or row put in it here
             terms += 1
         else:
             break
@@ -99,6 +100,7 @@ def _compile(ops, i, j, nsregs, nvregs, out, at):
     vnum = np.zeros(nvregs, np.int64)
     sload = np.full(nsregs, -1, np.int64)       # the op that last loaded a scalar register
     snum = np.zeros(nsregs, np.int64)           # and its sldh number
+    init = np.zeros((nvregs, 2), np.int64)     # per accumulator: start kind, number
     tacc = np.empty(n, np.int64)
     tb = np.empty(n, np.int64)
     tl = np.empty(n, np.int64)
@@ -146,6 +148,9 @@ def _compile(ops, i, j, nsregs, nvregs, out, at):
             else:
                 tb[nt] = vnum[r2]
                 tl[nt] = vnum[r1]
+            if vkind[r0] == _K_BCAST or vkind[r0] == _K_LOAD:
+                init[r0, 0] = vkind[r0]
+                init[r0, 1] = vnum[r0]
             vkind[r0] = _K_ACC
             nt += 1
     p = at + N_HEADER
@@ -175,7 +180,9 @@ def _compile(ops, i, j, nsregs, nvregs, out, at):
         if count[r] > 0:
             out[p] = r
             out[p + 1] = count[r]
-            p += 2
+            out[p + 2] = init[r, 0]
+            out[p + 3] = init[r, 1]
+            p += 4
             na += 1
     for t in np.argsort(tacc[:nt], kind="mergesort"):     # stable: program order per accumulator
         out[p] = tb[t]
@@ -218,8 +225,8 @@ def mark_stretches(ops, nsregs, nvregs, min_terms):
         if terms >= min_terms:
             starts.append(i)
             ends.append(j)
-            # at most: 4 per op (bcast) or 2 (load) + 2 (term); 4 per scalar, 2 + 3 per vector register
-            size += N_HEADER + 4 * (j - i) + 4 * nsregs + 5 * nvregs
+            # at most: 4 per op (bcast) or 2 (load) + 2 (term); 4 per scalar, 4 + 3 per vector register
+            size += N_HEADER + 4 * (j - i) + 4 * nsregs + 7 * nvregs
             i = j
         else:
             i = max(j, i + 1)
@@ -233,7 +240,7 @@ def mark_stretches(ops, nsregs, nvregs, min_terms):
 
 
 @njit(cache=True)
-def run_fused(fused, at, sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, li):
+def run_fused(fused, at, sr, v, on, val, mem16, sm0, am0, lanes, loads, li):
     """The stretch whose record starts at ``fused[at]``, on one DSP's scalar registers ``sr``, vector
     registers ``v`` and deferred broadcasts ``on``/``val``: the same bits as instruction by instruction.
 
@@ -257,11 +264,11 @@ def run_fused(fused, at, sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, 
     bval = np.empty(nb, np.float32)
     for q in range(nb):
         if fused[p] == 1:
-            bval[q] = f16tab[sr[fused[p + 1]] & 0xFFFF]
+            bval[q] = widen_f16(np.uint16(sr[fused[p + 1]] & 0xFFFF))
         elif captured:
-            bval[q] = f16tab[loads[li + fused[p + 3]]]
+            bval[q] = widen_f16(loads[li + fused[p + 3]])
         else:
-            bval[q] = f16tab[mem16[(sm0 + sr[fused[p + 1]] + fused[p + 2]) >> 1]]
+            bval[q] = widen_f16(mem16[(sm0 + sr[fused[p + 1]] + fused[p + 2]) >> 1])
         p += 4
     # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
     sv = np.empty(ns, np.int64)
@@ -273,28 +280,54 @@ def run_fused(fused, at, sr, v, on, val, mem16, f16tab, sm0, am0, lanes, loads, 
     p += 4 * ns
     # the accumulators' terms, in rounds of FUSE_DEPTH terms per accumulator
     pa = p
-    pt = pa + 2 * na
+    pt = pa + 4 * na
     start = np.empty(na, np.int64)
     stop = np.empty(na, np.int64)
     for q in range(na):
-        r = fused[pa + 2 * q]
+        r = fused[pa + 4 * q]
         start[q] = pt
-        pt += 2 * fused[pa + 2 * q + 1]
+        pt += 2 * fused[pa + 4 * q + 1]
         stop[q] = pt
-        if on[r]:
+        kind = fused[pa + 4 * q + 2]
+        if kind == _K_BCAST:
+            x = bval[fused[pa + 4 * q + 3]]
+            for k in range(lanes):
+                v[r, k] = x
+        elif kind == _K_LOAD:
+            w = fused[pa + 4 * q + 3]
+            for k in range(lanes):
+                v[r, k] = rows[w, k]
+        elif on[r]:
             for k in range(lanes):
                 v[r, k] = val[r]
-            on[r] = False
+        on[r] = False
+    # a round gives every accumulator its next FUSE_DEPTH terms; one that adds to the same rows as a
+    # later one (a GEMM's rows of C) is done together with it (``done`` marks it for the round)
+    done = np.zeros(na, np.int64)
+    rnd = 0
     left = na
     while left > 0:
         left = 0
+        rnd += 1
         for q in range(na):
             j = start[q]
-            if j >= stop[q]:
+            if done[q] == rnd or j >= stop[q]:
+                if j < stop[q]:
+                    left += 1
                 continue
-            r = fused[pa + 2 * q]
+            r = fused[pa + 4 * q]
             if j + 2 * FUSE_DEPTH <= stop[q]:
-                _add_terms8(v, r, rows, bval, fused, j, lanes)
+                mate = -1
+                for o in range(q + 1, na):
+                    if done[o] != rnd and start[o] + 2 * FUSE_DEPTH <= stop[o] and _same_loads8(fused, j, start[o]):
+                        mate = o
+                        break
+                if mate >= 0:
+                    _add_terms8_pair(v, r, fused[pa + 4 * mate], rows, bval, fused, j, start[mate], lanes)
+                    start[mate] += 2 * FUSE_DEPTH
+                    done[mate] = rnd
+                else:
+                    _add_terms8(v, r, rows, bval, fused, j, lanes)
                 j += 2 * FUSE_DEPTH
             else:
                 while j < stop[q]:
@@ -338,3 +371,50 @@ def _add_terms8(v, r, rows, bval, fused, j, lanes):
         s = add_fp16_product(s, x5, rows[w5, k])
         s = add_fp16_product(s, x6, rows[w6, k])
         v[r, k] = add_fp16_product(s, x7, rows[w7, k])
+
+
+@njit(cache=True)
+def _same_loads8(fused, j, jq):
+    """Whether the eight terms at fused[j:j+16] and fused[jq:jq+16] add to the same loaded rows."""
+    for i in range(1, 2 * FUSE_DEPTH, 2):
+        if fused[j + i] != fused[jq + i]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _add_terms8_pair(v, r, q, rows, bval, fused, j, jq, lanes):
+    """:func:`_add_terms8` for accumulators r (terms at j) and q (at jq) over the same eight rows:
+    each row is read once for both, and the two sums are independent chains (twice the work in
+    flight per lane). Each accumulator's terms are still added one after another."""
+    x0, x1, x2, x3 = bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]]
+    x4, x5, x6, x7 = bval[fused[j + 8]], bval[fused[j + 10]], bval[fused[j + 12]], bval[fused[j + 14]]
+    y0, y1, y2, y3 = bval[fused[jq]], bval[fused[jq + 2]], bval[fused[jq + 4]], bval[fused[jq + 6]]
+    y4, y5, y6, y7 = bval[fused[jq + 8]], bval[fused[jq + 10]], bval[fused[jq + 12]], bval[fused[jq + 14]]
+    w0, w1, w2, w3 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7]
+    w4, w5, w6, w7 = fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
+    for k in range(lanes):
+        a = rows[w0, k]
+        s = add_fp16_product(v[r, k], x0, a)
+        t = add_fp16_product(v[q, k], y0, a)
+        a = rows[w1, k]
+        s = add_fp16_product(s, x1, a)
+        t = add_fp16_product(t, y1, a)
+        a = rows[w2, k]
+        s = add_fp16_product(s, x2, a)
+        t = add_fp16_product(t, y2, a)
+        a = rows[w3, k]
+        s = add_fp16_product(s, x3, a)
+        t = add_fp16_product(t, y3, a)
+        a = rows[w4, k]
+        s = add_fp16_product(s, x4, a)
+        t = add_fp16_product(t, y4, a)
+        a = rows[w5, k]
+        s = add_fp16_product(s, x5, a)
+        t = add_fp16_product(t, y5, a)
+        a = rows[w6, k]
+        s = add_fp16_product(s, x6, a)
+        t = add_fp16_product(t, y6, a)
+        a = rows[w7, k]
+        v[r, k] = add_fp16_product(s, x7, a)
+        v[q, k] = add_fp16_product(t, y7, a)

@@ -38,12 +38,25 @@ def _finite_f16(rng, n: int) -> np.ndarray:
     return bits | (rng.integers(0, 2, n).astype(np.uint16) << 15)
 
 
-def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra: bool) -> list[list[int]]:
+def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra: bool,
+                     starts: bool = False) -> list[list[int]]:
     """A micro-kernel's body: per k, mr scalar loads (s8..) and broadcasts (v mr*nv ..), nv vector loads,
     mr x nv vfma into accumulators v0..; optionally interleaved with the odd extra (a broadcast read
-    straight from an entry register, a reloaded broadcast register, a scalar load nobody reads)."""
+    straight from an entry register, a reloaded broadcast register, a scalar load nobody reads). With
+    ``starts``, each accumulator may first be set inside the body: broadcast from s0 (zeroing C, as the
+    pipelined GEMM does) or from an entry register, or loaded from AM, or left at its entry value."""
     ops = []
     acc0, va0, vb0 = 0, mr * nv, mr * nv + mr
+    if starts:
+        for r in range(mr * nv):
+            how = int(rng.integers(0, 4))
+            if how == 1:
+                ops.append(_op("svbcast", acc0 + r, 0))
+            elif how == 2:
+                ops.append(_op("svbcast", acc0 + r, 4 + r % 4))
+            elif how == 3:
+                ops.append(_op("vldh", acc0 + r, 2, imm=2 * LANES * int(rng.integers(0, 32))))
+        rng.shuffle(ops)
     for kk in range(ks):
         for r in range(mr):
             ops.append(_op("sldh", 8 + r, 1, imm=2 * (r * ks + kk)))
@@ -132,6 +145,21 @@ def test_random_micro_kernels_fuse_and_compute_alike(seed):
         assert ops[:, O_FUSE_END].any()              # the path under test was taken
 
 
+@pytest.mark.parametrize("seed", range(16))
+def test_accumulators_that_start_inside_the_stretch(seed):
+    """Accumulators broadcast (zeroed from s0) or loaded by the stretch before their first term start
+    from that value; the stretch takes them in."""
+    rng = np.random.default_rng(200 + seed)
+    mr, nv, ks = int(rng.integers(1, 5)), int(rng.integers(1, 4)), int(rng.integers(4, 12))
+    body = _stretch_program(rng, mr, nv, ks, bool(seed % 2), bool(seed % 3 == 0), starts=True)
+    epi = [_op("vstw", 0, 3, r, imm=4 * LANES * r) for r in range(mr * nv)]
+    code = _bundled(body + epi, rng, 3)
+    ops = _compare(code, 0, len(code), rng, loads=bool(seed % 2))
+    if mr * nv * ks >= MIN_FUSED_TERMS:
+        first = np.flatnonzero(ops[:, O_FUSE_END])
+        assert first.size and first[0] == 0         # one stretch from the first op
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_entering_or_leaving_in_the_middle_of_a_stretch(seed):
     """A run that starts or ends inside a stretch runs that part instruction by instruction."""
@@ -160,6 +188,9 @@ def test_stretches_stop_where_the_rules_break():
     assert _end_of_first_stretch(_fmas(n) + [_op("vfma", 5, 0, 11)] + _fmas(2)) == (0, n + 2)
     # a broadcast into an accumulator ends it
     assert _end_of_first_stretch(_fmas(n) + [_op("svbcast", 1, 4)]) == (0, n + 2)
+    # ... but an accumulator may start as a broadcast or a load the stretch made
+    starts = [_op("svbcast", 0, 0), _op("vldh", 1, 2, imm=64), _op("svbcast", 2, 5)]
+    assert _end_of_first_stretch(starts + _fmas(n)) == (0, n + 5)
     # a load based on a register the stretch loaded ends it
     assert _end_of_first_stretch(_fmas(n) + [_op("sldh", 2, 1), _op("vldh", 11, 2)]) == (0, n + 3)
     # anything else ends it; too few terms: no stretch

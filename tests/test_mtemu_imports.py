@@ -39,3 +39,18 @@ def test_public_names_listed_and_resolvable():
         assert getattr(mtemu, name) is not None
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = mtemu.no_such_name
+
+
+@pytest.mark.parametrize("numba_first", [False, True])
+def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
+    """The compiled machine inlines code from several files, and numba keys a function's cache on its
+    own file only; so mtemu caches in a folder named by the state of all of them, even when numba was
+    imported (and read NUMBA_CACHE_DIR) before mtemu was."""
+    first = "import numba; " if numba_first else ""
+    out = _python(f"import os; os.environ['NUMBA_CACHE_DIR'] = {str(tmp_path)!r}; {first}"
+                  "import mtemu, numba, os; leaf = os.path.basename(mtemu._jit_cache_dir()); "
+                  "assert leaf.startswith('mtemu-jit-'), leaf; "
+                  f"assert numba.config.CACHE_DIR == os.path.join({str(tmp_path)!r}, leaf), numba.config.CACHE_DIR; "
+                  "from mtemu import machine; path = machine._run._cache._cache_path; "
+                  "assert path.startswith(numba.config.CACHE_DIR), path")
+    assert out.returncode == 0, out.stderr
