@@ -442,14 +442,13 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
 
 
 @njit(cache=True)
-def _run_scalar(d, p, e, ops, sld, sld_off, sr, mem16, bases, caps, out, at):
-    """The scalar side of bundles [p, e): their ``sldh`` loads (rows ``sld`` of ``ops``), in order,
-    each value also written to ``out[at:]``."""
+def _run_scalar(d, p, e, sld, sld_off, sr, mem16, bases, caps, out, at):
+    """The scalar side of bundles [p, e): their ``sldh`` loads (rows of ``sld``: destination, base
+    register, offset), in order, each value also written to ``out[at:]``."""
     sm0 = bases[0] + d * caps[0]
     for j in range(sld_off[p], sld_off[e]):
-        i = sld[j]
-        x = mem16[(sm0 + sr[ops[i, 2]] + ops[i, 4]) >> 1]
-        sr[ops[i, 1]] = x
+        x = mem16[(sm0 + sr[sld[j, 1]] + sld[j, 2]) >> 1]
+        sr[sld[j, 0]] = x
         out[at] = x
         at += 1
 
@@ -564,7 +563,7 @@ def accept_data(d, p, e, ops, off, fused, sld, sld_off, sregs, vregs, mem16, mem
             qrange[d, i, j, 1] = base + lo[p, j]
             qrange[d, i, j, 2] = base + hi[p, j]
     qn[d] = i + 1
-    _run_scalar(d, p, e, ops, sld, sld_off, sregs[d], mem16, bases, caps, qloads[d], qlen[d])
+    _run_scalar(d, p, e, sld, sld_off, sregs[d], mem16, bases, caps, qloads[d], qlen[d])
     qlen[d] += nsld
 
 
@@ -668,7 +667,8 @@ def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_reg
     fuse end, fuse record) in bundle then unit order, empty slots and nops left out; bundle q's rows
     are ``ops[off[q]:off[q + 1]]``. Also ``fused``, the records of the fused stretches
     (:func:`mtemu.fused.mark_stretches`; register counts default to the largest register number used
-    + 1), and ``sld``, the rows that are ``sldh``, bundle q's being ``sld[sld_off[q]:sld_off[q + 1]]``.
+    + 1), and ``sld``, the ``sldh`` in order as (destination, base register, offset) rows, bundle q's
+    being ``sld[sld_off[q]:sld_off[q + 1]]`` (a compact table: the scalar side reads it for every run).
     Returns ``(ops, off, fused, sld, sld_off)``."""
     live = (code[:, :, isa.F_OP] != 0) & (code[:, :, isa.F_OP] != isa.OP_NOP)
     ops = np.zeros((int(live.sum()), N_OPCOLS), np.int64)
@@ -678,7 +678,7 @@ def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_reg
     off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(live.sum(axis=1), out=off[1:])
     loads = code[:, :, isa.F_OP] == isa.OP_SLDH
-    sld = np.flatnonzero(ops[:, 0] == isa.OP_SLDH).astype(np.int64)
+    sld = np.ascontiguousarray(ops[ops[:, 0] == isa.OP_SLDH][:, [O_R0, O_R0 + 1, O_IMM]])
     sld_off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(loads.sum(axis=1), out=sld_off[1:])
     return ops, off, fused, sld, sld_off
@@ -708,7 +708,7 @@ def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers:
         z = np.zeros(0, np.int64)
         return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64), np.zeros((0, QUEUE, nregs), np.int64),
                 np.zeros((0, QUEUE, MAX_CLASSES, 3), np.int64), np.zeros((0, 0), np.uint16), z,
-                np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), z, z,
+                np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), np.zeros((0, 3), np.int64), z,
                 np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
     touches, ops, off, fused, sld, sld_off, longest = tables
     room = max(longest, min(QUEUE * longest, LOADS_BYTES // (2 * dsps)))     # one run always fits

@@ -144,4 +144,4 @@ def test_decoded_ops_keep_bundle_and_unit_order():
     assert ops[:, :5].tolist() == [[isa.OP_VFMA, 3, 4, 5, 0], [isa.OP_VLDH, 1, 2, 0, 8], [isa.OP_SLDH, 6, 1, 0, 4]]
     assert not ops[:, 5:].any()                   # too short to fuse
     assert off.tolist() == [0, 2, 2, 3]
-    assert sld.tolist() == [2] and sld_off.tolist() == [0, 0, 0, 1]
+    assert sld.tolist() == [[6, 1, 4]] and sld_off.tolist() == [0, 0, 0, 1]
