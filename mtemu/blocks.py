@@ -295,10 +295,11 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
 # ------------------------------------------------------------------------------------------
 # A run's data effects touch only its DSP's registers, SM and AM, so they may wait in a queue per
 # DSP until something else looks at that state; a DMA whose data move writes only the DSP's AM waits
-# in the same queue. The scalar side runs at once: ``sldh`` is replayed on the real registers when
-# the run is accepted (so branches, addresses and later runs see its loads), and the values it read
-# are kept with the queued run, whose vector side replays them (on a copy of the registers taken at
-# acceptance) instead of reading SM again. So queued work reads and writes only its DSP's vector
+# in the same queue. The scalar side runs at once: the registers the run's ``sldh`` load get their
+# values when the run is accepted (so branches, addresses and later runs see them), and a copy of the
+# span of SM they read (one block copy, not a value per load) is kept with the queued run, whose
+# vector side reads its scalars from it (on a copy of the registers taken at acceptance) instead of
+# from SM, which a DMA may meanwhile rewrite. So queued work reads and writes only its DSP's vector
 # registers and AM, plus, for a queued DMA, its source. What must wait for it (:func:`must_flush`):
 # a bundle of the DSP that is not plain and touches vector registers or AM (or stores to SM, which
 # a queued DMA may read), and a DMA that does not wait whose source or destination overlaps a range
@@ -309,7 +310,8 @@ def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_laten
 QUEUE = 64                  # runs and DMAs a DSP may have waiting
 # a waiting DMA's row of the queue's register copies: what it moves
 Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
-LOADS_BYTES = 64 << 20      # scalar-load values all DSPs' queues may hold
+SM_COPY_BYTES = 4 << 20     # copies of SM all DSPs' queued runs may hold (more costs the host's
+                            # kernel zeroing untouched huge pages on every run)
 PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GEMM run holds ~6600)
 # Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
 if numba.config.THREADING_LAYER == "default":
@@ -323,7 +325,8 @@ def _fill(dst, x):
 
 
 @njit(cache=True)
-def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val, loads, li):
+def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val, smem,
+              sbase):
     """The data effects of bundles [p, e) of a run DSP d may skip, in order, on scalar registers
     ``sr`` (DSP d's, or a copy): the values the bundle-by-bundle path computes, faster.
 
@@ -331,9 +334,10 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
     ``bc_val``: DSP d's row all False on entry and exit): a ``vfma`` reading it multiplies by the
     scalar (the same FP32 product per lane), anything else that reads it, and the run's end, first
     writes the lanes. Vector loads widen FP16 with :func:`~mtemu.fp16.widen_f16`. Lane loops work on
-    1-D slices so LLVM vectorises them. Fused stretches (:mod:`mtemu.fused`) run blocked. ``sldh`` read
-    SM, or, if ``loads`` is not empty, take ``loads[li:]`` in order (what they read when the run was
-    accepted). :func:`run_plain_reference` is the plain statement of it."""
+    1-D slices so LLVM vectorises them. Fused stretches (:mod:`mtemu.fused`) run blocked. ``sldh`` of SM
+    address a read ``smem[(sbase + a) >> 1]``: DSP d's SM in ``mem16`` (``sbase`` its first byte), or the
+    copy of the SM it reads that was taken when the run was queued. :func:`run_plain_reference` is the
+    plain statement of it."""
     sm0 = bases[0] + d * caps[0]
     am0 = bases[1] + d * caps[1]
     v = vregs[d]
@@ -344,7 +348,7 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
     while i < last:
         fe = ops[i, O_FUSE_END]
         if fe > i and fe <= last:
-            li += run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, sm0, am0, lanes, loads, li)
+            run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, am0, lanes, smem, sbase)
             i = fe
             continue
         op = ops[i, 0]
@@ -390,11 +394,7 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
                 dst[k] = widen_f16(src[k])
             on[r0] = False
         elif op == isa.OP_SLDH:
-            if loads.size > 0:
-                sr[r0] = loads[li]
-                li += 1
-            else:
-                sr[r0] = mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1]
+            sr[r0] = smem[(sbase + sr[r1] + ops[i, 4]) >> 1]
         elif op == isa.OP_VLDW:
             i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
             src32 = mem32[i0:i0 + lanes]
@@ -442,22 +442,32 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
 
 
 @njit(cache=True)
-def _run_scalar(d, p, e, sld, sld_off, sr, mem16, bases, caps, out, at):
-    """The scalar side of bundles [p, e): their ``sldh`` loads (rows of ``sld``: destination, base
-    register, offset), in order, each value also written to ``out[at:]``."""
+def _scalar_exit(d, p, e, sld, sld_off, sr, mem16, bases, caps):
+    """The scalar registers bundles [p, e) leave: each register their ``sldh`` load holds what the last
+    of them read (``sld`` rows: destination, base register, offset). A run's addresses are never based
+    on a register it loads (:func:`build_blocks`), so every load is read before any is written."""
     sm0 = bases[0] + d * caps[0]
-    for j in range(sld_off[p], sld_off[e]):
-        x = mem16[(sm0 + sr[sld[j, 1]] + sld[j, 2]) >> 1]
-        sr[sld[j, 0]] = x
-        out[at] = x
-        at += 1
-
-
-_NO_LOADS = np.zeros(0, np.uint16)
+    j0 = sld_off[p]
+    n = sld_off[e] - j0
+    if n == 0:
+        return
+    done = np.zeros(sr.size, np.bool_)
+    regs = np.empty(min(n, sr.size), np.int64)
+    vals = np.empty(min(n, sr.size), np.int64)
+    m = 0
+    for j in range(j0 + n - 1, j0 - 1, -1):
+        r = sld[j, 0]
+        if not done[r]:
+            done[r] = True
+            regs[m] = r
+            vals[m] = mem16[(sm0 + sr[sld[j, 1]] + sld[j, 2]) >> 1]
+            m += 1
+    for q in range(m):
+        sr[regs[q]] = vals[q]
 
 
 @njit(cache=True)
-def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
               bc_on, bc_val):
     """Execute DSP d's waiting runs and DMA data moves, in order."""
     for i in range(qn[d]):
@@ -467,32 +477,32 @@ def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, 
                  g[Q_DST_STRIDE])
         else:
             run_plain(d, qitem[d, i, 0], qitem[d, i, 1], ops, off, fused, qregs[d, i], vregs, mem16, mem32, f16tab,
-                      bases, caps, lanes, bc_on, bc_val, qloads[d], qitem[d, i, 2])
+                      bases, caps, lanes, bc_on, bc_val, qsm[d], qitem[d, i, 2])
     qn[d] = 0
     qlen[d] = 0
 
 
 @njit(cache=True, parallel=True)
-def _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+def _flush_threads(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                    bc_on, bc_val):
     for d in prange(qn.shape[0]):     # DSPs touch disjoint registers, AM and queue rows
-        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                   bc_on, bc_val)
 
 
 @njit(cache=True)
-def flush(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
+def flush(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
           bc_val, threads):
     """Execute all waiting work (DSP by DSP in order; over threads if ``threads`` and more than one DSP waits)."""
     busy = _busy_dsps(qn)
     if busy == 0:
         return
     if threads and busy > 1:
-        _flush_threads(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps,
+        _flush_threads(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps,
                        lanes, bc_on, bc_val)
     else:
         for d in range(qn.shape[0]):
-            flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps,
+            flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps,
                       lanes, bc_on, bc_val)
 
 
@@ -517,7 +527,7 @@ def waiting_ops(off, qn, qitem):
 
 
 @njit(cache=True)
-def settle(d, need, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+def settle(d, need, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
            bc_on, bc_val, threads):
     """Execute the waiting work :func:`must_flush` asked for (``need``: 1 DSP d's, 2 every DSP's). With
     threads, DSP d's alone become everyone's once other DSPs wait too and PARALLEL_OPS instructions
@@ -526,33 +536,46 @@ def settle(d, need, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem1
     if need == 0:
         return
     if need == 1 and not (threads and _busy_dsps(qn) > 1 and waiting_ops(off, qn, qitem) >= PARALLEL_OPS):
-        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                   bc_on, bc_val)
     else:
-        flush(ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
+        flush(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
               bc_val, threads)
 
 
 @njit(cache=True)
 def accept_data(d, p, e, ops, off, fused, sld, sld_off, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, deltas,
-                creg, cmem, lo, hi, qn, qitem, qregs, qrange, qloads, qlen, bc_on, bc_val, threads):
-    """Functional mode, a run :func:`try_skip` accepted: queue it with the AM ranges it touches and
-    the values its ``sldh`` read (a run with scalar stores runs at once, after DSP d's waiting work;
-    a full queue or load buffer first lets the waiting work run)."""
+                creg, cmem, lo, hi, qn, qitem, qregs, qrange, qsm, qlen, bc_on, bc_val, threads):
+    """Functional mode, a run :func:`try_skip` accepted: queue it with the AM ranges it touches and a
+    copy of the SM its ``sldh`` read (the span of its SM classes; SM may be written before the run
+    executes), and leave DSP d's scalar registers as the run does. A run with scalar stores runs at once,
+    after DSP d's waiting work; a full queue or SM copy buffer first lets the waiting work run."""
+    sm0 = bases[0] + d * caps[0]
     if deltas[p, B_SSTH] > 0:
-        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                   bc_on, bc_val)
         run_plain(d, p, e, ops, off, fused, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
-                  _NO_LOADS, 0)
+                  mem16, sm0)
         return
-    nsld = sld_off[e] - sld_off[p]
-    if qn[d] == qitem.shape[1] or qlen[d] + nsld > qloads.shape[1]:
-        settle(d, 1, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+    slo = _FAR
+    shi = -_FAR
+    for j in range(MAX_CLASSES):
+        if lo[p, j] <= hi[p, j] and cmem[p, j] == C_SM:
+            base = sregs[d, creg[p, j]]
+            slo = min(slo, base + lo[p, j])
+            shi = max(shi, base + hi[p, j])
+    words = (shi - slo) >> 1 if slo < shi else 0
+    if qn[d] == qitem.shape[1] or qlen[d] + words > qsm.shape[1]:
+        settle(d, 1, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                bc_on, bc_val, threads)
     i = qn[d]
+    at = qlen[d]
     qitem[d, i, 0] = p
     qitem[d, i, 1] = e
-    qitem[d, i, 2] = qlen[d]
+    qitem[d, i, 2] = 2 * at - slo if words > 0 else 0     # SM byte a of the run is qsm[d, (this + a) >> 1]
+    for k in range(words):
+        qsm[d, at + k] = mem16[((sm0 + slo) >> 1) + k]
+    qlen[d] = at + words
     for r in range(sregs.shape[1]):
         qregs[d, i, r] = sregs[d, r]
     for j in range(MAX_CLASSES):
@@ -563,8 +586,7 @@ def accept_data(d, p, e, ops, off, fused, sld, sld_off, sregs, vregs, mem16, mem
             qrange[d, i, j, 1] = base + lo[p, j]
             qrange[d, i, j, 2] = base + hi[p, j]
     qn[d] = i + 1
-    _run_scalar(d, p, e, sld, sld_off, sregs[d], mem16, bases, caps, qloads[d], qlen[d])
-    qlen[d] += nsld
+    _scalar_exit(d, p, e, sld, sld_off, sregs[d], mem16, bases, caps)
 
 
 @njit(cache=True)
@@ -578,17 +600,17 @@ def deferrable(mode, src_space, dst_space):
 
 @njit(cache=True)
 def defer_dma(d, mode, src_space, sa, sext, sbase, dst_space, da, dext, dbase, rows, row_bytes, src_stride, dst_stride,
-              ops, off, fused, qn, qitem, qregs, qrange, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+              ops, off, fused, qn, qitem, qregs, qrange, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
               bc_on, bc_val, threads):
     """Queue, for DSP d, the data move into its AM of a checked DMA that :func:`deferrable` allows, with
     the ranges it writes (d's AM) and reads (d's SM or AM, GSM or DDR)."""
     if qn[d] == qitem.shape[1]:
-        settle(d, 1, ops, off, fused, qn, qitem, qregs, qloads, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+        settle(d, 1, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                bc_on, bc_val, threads)
     i = qn[d]
     qitem[d, i, 0] = -1
     qitem[d, i, 1] = -1
-    qitem[d, i, 2] = qlen[d]
+    qitem[d, i, 2] = 0
     g = qregs[d, i]
     g[Q_MODE] = mode
     g[Q_SRC] = sbase + sa
@@ -684,34 +706,30 @@ def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_reg
     return ops, off, fused, sld, sld_off
 
 
-def defer_tables(code: np.ndarray, nregs: int, vector_registers: int, end: np.ndarray) -> tuple:
+def defer_tables(code: np.ndarray, nregs: int, vector_registers: int) -> tuple:
     """The static part of deferring, computed once per linked program: ``(touches, ops, off, fused, sld,
-    sld_off, longest)``: per PC whether a bundle touches what waiting work holds, :func:`decode_ops`'s
-    tables, and the most ``sldh`` of any run (``end``: the runs' ends, :func:`build_blocks`)."""
+    sld_off)``: per PC whether a bundle touches what waiting work holds, and :func:`decode_ops`'s tables."""
     touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
-    ops, off, fused, sld, sld_off = decode_ops(code, nregs, vector_registers)
-    longest = 1
-    if end.size:
-        longest = max(1, int((sld_off[np.maximum(end, np.arange(end.size))] - sld_off[:-1]).max()))
-    return touches, ops, off, fused, sld, sld_off, longest
+    return (touches, *decode_ops(code, nregs, vector_registers))
 
 
-def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers: int) -> tuple[np.ndarray, ...]:
+def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers: int, sm_bytes: int
+                  ) -> tuple[np.ndarray, ...]:
     """The machine's deferring arguments for one run, from :func:`defer_tables` (None: deferring off,
-    zero-length arrays): (touches, qn, qitem, qregs, qrange, qloads, qlen, ops, off, fused, sld, sld_off,
+    zero-length arrays): (touches, qn, qitem, qregs, qrange, qsm, qlen, ops, off, fused, sld, sld_off,
     bc_on, bc_val): per DSP the queue of waiting work (count; per entry its run's PCs, or -1 for a
-    DMA, and where its loads start; a copy of the scalar registers, or what a DMA moves; per class
-    (space, start, end) of what it touches), the buffer of its runs' ``sldh`` values (room for QUEUE
-    of the longest run, at most LOADS_BYTES in all unless one run needs more) and how much of it is
-    used; per DSP the broadcast scratch of :func:`run_plain`."""
+    DMA, and where its SM copy sits; a copy of the scalar registers, or what a DMA moves; per class
+    (space, start, end) of what it touches), the buffer of its runs' SM copies (SM_COPY_BYTES in all,
+    but always room for one whole SM) and how much of it is used; per DSP the broadcast
+    scratch of :func:`run_plain`."""
     if tables is None:
         z = np.zeros(0, np.int64)
         return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64), np.zeros((0, QUEUE, nregs), np.int64),
                 np.zeros((0, QUEUE, MAX_CLASSES, 3), np.int64), np.zeros((0, 0), np.uint16), z,
                 np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), np.zeros((0, 3), np.int64), z,
                 np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
-    touches, ops, off, fused, sld, sld_off, longest = tables
-    room = max(longest, min(QUEUE * longest, LOADS_BYTES // (2 * dsps)))     # one run always fits
+    touches, ops, off, fused, sld, sld_off = tables
+    room = max(sm_bytes // 2, SM_COPY_BYTES // (2 * dsps))     # one run always fits
     return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE, 3), np.int64),
             np.zeros((dsps, QUEUE, nregs), np.int64), np.zeros((dsps, QUEUE, MAX_CLASSES, 3), np.int64),
             np.zeros((dsps, room), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, sld, sld_off,

@@ -10,8 +10,8 @@ instruction list and compiles each into a record of what is static (which loads,
 sources, which terms per accumulator); :func:`run_fused` then
 
 1. widens each loaded row once (AM does not change inside a stretch: it has no stores),
-2. reads each broadcast value (from SM, or the scalar a run's ``sldh`` captured when it was
-   accepted, or a register as it was on entry),
+2. reads each broadcast value (from SM, or the copy of SM taken when the run was queued, or a
+   register as it was on entry),
 3. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
    rounds in which every accumulator takes its next terms (accumulators that share loaded rows, a
    GEMM's rows of C, reuse them while they are in the L1 cache),
@@ -240,18 +240,17 @@ def mark_stretches(ops, nsregs, nvregs, min_terms):
 
 
 @njit(cache=True)
-def run_fused(fused, at, sr, v, on, val, mem16, sm0, am0, lanes, loads, li):
+def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     """The stretch whose record starts at ``fused[at]``, on one DSP's scalar registers ``sr``, vector
     registers ``v`` and deferred broadcasts ``on``/``val``: the same bits as instruction by instruction.
 
-    Its ``sldh`` read SM (``sm0``: the DSP's SM in ``mem16``), or, if ``loads`` is not empty, take
-    ``loads[li:]`` (what they read when the run was accepted). Returns the number of ``sldh`` done."""
+    Its vector loads read AM (``am0``: the DSP's AM in ``mem16``); its ``sldh`` of SM address a read
+    ``smem[(sbase + a) >> 1]`` (the DSP's SM, or the copy of it taken when the run was queued)."""
     nl = fused[at + H_LOADS]
     nb = fused[at + H_BCASTS]
     ns = fused[at + H_SCALARS]
     na = fused[at + H_ACCS]
     nf = fused[at + H_FINALS]
-    captured = loads.size > 0
     p = at + N_HEADER
     # the loaded rows, widened once (every base register holds its entry value throughout)
     rows = np.empty((nl, lanes), np.float32)
@@ -265,16 +264,14 @@ def run_fused(fused, at, sr, v, on, val, mem16, sm0, am0, lanes, loads, li):
     for q in range(nb):
         if fused[p] == 1:
             bval[q] = widen_f16(np.uint16(sr[fused[p + 1]] & 0xFFFF))
-        elif captured:
-            bval[q] = widen_f16(loads[li + fused[p + 3]])
         else:
-            bval[q] = widen_f16(mem16[(sm0 + sr[fused[p + 1]] + fused[p + 2]) >> 1])
+            bval[q] = widen_f16(smem[(sbase + sr[fused[p + 1]] + fused[p + 2]) >> 1])
         p += 4
     # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
     sv = np.empty(ns, np.int64)
     for q in range(ns):
         g = p + 4 * q
-        sv[q] = loads[li + fused[g + 3]] if captured else mem16[(sm0 + sr[fused[g + 1]] + fused[g + 2]) >> 1]
+        sv[q] = smem[(sbase + sr[fused[g + 1]] + fused[g + 2]) >> 1]
     for q in range(ns):
         sr[fused[p + 4 * q]] = sv[q]
     p += 4 * ns
@@ -352,7 +349,6 @@ def run_fused(fused, at, sr, v, on, val, mem16, sm0, am0, lanes, loads, li):
                 v[r, k] = rows[o, k]
             on[r] = False
         p += 3
-    return fused[at + H_SLDH]
 
 
 @njit(cache=True)

@@ -137,7 +137,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
          tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
          blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_loads, dq_len, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off,
+         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off,
          bc_on, bc_val, threads,
          time, pc, state, chan, srv_free, ctl):
     """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
@@ -230,7 +230,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if functional:
                         accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off, sregs, vregs, mem16, mem32,
                                     f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
-                                    dq_n, dq_item, dq_regs, dq_range, dq_loads, dq_len, bc_on, bc_val, threads)
+                                    dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, bc_on, bc_val, threads)
                     t += e - p
                     p = e
                     continue
@@ -250,7 +250,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
             if deferring:
                 # after the yield: the DSPs behind have queued their work too, so it can run in parallel
                 need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
-                settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_loads, dq_len, vregs, mem16, mem32,
+                settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32,
                        f16tab, bases, caps, lanes, bc_on, bc_val, threads)
             next_p = p + 1
             extra = np.int64(0)
@@ -399,7 +399,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                             tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
                             if wait:
                                 defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
-                                          dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_loads,
+                                          dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_sm,
                                           dq_len, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
                                           threads)
                             else:
@@ -509,7 +509,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
         time[d] = t
         pc[d] = p
     if deferring:
-        flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_loads, dq_len, vregs, mem16, mem32, f16tab, bases,
+        flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32, f16tab, bases,
               caps, lanes, bc_on, bc_val, threads)
     ctl[C_DONE] = 1
     for i in range(dsps):
@@ -708,7 +708,7 @@ class Cluster:
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
         lanes = p.vector_lanes if self.functional else 1
-        defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers)
+        defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
         run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
@@ -781,7 +781,7 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
         seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
         blocks = build_blocks(code, seg_end, lanes, functional)
         if functional:
-            tables = defer_tables(code, p.scalar_registers, p.vector_registers, blocks[0])
+            tables = defer_tables(code, p.scalar_registers, p.vector_registers)
     else:
         blocks = empty_blocks()
     prepared = (code, descs, lo, hi, desc_off, blocks, tables)

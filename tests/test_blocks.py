@@ -284,11 +284,11 @@ def test_functional_gemms_equal_the_bundle_by_bundle_run(shape):
     assert np.array_equal(full[1].view(np.float16).reshape(shape[0], shape[2]), reference_gemm_a_resident(a, b, 128))
 
 
-def test_tiny_queues_and_load_buffers_change_no_bit(monkeypatch):
-    """Queues of two entries and a scalar-load buffer of one run's loads: the waiting work runs far
-    more often (queue full, buffer full), and the product is the same."""
+def test_tiny_queues_and_sm_copy_buffers_change_no_bit(monkeypatch):
+    """Queues of two entries and an SM copy buffer of one SM per DSP: the waiting work runs far more
+    often (queue full, buffer full), and the product is the same."""
     monkeypatch.setattr(blocks, "QUEUE", 2)
-    monkeypatch.setattr(blocks, "LOADS_BYTES", 0)
+    monkeypatch.setattr(blocks, "SM_COPY_BYTES", 0)
     shape = (100, 200, 300)
     rng = np.random.default_rng(3)
     a = rng.standard_normal(shape[:2]).astype(np.float16)
