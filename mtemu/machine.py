@@ -835,15 +835,53 @@ _TARGET_OPS = _opcode_set(isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL)
 _SCALAR_WRITE_OPS = _opcode_set(isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH)
 
 
+@njit(cache=True)
+def _raw_ok(code, ndesc, allowed, limits, addressing, targets, scalar_writes):
+    """Whether ``code`` passes every check of :func:`_validate_raw` (one pass, no temporaries); when it
+    does not, the checks run again to name the first problem."""
+    halt = code.shape[0] == 0
+    for b in range(code.shape[0]):
+        for u in range(code.shape[1]):
+            op = code[b, u, isa.F_OP]
+            if op < 0 or op >= allowed.shape[0] or not allowed[op, u]:
+                return False
+            for f in range(4):
+                lim = limits[op, f]
+                x = code[b, u, isa.F_R0 + f]
+                if lim >= 0 and (x < 0 or x >= lim):
+                    return False
+            imm = code[b, u, isa.F_IMM0]
+            if op == isa.OP_NOP and imm != isa.ST_LATENCY and imm != isa.ST_BRANCH:
+                return False
+            if addressing[op]:
+                imm1 = code[b, u, isa.F_IMM1]
+                if imm > MAX_ADDRESS_IMM or imm < -MAX_ADDRESS_IMM or imm1 > MAX_ADDRESS_IMM \
+                        or imm1 < -MAX_ADDRESS_IMM:
+                    return False
+            if op == isa.OP_DMA and (code[b, u, isa.F_R1] < 0 or code[b, u, isa.F_R1] >= ndesc):
+                return False
+            if targets[op] and (imm < 0 or imm >= max(code.shape[0], 1)):
+                return False
+            if scalar_writes[op] and code[b, u, isa.F_R0] == 0:
+                return False
+            if op == isa.OP_HALT:
+                halt = True
+    return halt
+
+
 def _validate_raw(prog: Program, p: Platform) -> None:
-    """Cheap vectorised checks so that a hand-made array cannot index outside the machine."""
+    """Checks so that a hand-made array cannot index outside the machine: one jitted pass
+    (:func:`_raw_ok`), then, only if it fails, vectorised checks that name the first problem."""
     code = prog.code
+    allowed, limits = _operand_rules(p)
+    if p.dma_channels <= 64 and _raw_ok(code, prog.descriptors.shape[0], allowed, limits, _ADDRESSING_OPS,
+                                        _TARGET_OPS, _SCALAR_WRITE_OPS):
+        return
     ops = code[:, :, isa.F_OP]
     bad = (ops < 0) | (ops >= isa.N_OPCODES)
     if bad.any():
         b, u = np.argwhere(bad)[0]
         raise MachineError(f"bundle {b}, unit {isa.UNITS[u]}: unknown opcode {ops[b, u]}")
-    allowed, limits = _operand_rules(p)
     lim = limits[ops]                                  # (bundles, units, r0..r3)
     vals = code[:, :, isa.F_R0:isa.F_R0 + 4]
     if not allowed[ops, np.arange(isa.N_UNITS)].all() or ((lim >= 0) & ((vals < 0) | (vals >= lim))).any():

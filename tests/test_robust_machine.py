@@ -9,7 +9,7 @@ import mtemu.machine as machine
 from mtemu import isa
 from mtemu.assembler import parse
 from mtemu.errors import AssemblyError, MachineError, PlatformError
-from mtemu.kernels.gemm import gemm_timing
+from mtemu.kernels.gemm import GemmTiles, build_gemm, gemm_timing
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT, Platform
 
@@ -155,3 +155,44 @@ def test_initial_registers_are_checked():
     with pytest.raises(MachineError, match="DSP 5"):
         Cluster(ONE, ddr_bytes=0).run([prog], init_sregs={5: {1: 0}})
     assert isinstance(Platform(), Platform) and np.int64(0) == 0
+
+
+
+_GEMM = build_gemm(48, 64, 64, GemmTiles(mg=48, k2=64, n2=64), DEFAULT).program     # every kind of op
+_VALID = type(_GEMM)(_GEMM.code.copy(), _GEMM.descriptors, dict(_GEMM.labels), list(_GEMM.descriptor_names))
+_VALID.code[0, isa.SBR] = [isa.OP_NOP, 0, 0, 0, 0, isa.ST_BRANCH, 0]                 # and a nop
+_VALUES = (-1, 0, 1, 2, 3, 7, 63, 64, 65, 200, isa.N_OPCODES, isa.OP_HALT, isa.OP_NOP, isa.OP_DMA, isa.OP_SLDH,
+           isa.OP_BR, _VALID.bundles, 1 << 20, -(1 << 20))
+
+
+def _named_checks_pass(prog) -> bool:
+    original = machine._raw_ok
+    machine._raw_ok = lambda *args: False          # the named checks alone
+    try:
+        machine._validate_raw(prog, DEFAULT)
+        return True
+    except MachineError:
+        return False
+    finally:
+        machine._raw_ok = original
+
+
+def test_the_one_pass_check_refuses_exactly_what_the_named_checks_refuse():
+    """The machine first checks raw code in one jitted pass and names a problem with the vectorised
+    checks only when that pass fails: both must refuse the same programs. Every field of one slot of
+    each opcode in a GEMM's program (and of an empty slot) is set to each of a set of edge values."""
+    allowed, limits = machine._operand_rules(DEFAULT)
+    ops = _VALID.code[:, :, isa.F_OP]
+    slots = [tuple(np.argwhere(ops == op)[0]) for op in np.unique(ops)]
+    refused = 0
+    for b, u in slots:
+        for f in range(isa.N_FIELDS):
+            for value in _VALUES:
+                code = _VALID.code.copy()
+                code[b, u, f] = value
+                prog = type(_VALID)(code, _VALID.descriptors, dict(_VALID.labels), list(_VALID.descriptor_names))
+                fast = machine._raw_ok(code, prog.descriptors.shape[0], allowed, limits, machine._ADDRESSING_OPS,
+                                       machine._TARGET_OPS, machine._SCALAR_WRITE_OPS)
+                assert fast == _named_checks_pass(prog), (int(ops[b, u]), f, value)
+                refused += not fast
+    assert len(slots) > 10 and refused > 100          # the edge values do reach the checks
