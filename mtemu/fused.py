@@ -261,12 +261,13 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
         p += 2
     # the broadcast values
     bval = np.empty(nb, np.float32)
+    bc = fused[p:p + 4 * nb].reshape(nb, 4)       # (one view per stretch; unsigned indices below)
     for q in range(nb):
-        if fused[p] == 1:
-            bval[q] = widen_f16(np.uint16(sr[fused[p + 1]] & 0xFFFF))
+        if bc[q, 0] == 1:
+            bval[q] = widen_f16(np.uint16(sr[bc[q, 1]] & 0xFFFF))
         else:
-            bval[q] = widen_f16(smem[(sbase + sr[fused[p + 1]] + fused[p + 2]) >> 1])
-        p += 4
+            bval[q] = widen_f16(smem[np.uint64(sbase + sr[bc[q, 1]] + bc[q, 2]) >> np.uint64(1)])
+    p += 4 * nb
     # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
     sv = np.empty(ns, np.int64)
     for q in range(ns):
