@@ -313,9 +313,14 @@ Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
 SM_COPY_BYTES = 4 << 20     # copies of SM all DSPs' queued runs may hold (more costs the host's
                             # kernel zeroing untouched huge pages on every run)
 PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GEMM run holds ~6600)
-# Numba's fork-safe threading layer (the tuner forks workers); launches come from one thread.
+# Threading layer: OpenMP where the host has it, else Numba's own work queue (launches come from one
+# thread). Between two flushes the machine's loop runs alone, and on a virtual machine an idle core
+# sleeps: the work queue's threads then start a flush milliseconds late (measured: a third of the
+# cores' time lost), where OpenMP's threads spin briefly before they sleep (a 1024^3 functional GEMM
+# about 25 % faster on 2 cores). GNU OpenMP is not fork-safe: a process that has launched it must
+# start workers by spawning (mtemu.tune does). A user's choice (NUMBA_THREADING_LAYER) is kept.
 if numba.config.THREADING_LAYER == "default":
-    numba.config.THREADING_LAYER = "workqueue"
+    numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
 
 
 @njit(cache=True)

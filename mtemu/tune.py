@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numba
 import numpy as np
 
 from rtcommon.cache import check_fields, read_json_cache, write_json_cache
@@ -353,7 +355,7 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
             step("")
             yield i, res
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
         futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
         try:
             for f in done_order(futures):
@@ -363,6 +365,16 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
         finally:
             for f in futures:
                 f.cancel()
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """Forked workers, unless this process has launched GNU OpenMP threads (a functional emulation
+    did, mtemu.blocks): a forked child could not launch them again, so the workers are spawned."""
+    try:
+        layer = numba.threading_layer()
+    except ValueError:              # no parallel launch yet in this process
+        layer = ""
+    return multiprocessing.get_context("spawn" if layer == "omp" else None)
 
 
 def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str, str], base_grid: dict) -> None:

@@ -12,9 +12,11 @@ patterns (NaN payloads) are checked on conversions alone.
 import numpy as np
 import pytest
 
+import mtemu
 from mtemu import isa
 from mtemu.blocks import decode_ops, run_plain, run_plain_reference
 from mtemu.machine import F16_TABLE
+from mtemu.tune import map_jobs
 
 LANES = 16
 SM_BYTES, AM_BYTES = 1024, 4096
@@ -144,3 +146,17 @@ def test_decoded_ops_keep_bundle_and_unit_order():
     assert not ops[:, 5:].any()                   # too short to fuse
     assert off.tolist() == [0, 2, 2, 3]
     assert sld.tolist() == [[6, 1, 4]] and sld_off.tolist() == [0, 0, 0, 1]
+
+
+def _functional_product(n: int) -> bytes:
+    """A functional GEMM (its waiting work runs over threads): what a tuner worker may be asked to do."""
+    a = np.ones((n, n), np.float16)
+    return mtemu.run_gemm(a, a).c.tobytes()
+
+
+def test_workers_started_after_a_functional_run_can_run_one_too():
+    """A functional run launches the threading layer's threads (GNU OpenMP where present, which a
+    forked child could not launch again): the tuner's local workers still run functional work."""
+    want = _functional_product(384)                 # its waiting work ran over threads: launched
+    got = dict(map_jobs([384, 384], 2, None, lambda note: None, fn=_functional_product))
+    assert got == {0: want, 1: want}
