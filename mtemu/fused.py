@@ -9,13 +9,15 @@ reads and writes all its lanes in memory. :func:`mark_stretches` finds the stret
 instruction list and compiles each into a record of what is static (which loads, which broadcast
 sources, which terms per accumulator); :func:`run_fused` then
 
-1. widens each loaded row once (AM does not change inside a stretch: it has no stores),
-2. reads each broadcast value (from SM, or the copy of SM taken when the run was queued, or a
+1. reads each broadcast value (from SM, or the copy of SM taken when the run was queued, or a
    register as it was on entry),
-3. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
-   rounds in which every accumulator takes its next terms (accumulators that share loaded rows, a
-   GEMM's rows of C, reuse them while they are in the L1 cache),
-4. leaves the scalar and vector registers as the instructions would.
+2. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
+   rounds in which every accumulator takes its next terms (two accumulators that share loaded rows,
+   a GEMM's rows of C, in one pass), following a schedule fixed when the record is compiled
+   (:func:`_schedule`) that widens each loaded row once, just before its first use, into a slot
+   freed by a row no longer read (AM does not change inside a stretch: it has no stores), so the
+   rows in use stay in the L1 cache (a 1024^3 GEMM's stretch of 512 rows uses 16 slots),
+3. leaves the scalar and vector registers as the instructions would.
 
 Every sum is rounded to FP32 as before (products of FP16 values are exact in FP32, see
 :data:`~mtemu.fp16.add_fp16_product`); accumulators are independent of each other and lanes of each
@@ -50,9 +52,16 @@ N_OPCOLS = 7
 #            stretch put in it before its first term (a micro-kernel zeroing C by broadcasting s0)
 #   terms    (bcast, load) numbers, grouped by accumulator as `accs`, in program order within each
 #   finals   (vector register, kind, number): what a broadcast or loaded register holds at the end
-H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH = range(7)
-N_HEADER = 7
+#   steps    (kind, a, b, c, d) per step of the static schedule (_schedule), which widens each row into
+#            a slot just before its first use and frees the slot after its last, so the rows in use stay
+#            in the host's L1 cache; from then on the load numbers of accs, terms and finals are slots
+H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH, H_STEPS, H_SLOTS = range(9)
+N_HEADER = 9
 _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
+# schedule steps: widen load a into slot b | terms of accumulator(s) (at record-relative offsets) |
+# set the accumulators' start values
+S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT = 0, 1, 2, 3, 4
+N_STEP = 5
 
 
 @njit(cache=True)
@@ -203,7 +212,146 @@ def _compile(ops, i, j, nsregs, nvregs, out, at):
     out[at + H_TERMS] = nt
     out[at + H_FINALS] = nf
     out[at + H_SLDH] = nsl
-    return p
+    return _schedule(out, at, at + N_HEADER + 2 * nl + 4 * nb + 4 * ns, na, nl, nt, nf, p)
+
+
+@njit(cache=True)
+def _schedule(out, at, pa, na, nl, nt, nf, p):
+    """Append the steps of the record at ``out[at]`` (accumulators at ``pa``, ``nt`` terms, ``nf`` finals
+    ending at ``p``) and renumber its rows to slots; return where it ends.
+
+    The compute steps are rounds in which every accumulator takes its next FUSE_DEPTH terms, one
+    accumulator whose next terms use the same rows as a later one's being done together with it (a
+    GEMM's rows of C share rows of B). Each row is widened just before the first step that reads it,
+    into a slot freed by a row no later step reads (a 1024^3 GEMM's stretch of 512 rows needs 16 slots,
+    12 KB). Every accumulator's terms stay in program order, so the sums are those of the program."""
+    pt = pa + 4 * na
+    pf = pt + 2 * nt
+    start = np.empty(na, np.int64)
+    stop = np.empty(na, np.int64)
+    j = pt
+    for q in range(na):
+        start[q] = j
+        j += 2 * out[pa + 4 * q + 1]
+        stop[q] = j
+    # the compute steps, in rounds
+    comp = np.empty((nt + na + 1, N_STEP), np.int64)
+    nc = 0
+    done = np.zeros(na, np.int64)
+    rnd = 0
+    left = na
+    while left > 0:
+        left = 0
+        rnd += 1
+        for q in range(na):
+            j = start[q]
+            if done[q] == rnd or j >= stop[q]:
+                if j < stop[q]:
+                    left += 1
+                continue
+            r = out[pa + 4 * q]
+            comp[nc, 1] = r
+            comp[nc, 2] = j - at
+            comp[nc, 3] = 0
+            comp[nc, 4] = 0
+            if j + 2 * FUSE_DEPTH <= stop[q]:
+                comp[nc, 0] = S_ONE8
+                for o in range(q + 1, na):
+                    if done[o] != rnd and start[o] + 2 * FUSE_DEPTH <= stop[o] and _same_loads8(out, j, start[o]):
+                        comp[nc, 0] = S_PAIR8
+                        comp[nc, 2] = out[pa + 4 * o]
+                        comp[nc, 3] = j - at
+                        comp[nc, 4] = start[o] - at
+                        start[o] += 2 * FUSE_DEPTH
+                        done[o] = rnd
+                        break
+                j += 2 * FUSE_DEPTH
+            else:
+                comp[nc, 0] = S_TAIL
+                comp[nc, 3] = stop[q] - at
+                j = stop[q]
+            nc += 1
+            start[q] = j
+            if j < stop[q]:
+                left += 1
+    # each row's first and last use: -1 the accumulators' start, nc the finals (kept to the end)
+    first = np.full(nl, nc + 1, np.int64)
+    last = np.full(nl, -2, np.int64)
+    for q in range(na):
+        if out[pa + 4 * q + 2] == _K_LOAD:
+            w = out[pa + 4 * q + 3]
+            first[w] = -1
+            last[w] = max(last[w], -1)
+    for c in range(nc):
+        a = at + (comp[c, 3] if comp[c, 0] == S_PAIR8 else comp[c, 2])
+        b = at + comp[c, 3] if comp[c, 0] == S_TAIL else a + 2 * FUSE_DEPTH
+        for g in range(a + 1, b, 2):
+            w = out[g]
+            first[w] = min(first[w], c)
+            last[w] = max(last[w], c)
+    for f in range(nf):
+        g = pf + 3 * f
+        if out[g + 1] == _K_LOAD:
+            w = out[g + 2]
+            first[w] = min(first[w], nc)
+            last[w] = nc
+    # by_first: the rows in order of first use (stable: load order among equals)
+    by_first = np.argsort(first, kind="mergesort")
+    slot = np.full(nl, -1, np.int64)
+    free = np.empty(nl + 1, np.int64)
+    nfree = 0
+    nslots = 0
+    ends_at = np.argsort(last, kind="mergesort")
+    nxt = 0
+    fin = 0
+    while fin < nl and last[ends_at[fin]] < -1:        # rows nothing reads are not widened
+        fin += 1
+    nsteps = 0
+    base = p
+    for c in range(-1, nc + 1):
+        while nxt < nl and first[by_first[nxt]] == c:
+            w = by_first[nxt]
+            nxt += 1
+            if nfree > 0:
+                nfree -= 1
+                slot[w] = free[nfree]
+            else:
+                slot[w] = nslots
+                nslots += 1
+            g = base + N_STEP * nsteps
+            out[g] = S_WIDEN
+            out[g + 1] = w
+            out[g + 2] = slot[w]
+            out[g + 3] = 0
+            out[g + 4] = 0
+            nsteps += 1
+        g = base + N_STEP * nsteps
+        if c == -1:
+            out[g] = S_INIT
+            for f in range(1, N_STEP):
+                out[g + f] = 0
+            nsteps += 1
+        elif c < nc:
+            for f in range(N_STEP):
+                out[g + f] = comp[c, f]
+            nsteps += 1
+        while fin < nl and last[ends_at[fin]] == c:
+            free[nfree] = slot[ends_at[fin]]
+            nfree += 1
+            fin += 1
+    # renumber rows to slots
+    for q in range(na):
+        if out[pa + 4 * q + 2] == _K_LOAD:
+            out[pa + 4 * q + 3] = slot[out[pa + 4 * q + 3]]
+    for g in range(pt + 1, pf, 2):
+        out[g] = slot[out[g]]
+    for f in range(nf):
+        g = pf + 3 * f
+        if out[g + 1] == _K_LOAD:
+            out[g + 2] = slot[out[g + 2]]
+    out[at + H_STEPS] = nsteps
+    out[at + H_SLOTS] = nslots
+    return base + N_STEP * nsteps
 
 
 @njit(cache=True)
@@ -225,8 +373,9 @@ def mark_stretches(ops, nsregs, nvregs, min_terms):
         if terms >= min_terms:
             starts.append(i)
             ends.append(j)
-            # at most: 4 per op (bcast) or 2 (load) + 2 (term); 4 per scalar, 4 + 3 per vector register
-            size += N_HEADER + 4 * (j - i) + 4 * nsregs + 7 * nvregs
+            # at most: 4 per op (bcast) or 2 (load) + 2 (term), and a step per load and per term;
+            # 4 per scalar, 4 + 3 per vector register, an init step
+            size += N_HEADER + (4 + N_STEP) * (j - i) + 4 * nsregs + 7 * nvregs + N_STEP
             i = j
         else:
             i = max(j, i + 1)
@@ -250,14 +399,13 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     nb = fused[at + H_BCASTS]
     ns = fused[at + H_SCALARS]
     na = fused[at + H_ACCS]
+    nt = fused[at + H_TERMS]
     nf = fused[at + H_FINALS]
     p = at + N_HEADER
-    # the loaded rows, widened once (every base register holds its entry value throughout)
-    rows = np.empty((nl, lanes), np.float32)
+    # where each loaded row is (every base register holds its entry value until the scalars below)
+    src = np.empty(nl, np.uint64)
     for q in range(nl):
-        s0 = (am0 + sr[fused[p]] + fused[p + 1]) >> 1
-        for k in range(lanes):
-            rows[q, k] = widen_f16(mem16[np.uint64(s0 + k)])
+        src[q] = (am0 + sr[fused[p]] + fused[p + 1]) >> 1
         p += 2
     # the broadcast values
     bval = np.empty(nb, np.float32)
@@ -276,80 +424,57 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     for q in range(ns):
         sr[fused[p + 4 * q]] = sv[q]
     p += 4 * ns
-    # the accumulators' terms, in rounds of FUSE_DEPTH terms per accumulator
     pa = p
-    pt = pa + 4 * na
-    start = np.empty(na, np.int64)
-    stop = np.empty(na, np.int64)
-    for q in range(na):
-        r = fused[pa + 4 * q]
-        start[q] = pt
-        pt += 2 * fused[pa + 4 * q + 1]
-        stop[q] = pt
-        kind = fused[pa + 4 * q + 2]
-        if kind == _K_BCAST:
-            x = bval[fused[pa + 4 * q + 3]]
+    pf = pa + 4 * na + 2 * nt
+    ps = pf + 3 * nf
+    # the schedule (_schedule): rows widened into slots as they are first needed, terms in rounds
+    rows = np.empty((max(fused[at + H_SLOTS], 1), lanes), np.float32)
+    for g in range(ps, ps + N_STEP * fused[at + H_STEPS], N_STEP):
+        kind = fused[g]
+        if kind == S_WIDEN:
+            s0 = src[fused[g + 1]]
+            w = fused[g + 2]
             for k in range(lanes):
-                v[r, k] = x
-        elif kind == _K_LOAD:
-            w = fused[pa + 4 * q + 3]
-            for k in range(lanes):
-                v[r, k] = rows[w, k]
-        elif on[r]:
-            for k in range(lanes):
-                v[r, k] = val[r]
-        on[r] = False
-    # a round gives every accumulator its next FUSE_DEPTH terms; one that adds to the same rows as a
-    # later one (a GEMM's rows of C) is done together with it (``done`` marks it for the round)
-    done = np.zeros(na, np.int64)
-    rnd = 0
-    left = na
-    while left > 0:
-        left = 0
-        rnd += 1
-        for q in range(na):
-            j = start[q]
-            if done[q] == rnd or j >= stop[q]:
-                if j < stop[q]:
-                    left += 1
-                continue
-            r = fused[pa + 4 * q]
-            if j + 2 * FUSE_DEPTH <= stop[q]:
-                mate = -1
-                for o in range(q + 1, na):
-                    if done[o] != rnd and start[o] + 2 * FUSE_DEPTH <= stop[o] and _same_loads8(fused, j, start[o]):
-                        mate = o
-                        break
-                if mate >= 0:
-                    _add_terms8_pair(v, r, fused[pa + 4 * mate], rows, bval, fused, j, start[mate], lanes)
-                    start[mate] += 2 * FUSE_DEPTH
-                    done[mate] = rnd
-                else:
-                    _add_terms8(v, r, rows, bval, fused, j, lanes)
-                j += 2 * FUSE_DEPTH
-            else:
-                while j < stop[q]:
-                    x = bval[fused[j]]
-                    w = fused[j + 1]
+                rows[w, k] = widen_f16(mem16[s0 + np.uint64(k)])
+        elif kind == S_PAIR8:
+            _add_terms8_pair(v, fused[g + 1], fused[g + 2], rows, bval, fused, at + fused[g + 3],
+                             at + fused[g + 4], lanes)
+        elif kind == S_ONE8:
+            _add_terms8(v, fused[g + 1], rows, bval, fused, at + fused[g + 2], lanes)
+        elif kind == S_TAIL:
+            r = fused[g + 1]
+            for j in range(at + fused[g + 2], at + fused[g + 3], 2):
+                x = bval[fused[j]]
+                w = fused[j + 1]
+                for k in range(lanes):
+                    v[r, k] = add_fp16_product(v[r, k], x, rows[w, k])
+        else:                                   # S_INIT: the accumulators' start values
+            for q in range(na):
+                r = fused[pa + 4 * q]
+                kind = fused[pa + 4 * q + 2]
+                if kind == _K_BCAST:
+                    x = bval[fused[pa + 4 * q + 3]]
                     for k in range(lanes):
-                        v[r, k] = add_fp16_product(v[r, k], x, rows[w, k])
-                    j += 2
-            start[q] = j
-            if j < stop[q]:
-                left += 1
+                        v[r, k] = x
+                elif kind == _K_LOAD:
+                    w = fused[pa + 4 * q + 3]
+                    for k in range(lanes):
+                        v[r, k] = rows[w, k]
+                elif on[r]:
+                    for k in range(lanes):
+                        v[r, k] = val[r]
+                on[r] = False
     # the vector registers it leaves: broadcasts stay deferred, loaded rows are written
-    p = pt
-    for _ in range(nf):
-        r = fused[p]
-        o = fused[p + 2]
-        if fused[p + 1] == _K_BCAST:
+    for g in range(pf, ps, 3):
+        r = fused[g]
+        o = fused[g + 2]
+        if fused[g + 1] == _K_BCAST:
             on[r] = True
             val[r] = bval[o]
         else:
             for k in range(lanes):
                 v[r, k] = rows[o, k]
             on[r] = False
-        p += 3
 
 
 @njit(cache=True)

@@ -137,7 +137,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          max_cycles, f16tab, stats, err, server_bytes, server_busy,
          tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
          blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off,
+         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off,
          bc_on, bc_val, threads,
          time, pc, state, chan, srv_free, ctl):
     """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
@@ -228,8 +228,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                              blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
                 if e >= 0:
                     if functional:
-                        accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_sld, dq_sld_off, sregs, vregs, mem16, mem32,
-                                    f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
+                        accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off, sregs, vregs, mem16,
+                                    mem32, f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
                                     dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, bc_on, bc_val, threads)
                     t += e - p
                     p = e
@@ -781,7 +781,7 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
         seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
         blocks = build_blocks(code, seg_end, lanes, functional)
         if functional:
-            tables = defer_tables(code, p.scalar_registers, p.vector_registers)
+            tables = defer_tables(code, p.scalar_registers, p.vector_registers, blocks[0])
     else:
         blocks = empty_blocks()
     prepared = (code, descs, lo, hi, desc_off, blocks, tables)

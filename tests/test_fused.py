@@ -17,7 +17,24 @@ from numba import njit
 from mtemu import isa
 from mtemu.blocks import decode_ops, run_plain, run_plain_reference
 from mtemu.fp16 import add_fp16_product
-from mtemu.fused import FUSE_DEPTH, MIN_FUSED_TERMS, O_FUSE_END
+from mtemu.fused import (
+    FUSE_DEPTH,
+    H_ACCS,
+    H_BCASTS,
+    H_FINALS,
+    H_LOADS,
+    H_SCALARS,
+    H_SLOTS,
+    H_STEPS,
+    H_TERMS,
+    MIN_FUSED_TERMS,
+    N_HEADER,
+    N_STEP,
+    O_FUSE_AT,
+    O_FUSE_END,
+    S_PAIR8,
+    S_WIDEN,
+)
 from mtemu.machine import F16_TABLE
 
 LANES = 16
@@ -157,6 +174,51 @@ def test_entering_or_leaving_in_the_middle_of_a_stretch(seed):
     p = int(rng.integers(0, len(code) // 2))
     e = int(rng.integers(p + 1, len(code) + 1))
     _compare(code, p, e, rng, loads=bool(seed % 3 == 0))
+
+
+def _reuse_program(rng, nacc: int, nrows: int, ks: int) -> list[list[int]]:
+    """A stretch whose rows live across rounds: ``nrows`` vector registers loaded up front, each term
+    adding a fresh broadcast times a randomly chosen one of them, and now and then a row register
+    reloaded from elsewhere in AM (its old row is then dead, the new one live to its last use or the
+    end). The schedule must keep each row in its slot until its last term reads it."""
+    acc0, vb0, vr0 = 0, nacc, nacc + 1
+    ops = [_op("vldh", vr0 + c, 2, imm=2 * LANES * c) for c in range(nrows)]
+    for kk in range(ks):
+        ops.append(_op("sldh", 8, 1, imm=2 * kk))
+        ops.append(_op("svbcast", vb0, 8))
+        for r in range(nacc):
+            ops.append(_op("vfma", acc0 + r, vb0, vr0 + int(rng.integers(0, nrows))))
+        if rng.random() < 0.4:
+            ops.append(_op("vldh", vr0 + int(rng.integers(0, nrows)), 2, imm=2 * LANES * int(rng.integers(0, 48))))
+    return ops
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_rows_live_across_rounds_keep_their_slots(seed):
+    rng = np.random.default_rng(300 + seed)
+    nacc, nrows, ks = int(rng.integers(1, 6)), int(rng.integers(1, 7)), int(rng.integers(MIN_FUSED_TERMS, 40))
+    body = _reuse_program(rng, nacc, nrows, ks)
+    epi = [_op("vstw", 0, 3, r, imm=4 * LANES * r) for r in range(nacc + 1 + nrows)]
+    code = _bundled(body + epi, rng, 3)
+    ops = _compare(code, 0, len(code), rng, loads=bool(seed % 2))
+    assert ops[:, O_FUSE_END].any()
+
+
+def test_a_gemm_stretch_widens_each_row_once_into_few_slots():
+    """6 x 2 accumulators over 64 k: 128 rows, each read by the 6 accumulators of its column in one
+    round, so a handful of slots serve them all (and every row is widened exactly once)."""
+    rng = np.random.default_rng(7)
+    code = _bundled(_stretch_program(rng, 6, 2, 64, False, False), rng, 3)
+    ops, _off, fused, _s, _so = decode_ops(code, NS, NV)
+    at = int(ops[np.flatnonzero(ops[:, O_FUSE_END])[0], O_FUSE_AT])
+    nl, steps = int(fused[at + H_LOADS]), int(fused[at + H_STEPS])
+    ps = at + N_HEADER + 2 * nl + 4 * int(fused[at + H_BCASTS]) + 4 * int(fused[at + H_SCALARS]) \
+        + 4 * int(fused[at + H_ACCS]) + 2 * int(fused[at + H_TERMS]) + 3 * int(fused[at + H_FINALS])
+    kinds = fused[ps:ps + N_STEP * steps].reshape(steps, N_STEP)
+    widened = kinds[kinds[:, 0] == S_WIDEN, 1]
+    assert nl == 128 and sorted(widened.tolist()) == list(range(nl))
+    assert fused[at + H_SLOTS] <= 4 * FUSE_DEPTH
+    assert (kinds[:, 0] == S_PAIR8).sum() >= (6 * 2 * 64) // (4 * FUSE_DEPTH)
 
 
 def _end_of_first_stretch(ops_list):

@@ -14,7 +14,8 @@ import pytest
 
 import mtemu
 from mtemu import isa
-from mtemu.blocks import decode_ops, run_plain, run_plain_reference
+from mtemu.blocks import _scalar_exit as scalar_exit
+from mtemu.blocks import decode_ops, exit_loads, run_plain, run_plain_reference
 from mtemu.machine import F16_TABLE
 from mtemu.tune import map_jobs
 
@@ -146,6 +147,39 @@ def test_decoded_ops_keep_bundle_and_unit_order():
     assert not ops[:, 5:].any()                   # too short to fuse
     assert off.tolist() == [0, 2, 2, 3]
     assert sld.tolist() == [[6, 1, 4]] and sld_off.tolist() == [0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_leaves_each_register_its_last_load(seed):
+    """The scalar side of a queued run (exit_loads' table, read from any start PC inside a run) leaves
+    every register what its last ``sldh`` in [p, end) read, and the others as they were: against a
+    plain walk over the loads."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    code = np.zeros((n, isa.N_UNITS, isa.N_FIELDS), np.int64)
+    for q in range(n):
+        for u in range(int(rng.integers(0, 3))):
+            code[q, u] = [isa.OP_SLDH, int(rng.integers(8, 16)), int(rng.integers(1, 3)), 0, 0,
+                          2 * int(rng.integers(0, 64)), 0]
+    cuts = np.sort(rng.choice(np.arange(1, n), 4, replace=False))
+    end = np.zeros(n, np.int64)
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, n], strict=True):
+        end[a:b] = b
+    end[cuts[1]] = cuts[1]                    # a bundle that is not plain: no run starts there
+    _ops, _off, _fused, sld, sld_off = decode_ops(code)
+    exits, exit_off = exit_loads(end, sld, sld_off, NS)
+    mem = rng.integers(0, 1 << 16, SM_BYTES // 2).astype(np.uint16)
+    for p in range(n):
+        e = int(end[p])
+        if e <= p:
+            continue
+        sr = rng.integers(0, 1 << 20, NS).astype(np.int64)
+        sr[1:3] = rng.integers(0, 8, 2) * 2
+        want = sr.copy()
+        for j in range(sld_off[p], sld_off[e]):           # every base is read before any load lands
+            want[sld[j, 0]] = mem[(sr[sld[j, 1]] + sld[j, 2]) >> 1]
+        scalar_exit(0, p, e, exits, exit_off, sr, mem, BASES, np.array([SM_BYTES, 0, 0, 0], np.int64))
+        assert sr.tolist() == want.tolist(), (p, e)
 
 
 def _functional_product(n: int) -> bytes:
