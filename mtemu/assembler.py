@@ -68,6 +68,9 @@ class Program:
     descriptors: np.ndarray
     labels: dict[str, int] = field(default_factory=dict)
     descriptor_names: list[str] = field(default_factory=list)
+    # a name for exactly this content, given by whoever can vouch for it (the kernels' program cache:
+    # its key's hash); the machine keys its prepared tables on disk on it, once the program is frozen
+    origin: str = ""
 
     @property
     def bundles(self) -> int:

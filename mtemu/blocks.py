@@ -750,6 +750,9 @@ def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_reg
     return ops, off, fused, sld, sld_off
 
 
+N_DEFER_TABLES = 6          # arrays defer_tables returns
+
+
 def defer_tables(code: np.ndarray, nregs: int, vector_registers: int, end: np.ndarray) -> tuple:
     """The static part of deferring, computed once per linked program (``end``: :func:`build_blocks`'):
     ``(touches, ops, off, fused, exits, exit_off)``: per PC whether a bundle touches what waiting work

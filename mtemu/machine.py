@@ -41,8 +41,10 @@ from numba import njit
 from rtcommon.hostmem import check_host_memory
 
 from . import isa
+from . import prepared as prepared_store
 from .assembler import Program
 from .blocks import (
+    N_DEFER_TABLES,
     accept_data,
     build_blocks,
     defer_buffers,
@@ -684,11 +686,17 @@ class Cluster:
                 if table.shape != own.shape:
                     raise MachineError(f"DSP {d}: descriptor table shape {table.shape} differs from its "
                                        f"program's {own.shape}")
-                _check_descriptor_table(table, f"DSP {d}", programs[dsp_program[d]].code)
                 desc_off[d] = base
                 base += table.shape[0]
-                extra.append(table)
-            descs = np.ascontiguousarray(np.concatenate([descs] + extra))
+                extra.append((d, table))
+            added = np.concatenate([t for _d, t in extra])
+            try:            # all tables in one pass (24 checks of a few numpy calls each took ~5 ms)
+                _check_descriptor_table(added, "DSP descriptor tables")
+            except MachineError:
+                for d, table in extra:          # name the DSP, the descriptor and the PC that uses it
+                    _check_descriptor_table(table, f"DSP {d}", programs[dsp_program[d]].code)
+                raise
+            descs = np.ascontiguousarray(np.concatenate([descs, added]))
         self.sregs[:] = 0
         for d, regs in (init_sregs or {}).items():
             if not isinstance(d, (int, np.integer)) or not 0 <= d < p.dsps:
@@ -768,22 +776,36 @@ PREPARED_ENTRIES = 8
 
 def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool) -> tuple:
     """``(code, descs, lo, hi, desc_off, blocks, defer_tables)`` of :func:`_link`, :func:`build_blocks` and
-    :func:`~mtemu.blocks.defer_tables` (None when not deferring), kept for frozen programs."""
+    :func:`~mtemu.blocks.defer_tables` (None when not deferring), kept for frozen programs; for frozen
+    programs with an origin also on disk (:mod:`mtemu.prepared`), so a new process reads them."""
     cacheable = all(isinstance(pr, Program) and pr.frozen for pr in programs)
     key = (tuple(id(pr) for pr in programs), tuple(int(k) for k in dsp_program), p, bool(functional), bool(skip))
     if cacheable and key in _PREPARED:
         _PREPARED.move_to_end(key)
         return _PREPARED[key][1]
-    code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
-    lanes = p.vector_lanes if functional else 1
-    tables = None
-    if skip:
-        seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
-        blocks = build_blocks(code, seg_end, lanes, functional)
-        if functional:
-            tables = defer_tables(code, p.scalar_registers, p.vector_registers, blocks[0])
+    disk_key = None
+    if cacheable and prepared_store.enabled() and all(pr.origin for pr in programs):
+        disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
+    groups = prepared_store.load(disk_key) if disk_key else None
+    deferring = bool(skip and functional)
+    if groups is not None and len(groups) == 2 and groups[0] is not None and len(groups[0]) == len(empty_blocks()) \
+            and (groups[1] is not None) == deferring and (groups[1] is None or len(groups[1]) == N_DEFER_TABLES):
+        # checked when these tables were derived from the same content (its origin)
+        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p, check=False)
+        blocks, tables = groups
     else:
-        blocks = empty_blocks()
+        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
+        lanes = p.vector_lanes if functional else 1
+        tables = None
+        if skip:
+            seg_end = np.repeat(np.cumsum([pr.bundles for pr in programs]), [pr.bundles for pr in programs])
+            blocks = build_blocks(code, seg_end, lanes, functional)
+            if functional:
+                tables = defer_tables(code, p.scalar_registers, p.vector_registers, blocks[0])
+        else:
+            blocks = empty_blocks()
+        if disk_key:
+            prepared_store.store(disk_key, [blocks, tables])
     prepared = (code, descs, lo, hi, desc_off, blocks, tables)
     if cacheable:
         _PREPARED[key] = (list(programs), prepared)
@@ -792,8 +814,9 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     return prepared
 
 
-def _link(programs: list[Program], dsp_program: list[int], p: Platform):
-    """Concatenate programs; branch targets stay program-relative (the machine adds lo)."""
+def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: bool = True):
+    """Concatenate programs (checking them, unless ``check`` is False: their tables were derived from
+    the same checked content); branch targets stay program-relative (the machine adds lo)."""
     if not programs:
         raise MachineError("no program to run")
     offsets, doffs = [], []
@@ -805,6 +828,8 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform):
         doffs.append(dtotal)
         total += prog.bundles
         dtotal += prog.descriptors.shape[0]
+        if not check:
+            continue
         if prog.code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS):
             raise MachineError("program code must have shape (bundles, 8, 7)")
         _validate_raw(prog, p)

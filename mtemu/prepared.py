@@ -1,0 +1,86 @@
+"""Prepared programs on disk: the tables the machine derives from a program, kept between processes.
+
+Before it runs a program the machine derives tables from it (:func:`mtemu.machine._prepare`): the
+straight-line runs and their counters (:func:`mtemu.blocks.build_blocks`), and in functional mode
+the decoded instructions, fused stretches and each run's last scalar loads
+(:func:`mtemu.blocks.defer_tables`). For a 1024^3 GEMM that takes some 25 ms, plus loading the
+jitted builders in a new process: more than a tenth of the functional run itself. Programs whose
+content has a name (``Program.origin``, set by the kernels' program cache from its key) get those
+tables written once to ``<cache>/prepared/<hash>.bin`` and read back after, in one read.
+
+The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
+state of the machine's jitted sources (the folder name :mod:`mtemu` gives Numba's cache), so an edit
+to the machine never reads tables an older machine wrote. The file is a header (JSON: key, array
+types and shapes, CRC-32 of the data) and the arrays' bytes; a file that cannot be read, holds
+another key or fails its checksum is ignored with a :class:`PreparedCacheWarning`, and the tables
+are derived and written again (atomically). ``MTEMU_CACHE_DIR`` moves the cache (default
+``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns this cache off with the program cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
+
+from .platform import Platform
+
+FORMAT = 1                      # bump when what is stored changes
+
+Groups = list[tuple[np.ndarray, ...] | None]
+
+
+class PreparedCacheWarning(UserWarning):
+    """A prepared program on disk could not be used (unreadable, another key, damaged)."""
+
+
+def cache_root() -> Path:
+    """The folder of mtemu's caches (``MTEMU_CACHE_DIR``, default ``~/.cache/mtemu``)."""
+    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu"))
+
+
+def enabled() -> bool:
+    """Whether built and prepared programs are kept on disk (``MTEMU_PROGRAM_CACHE``, default on)."""
+    return os.environ.get("MTEMU_PROGRAM_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def jit_state() -> str:
+    """The state of the machine's jitted sources: the leaf :mod:`mtemu` gives Numba's cache folder."""
+    return Path(os.environ.get("NUMBA_CACHE_DIR", "")).name
+
+
+def cache_key(origins: list[str], dsp_program: list[int], platform: Platform, functional: bool,
+              skip: bool) -> str:
+    """The identity of one prepared set of programs (a JSON string; its hash names the file)."""
+    return json.dumps([FORMAT, jit_state(), list(origins), [int(k) for k in dsp_program], platform.digest(),
+                       bool(functional), bool(skip)])
+
+
+def cache_path(key: str) -> Path:
+    return cache_root() / "prepared" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+
+
+def store(key: str, groups: Groups) -> None:
+    """Write ``groups`` (tuples of arrays, or None) under ``key``; a folder that cannot be written
+    only costs deriving them again next time."""
+    try:
+        write_arrays(cache_path(key), key, groups)
+    except OSError:
+        pass
+
+
+def load(key: str) -> Groups | None:
+    """The groups stored under ``key`` (writable arrays), or None if there are none or the file is
+    unusable (then with a :class:`PreparedCacheWarning`)."""
+    try:
+        return read_arrays(cache_path(key), key)[0]
+    except FileNotFoundError:
+        return None
+    except ArrayFileError as exc:
+        warnings.warn(f"prepared program {exc}; deriving it again", PreparedCacheWarning, stacklevel=3)
+        return None

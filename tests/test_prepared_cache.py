@@ -1,0 +1,132 @@
+"""Prepared programs on disk (mtemu.prepared over rtcommon.arrayfile): the tables the machine derives
+from a kernel's program are written once and read back identical; a damaged file is derived again
+with a warning; programs nobody named, or a cache turned off, write nothing."""
+import numpy as np
+import pytest
+
+from mtemu import machine
+from mtemu import prepared as prepared_store
+from mtemu.assembler import parse
+from mtemu.kernels import gemm_a_resident
+from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, run_a_resident
+from mtemu.machine import Cluster
+from mtemu.platform import DEFAULT
+from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
+
+SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
+TILES = AResidentGemmTiles(mg=48, kg=128, k2=64, n2=64)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MTEMU_PROGRAM_CACHE", raising=False)
+    _forget()
+    yield tmp_path
+    _forget()
+
+
+def _forget():
+    """A new process, as far as the caches go: programs and prepared tables only on disk."""
+    gemm_a_resident._build_cached.cache_clear()
+    machine._PREPARED.clear()
+
+
+def _operands(seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((96, 256)).astype(np.float16), rng.standard_normal((256, 96)).astype(np.float16))
+
+
+def _prepared_files(root):
+    return sorted((root / "prepared").glob("*.bin")) if (root / "prepared").exists() else []
+
+
+def _tables():
+    (entry,) = machine._PREPARED.values()
+    code, descs, lo, hi, desc_off, blocks, tables = entry[1]
+    return [code, descs, lo, hi, desc_off, *blocks, *tables]
+
+
+def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_dir, monkeypatch):
+    a, b = _operands()
+    first = run_a_resident(a, b, platform=SMALL, tiles=TILES)
+    derived = [x.copy() for x in _tables()]
+    (path,) = _prepared_files(cache_dir)
+    _forget()
+    calls = []
+    monkeypatch.setattr(machine, "build_blocks", lambda *a, **k: calls.append(1))     # must not be needed
+    again = run_a_resident(a, b, platform=SMALL, tiles=TILES)
+    assert not calls
+    read = _tables()
+    assert len(read) == len(derived)
+    for x, y in zip(read, derived, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
+        assert x.flags.writeable and x.flags.c_contiguous
+    assert np.array_equal(first.c.view(np.uint16), again.c.view(np.uint16))
+    assert first.stats.cycles == again.stats.cycles and _prepared_files(cache_dir) == [path]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "other_key"])
+def test_a_damaged_file_is_derived_again_with_a_warning(cache_dir, damage):
+    a, b = _operands()
+    want = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
+    (path,) = _prepared_files(cache_dir)
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[-100] ^= 0x10
+    elif damage == "truncate":
+        raw = raw[:len(raw) // 2]
+    else:
+        write_arrays(path, "another key", [(np.zeros(3, np.int64),)])
+        raw = bytearray(path.read_bytes())
+    path.write_bytes(bytes(raw))
+    _forget()
+    with pytest.warns(prepared_store.PreparedCacheWarning, match="deriving it again"):
+        got = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    _forget()
+    run_a_resident(a, b, platform=SMALL, tiles=TILES)         # rewritten: read without a warning
+
+
+def test_unnamed_programs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):
+    prog = parse("{ smovi s1, 4 }\n{ nop }\n{ halt }", SMALL).freeze()
+    Cluster(SMALL, ddr_bytes=4096).run([prog])
+    assert _prepared_files(cache_dir) == []                    # frozen, but nobody named its content
+    monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "0")
+    a, b = _operands()
+    run_a_resident(a, b, platform=SMALL, tiles=TILES)
+    assert _prepared_files(cache_dir) == []
+
+
+def test_the_key_separates_mode_dsp_programs_and_platform():
+    keys = {prepared_store.cache_key(["x"], [0, 0], SMALL, True, True),
+            prepared_store.cache_key(["x"], [0, 0], SMALL, False, True),
+            prepared_store.cache_key(["x"], [0, 0], SMALL, True, False),
+            prepared_store.cache_key(["x", "y"], [0, 1], SMALL, True, True),
+            prepared_store.cache_key(["y"], [0, 0], SMALL, True, True),
+            prepared_store.cache_key(["x"], [0, 0], SMALL.with_overrides(vector_lanes=64), True, True)}
+    assert len({prepared_store.cache_path(k) for k in keys}) == 6
+
+
+def test_array_files_round_trip_and_refuse_damage(tmp_path):
+    path = tmp_path / "sub" / "a.bin"
+    groups = [(np.arange(7, dtype=np.int64).reshape(7, 1), np.zeros((0, 3), np.int64), np.array([True, False])),
+              None, (np.arange(5, dtype=np.uint16), np.float32([1.5, -0.0]))]
+    write_arrays(path, "k", groups, {"labels": {"x": 1}})
+    got, meta = read_arrays(path, "k")
+    assert meta == {"labels": {"x": 1}} and got[1] is None
+    for g, w in ((got[0], groups[0]), (got[2], groups[2])):
+        for x, y in zip(g, w, strict=True):
+            assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y) and x.flags.writeable
+    with pytest.raises(ArrayFileError, match="key mismatch"):
+        read_arrays(path, "other")
+    raw = path.read_bytes()
+    for bad, why in ((raw[:-64], "checksum|shorter"), (raw[:-1], "checksum"), (b"junk" + raw, "not an array file"),
+                     (raw[:-8] + bytes([raw[-8] ^ 1]) + raw[-7:], "checksum")):
+        path.write_bytes(bad)
+        with pytest.raises(ArrayFileError, match=why):
+            read_arrays(path, "k")
+    with pytest.raises(FileNotFoundError):
+        read_arrays(tmp_path / "none.bin", "k")
+    with pytest.raises(ArrayFileError, match="must be of"):
+        write_arrays(path, "k", [(np.zeros(2, np.complex64),)])
