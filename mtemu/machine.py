@@ -31,6 +31,7 @@ import functools
 import math
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from time import monotonic
@@ -786,14 +787,9 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     disk_key = None
     if cacheable and prepared_store.enabled() and all(pr.origin for pr in programs):
         disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
-    groups = prepared_store.load(disk_key) if disk_key else None
-    deferring = bool(skip and functional)
-    if groups is not None and len(groups) == 2 and groups[0] is not None and len(groups[0]) == len(empty_blocks()) \
-            and (groups[1] is not None) == deferring and (groups[1] is None or len(groups[1]) == N_DEFER_TABLES):
-        # checked when these tables were derived from the same content (its origin)
-        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p, check=False)
-        blocks, tables = groups
-    else:
+    prepared = _read_prepared(programs, dsp_program, p, disk_key, bool(skip and functional), skip) if disk_key \
+        else None
+    if prepared is None:
         code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
         lanes = p.vector_lanes if functional else 1
         tables = None
@@ -806,12 +802,31 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
             blocks = empty_blocks()
         if disk_key:
             prepared_store.store(disk_key, [blocks, tables])
-    prepared = (code, descs, lo, hi, desc_off, blocks, tables)
+        prepared = (code, descs, lo, hi, desc_off, blocks, tables)
     if cacheable:
         _PREPARED[key] = (list(programs), prepared)
         while len(_PREPARED) > PREPARED_ENTRIES:
             _PREPARED.popitem(last=False)
     return prepared
+
+
+def _read_prepared(programs: list[Program], dsp_program: list[int], p: Platform, disk_key: str, deferring: bool,
+                   skip: bool) -> tuple | None:
+    """:func:`_prepare`'s tuple with the tables read from disk, or None (none there, or unusable: then
+    with a warning). The programs were checked when the tables were derived from the same content."""
+    groups = prepared_store.load(disk_key)
+    if groups is None:
+        return None
+    if len(groups) == 2 and groups[0] is not None and len(groups[0]) == len(empty_blocks()) \
+            and (groups[1] is not None) == deferring and (groups[1] is None or len(groups[1]) == N_DEFER_TABLES):
+        code, descs, lo, hi, desc_off = _link(programs, dsp_program, p, check=False)
+        blocks, tables = groups
+        n = code.shape[0]
+        if blocks[0].shape[0] == (n if skip else 0) and (tables is None or tables[2].shape[0] == n + 1):
+            return code, descs, lo, hi, desc_off, blocks, tables
+    warnings.warn(f"prepared program {prepared_store.cache_path(disk_key)}: tables of another program (an origin "
+                  "that named two contents?); deriving it again", prepared_store.PreparedCacheWarning, stacklevel=4)
+    return None
 
 
 def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: bool = True):

@@ -130,3 +130,19 @@ def test_array_files_round_trip_and_refuse_damage(tmp_path):
         read_arrays(tmp_path / "none.bin", "k")
     with pytest.raises(ArrayFileError, match="must be of"):
         write_arrays(path, "k", [(np.zeros(2, np.complex64),)])
+
+
+def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_dir):
+    """Tables read for a program of another length are refused (with a warning) before the machine
+    indexes them, and derived from the program at hand."""
+    short = parse("{ smovi s1, 4 }\n{ halt }", SMALL)
+    long = parse("{ smovi s1, 4 }\n{ nop }\n{ smovi s2, 5 }\n{ halt }", SMALL)
+    for prog in (short, long):
+        prog.origin = "the same name for two programs"
+        prog.freeze()
+    Cluster(SMALL, ddr_bytes=4096).run([short])
+    assert len(_prepared_files(cache_dir)) == 1
+    cluster = Cluster(SMALL, ddr_bytes=4096)
+    with pytest.warns(prepared_store.PreparedCacheWarning, match="another program"):
+        cluster.run([long])
+    assert cluster.sregs[0, 2] == 5
