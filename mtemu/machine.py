@@ -785,7 +785,7 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
         _PREPARED.move_to_end(key)
         return _PREPARED[key][1]
     disk_key = None
-    if cacheable and prepared_store.enabled() and all(pr.origin for pr in programs):
+    if cacheable and functional and skip and prepared_store.enabled() and all(pr.origin for pr in programs):
         disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
     prepared = _read_prepared(programs, dsp_program, p, disk_key, bool(skip and functional), skip) if disk_key \
         else None

@@ -4,9 +4,13 @@ Before it runs a program the machine derives tables from it (:func:`mtemu.machin
 straight-line runs and their counters (:func:`mtemu.blocks.build_blocks`), and in functional mode
 the decoded instructions, fused stretches and each run's last scalar loads
 (:func:`mtemu.blocks.defer_tables`). For a 1024^3 GEMM that takes some 25 ms, plus loading the
-jitted builders in a new process: more than a tenth of the functional run itself. Programs whose
-content has a name (``Program.origin``, set by the kernels' program cache from its key) get those
-tables written once to ``<cache>/prepared/<hash>.bin`` and read back after, in one read.
+jitted builders in a new process: more than a tenth of the functional run itself. In functional mode,
+programs whose content has a name (``Program.origin``, set by the kernels' program cache from its
+key) get those tables written once to ``<cache>/prepared/<hash>.bin`` and read back after, in one
+read. Timing mode does not use this: its runs are long next to deriving the tables, and the tuner
+emulates hundreds of candidate programs whose tables (some 10 MB each, uncompressed so that they
+read fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_MB`` (default
+1024) by dropping the least recently used files.
 
 The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
 state of the machine's jitted sources (the folder name :mod:`mtemu` gives Numba's cache), so an edit
@@ -31,6 +35,7 @@ from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
 from .platform import Platform
 
 FORMAT = 1                      # bump when what is stored changes
+DEFAULT_LIMIT_MB = 1024         # least recently used files beyond this are dropped (~11 MB per 1024^3 GEMM)
 
 Groups = list[tuple[np.ndarray, ...] | None]
 
@@ -65,22 +70,61 @@ def cache_path(key: str) -> Path:
     return cache_root() / "prepared" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
 
 
+def limit_bytes() -> int:
+    """The most the prepared cache may hold (``MTEMU_PREPARED_CACHE_MB``, default 1024 MB)."""
+    raw = os.environ.get("MTEMU_PREPARED_CACHE_MB", "").strip()
+    try:
+        mb = float(raw) if raw else DEFAULT_LIMIT_MB
+    except ValueError:
+        mb = DEFAULT_LIMIT_MB
+    return int(max(mb, 0.0) * (1 << 20))
+
+
 def store(key: str, groups: Groups) -> None:
-    """Write ``groups`` (tuples of arrays, or None) under ``key``; a folder that cannot be written
-    only costs deriving them again next time."""
+    """Write ``groups`` (tuples of arrays, or None) under ``key``, then drop the least recently used
+    files beyond :func:`limit_bytes`; a set larger than an eighth of it is not kept, and a folder that
+    cannot be written only costs deriving the tables again next time."""
+    size = sum(a.nbytes for g in groups if g is not None for a in g)
+    limit = limit_bytes()
+    if size > limit // 8:
+        return
     try:
         write_arrays(cache_path(key), key, groups)
+        _evict(cache_path(key).parent, limit)
     except OSError:
         pass
 
 
+def _evict(folder: Path, limit: int) -> None:
+    files = []
+    for entry in os.scandir(folder):
+        if entry.name.endswith(".bin"):
+            st = entry.stat()
+            files.append((st.st_mtime, st.st_size, entry.path))
+    total = sum(f[1] for f in files)
+    for _mtime, nbytes, path in sorted(files):
+        if total <= limit:
+            break
+        try:
+            os.unlink(path)
+            total -= nbytes
+        except OSError:
+            pass
+
+
 def load(key: str) -> Groups | None:
     """The groups stored under ``key`` (writable arrays), or None if there are none or the file is
-    unusable (then with a :class:`PreparedCacheWarning`)."""
+    unusable (then with a :class:`PreparedCacheWarning`). A file read is marked as recently used."""
+    path = cache_path(key)
     try:
-        return read_arrays(cache_path(key), key)[0]
+        groups = read_arrays(path, key)[0]
     except FileNotFoundError:
         return None
     except ArrayFileError as exc:
         warnings.warn(f"prepared program {exc}; deriving it again", PreparedCacheWarning, stacklevel=3)
         return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return groups

@@ -1,6 +1,8 @@
 """Prepared programs on disk (mtemu.prepared over rtcommon.arrayfile): the tables the machine derives
 from a kernel's program are written once and read back identical; a damaged file is derived again
 with a warning; programs nobody named, or a cache turned off, write nothing."""
+import os
+
 import numpy as np
 import pytest
 
@@ -88,10 +90,12 @@ def test_a_damaged_file_is_derived_again_with_a_warning(cache_dir, damage):
     run_a_resident(a, b, platform=SMALL, tiles=TILES)         # rewritten: read without a warning
 
 
-def test_unnamed_programs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):
+def test_unnamed_programs_timing_runs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):
     prog = parse("{ smovi s1, 4 }\n{ nop }\n{ halt }", SMALL).freeze()
     Cluster(SMALL, ddr_bytes=4096).run([prog])
     assert _prepared_files(cache_dir) == []                    # frozen, but nobody named its content
+    gemm_a_resident.a_resident_timing(96, 256, 96, tiles=TILES, platform=SMALL)
+    assert _prepared_files(cache_dir) == []                    # timing mode: derived in memory only
     monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "0")
     a, b = _operands()
     run_a_resident(a, b, platform=SMALL, tiles=TILES)
@@ -132,6 +136,23 @@ def test_array_files_round_trip_and_refuse_damage(tmp_path):
         write_arrays(path, "k", [(np.zeros(2, np.complex64),)])
 
 
+def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cache_dir, monkeypatch):
+    monkeypatch.setenv("MTEMU_PREPARED_CACHE_MB", str(24 / 1024))            # 24 KB
+    table = (np.arange(256, dtype=np.int64),)                                # 2 KB a file
+    for i in range(6):
+        prepared_store.store(f"k{i}", [table])
+        os.utime(prepared_store.cache_path(f"k{i}"), (1000 + i, 1000 + i))  # k0 oldest
+    assert prepared_store.load("k0") is not None                            # ... now the newest
+    for i in range(6, 16):
+        prepared_store.store(f"k{i}", [table])
+    kept = {p.name for p in _prepared_files(cache_dir)}
+    assert sum(p.stat().st_size for p in _prepared_files(cache_dir)) <= 24 * 1024
+    assert prepared_store.cache_path("k0").name in kept and prepared_store.cache_path("k15").name in kept
+    assert prepared_store.cache_path("k1").name not in kept
+    prepared_store.store("big", [(np.zeros(1024, np.int64),)])              # 8 KB > a eighth of 24 KB
+    assert not prepared_store.cache_path("big").exists()
+
+
 def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_dir):
     """Tables read for a program of another length are refused (with a warning) before the machine
     indexes them, and derived from the program at hand."""
@@ -140,9 +161,9 @@ def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_d
     for prog in (short, long):
         prog.origin = "the same name for two programs"
         prog.freeze()
-    Cluster(SMALL, ddr_bytes=4096).run([short])
+    Cluster(SMALL, ddr_bytes=4096, functional=True).run([short])
     assert len(_prepared_files(cache_dir)) == 1
-    cluster = Cluster(SMALL, ddr_bytes=4096)
+    cluster = Cluster(SMALL, ddr_bytes=4096, functional=True)
     with pytest.warns(prepared_store.PreparedCacheWarning, match="another program"):
         cluster.run([long])
     assert cluster.sregs[0, 2] == 5

@@ -2,10 +2,9 @@
 
 Building a Table 5 GEMM (list-scheduling its micro-kernels, assembling and hazard-checking some
 30 000 bundles) takes seconds; emulating it in timing mode takes a fraction of that. Each built
-program is kept as ``<cache>/programs/<key>.bin``, an array file (:mod:`rtcommon.arrayfile`: code,
-descriptors, per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial
-registers and the key itself; read in one read, where a compressed ``.npz`` took ~12 ms for a
-1024^3 GEMM's program). The key hashes, like the latency profiles: the kernel name, the version of
+program is kept as ``<cache>/programs/<key>.npz`` (``np.savez_compressed``: code, descriptors,
+per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial registers
+and the key itself). The key hashes, like the latency profiles: the kernel name, the version of
 the sources that generate its program (:func:`generator_version`), the shape, the
 tiles and the platform digest.
 
@@ -18,15 +17,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import warnings
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
+from rtcommon.fileio import atomic_write_bytes
 
 from .. import isa
 from .._version import __version__
@@ -34,7 +35,7 @@ from ..assembler import Program
 from ..platform import Platform
 from ..prepared import cache_root, enabled
 
-FORMAT = 2          # bump when the file layout changes (2: an array file, not .npz)
+FORMAT = 1          # bump when the file layout changes
 _ROOT = Path(__file__).resolve().parent.parent
 
 # Sources that generate a kernel's program (its bits, not its timing). The platform enters the key
@@ -73,7 +74,7 @@ def cache_key(kernel: str, shape: tuple[int, ...], tiles, platform: Platform) ->
 
 
 def cache_path(key: str) -> Path:
-    return program_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    return program_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
 
 
 def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platform, build: Callable[[], Built]) -> Built:
@@ -82,15 +83,14 @@ def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platfor
     if not enabled():
         return _frozen(build(), key)
     path = cache_path(key)
-    try:
-        return _frozen(_load(path, key), key)
-    except FileNotFoundError:
-        pass
-    except ArrayFileError as exc:
-        warnings.warn(f"program cache {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
+    if path.exists():
+        try:
+            return _frozen(_load(path, key), key)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+            warnings.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
     built = build()
     try:
-        _dump(path, key, *built)
+        atomic_write_bytes(path, _dump(key, *built))
     except OSError:
         pass            # a read-only cache costs the build next time, nothing else
     return _frozen(built, key)
@@ -98,41 +98,38 @@ def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platfor
 
 def _frozen(built: Built, key: str) -> Built:
     """Kernel programs are shared (lru caches): read-only, and kept prepared by the machine (named by
-    their key, so the machine's prepared tables can be kept on disk too)."""
+    their key, so that in functional mode the machine keeps its prepared tables on disk too)."""
     built[0].origin = hashlib.sha256(key.encode()).hexdigest()[:32]
     built[0].freeze()
     return built
 
 
-def _dump(path: Path, key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
-          init_sregs: dict[int, dict[int, int]]) -> None:
+def _dump(key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
+          init_sregs: dict[int, dict[int, int]]) -> bytes:
     dsps = sorted(dsp_descriptors)
-    header = {"labels": program.labels, "descriptor_names": list(program.descriptor_names),
+    header = {"key": key, "labels": program.labels, "descriptor_names": list(program.descriptor_names),
               "dsp_descriptors": dsps,
               "init_sregs": [[int(d), [[int(r), int(v)] for r, v in sorted(regs.items())]]
                              for d, regs in sorted(init_sregs.items())]}
     tables = (np.stack([dsp_descriptors[d] for d in dsps]) if dsps
               else np.zeros((0,) + program.descriptors.shape, np.int64))
-    write_arrays(path, key, [(np.ascontiguousarray(program.code, dtype=np.int64),
-                              np.ascontiguousarray(program.descriptors, dtype=np.int64),
-                              np.ascontiguousarray(tables, dtype=np.int64))], header)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, header=np.array(json.dumps(header, sort_keys=True)), code=program.code,
+                        descriptors=program.descriptors, tables=tables)
+    return buf.getvalue()
 
 
 def _load(path: Path, key: str) -> Built:
-    groups, header = read_arrays(path, key)
-    try:
-        return _program(groups, header)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ArrayFileError(f"{path}: {exc}") from exc
-
-
-def _program(groups, header) -> Built:
-    if len(groups) != 1 or groups[0] is None or len(groups[0]) != 3:
-        raise ValueError("the file holds other arrays than a program's")
-    code, descs, tables = groups[0]
+    with np.load(path, allow_pickle=False) as z:
+        header = json.loads(str(z["header"]))
+        if header.get("key") != key:
+            raise ValueError("the file holds another program (key mismatch)")
+        code = np.ascontiguousarray(z["code"], dtype=np.int64)
+        descs = np.ascontiguousarray(z["descriptors"], dtype=np.int64)
+        tables = np.asarray(z["tables"], dtype=np.int64)
     if code.ndim != 3 or code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) or descs.ndim != 2 \
             or descs.shape[1:] != (isa.N_DESC,) or tables.shape[1:] != descs.shape \
-            or tables.shape[0] != len(header["dsp_descriptors"]) or code.dtype != np.int64:
+            or tables.shape[0] != len(header["dsp_descriptors"]):
         raise ValueError(f"arrays of unexpected shape (code {code.shape}, descriptors {descs.shape}, "
                          f"tables {tables.shape})")
     program = Program(code, descs, {str(k): int(v) for k, v in header["labels"].items()},
