@@ -22,15 +22,23 @@ from .platform import Platform, load_platform
 _JIT_SOURCES = ("machine.py", "blocks.py", "fused.py", "dma.py", "fp16.py", "isa.py", "trace.py", "accuracy.py")
 
 
-def _jit_cache_dir() -> str:
+def _jit_state() -> str:
     h = hashlib.sha256(__version__.encode())
     for name in _JIT_SOURCES:
         path = Path(__file__).parent / name
         if path.exists():
             h.update(name.encode() + path.read_bytes())
-    leaf = f"mtemu-jit-{h.hexdigest()[:12]}"
+    return f"mtemu-jit-{h.hexdigest()[:12]}"
+
+
+# the state of the jitted sources, computed once: names Numba's cache folder and keys the machine's
+# prepared tables on disk (mtemu.prepared)
+JIT_STATE = _jit_state()
+
+
+def _jit_cache_dir() -> str:
     base = os.environ.get("NUMBA_CACHE_DIR") or str(Path.home() / ".cache" / "mtemu" / "numba")
-    return base if Path(base).name == leaf else str(Path(base) / leaf)
+    return base if Path(base).name == JIT_STATE else str(Path(base) / JIT_STATE)
 
 
 os.environ["NUMBA_CACHE_DIR"] = _jit_cache_dir()

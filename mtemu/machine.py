@@ -787,8 +787,7 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     disk_key = None
     if cacheable and functional and skip and prepared_store.enabled() and all(pr.origin for pr in programs):
         disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
-    prepared = _read_prepared(programs, dsp_program, p, disk_key, bool(skip and functional), skip) if disk_key \
-        else None
+    prepared = _read_prepared(programs, dsp_program, p, disk_key) if disk_key else None
     if prepared is None:
         code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
         lanes = p.vector_lanes if functional else 1
@@ -810,19 +809,18 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     return prepared
 
 
-def _read_prepared(programs: list[Program], dsp_program: list[int], p: Platform, disk_key: str, deferring: bool,
-                   skip: bool) -> tuple | None:
-    """:func:`_prepare`'s tuple with the tables read from disk, or None (none there, or unusable: then
-    with a warning). The programs were checked when the tables were derived from the same content."""
+def _read_prepared(programs: list[Program], dsp_program: list[int], p: Platform, disk_key: str) -> tuple | None:
+    """:func:`_prepare`'s tuple (functional, fast-forwarding) with the tables read from disk, or None (none
+    there, or unusable: then with a warning). The programs were checked when the tables were derived
+    from the same content."""
     groups = prepared_store.load(disk_key)
     if groups is None:
         return None
     if len(groups) == 2 and groups[0] is not None and len(groups[0]) == len(empty_blocks()) \
-            and (groups[1] is not None) == deferring and (groups[1] is None or len(groups[1]) == N_DEFER_TABLES):
+            and groups[1] is not None and len(groups[1]) == N_DEFER_TABLES:
         code, descs, lo, hi, desc_off = _link(programs, dsp_program, p, check=False)
         blocks, tables = groups
-        n = code.shape[0]
-        if blocks[0].shape[0] == (n if skip else 0) and (tables is None or tables[2].shape[0] == n + 1):
+        if blocks[0].shape[0] == code.shape[0] and tables[2].shape[0] == code.shape[0] + 1:
             return code, descs, lo, hi, desc_off, blocks, tables
     warnings.warn(f"prepared program {prepared_store.cache_path(disk_key)}: tables of another program (an origin "
                   "that named two contents?); deriving it again", prepared_store.PreparedCacheWarning, stacklevel=4)

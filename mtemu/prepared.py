@@ -13,12 +13,13 @@ read fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_
 1024) by dropping the least recently used files.
 
 The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
-state of the machine's jitted sources (the folder name :mod:`mtemu` gives Numba's cache), so an edit
-to the machine never reads tables an older machine wrote. The file is a header (JSON: key, array
-types and shapes, CRC-32 of the data) and the arrays' bytes; a file that cannot be read, holds
-another key or fails its checksum is ignored with a :class:`PreparedCacheWarning`, and the tables
-are derived and written again (atomically). ``MTEMU_CACHE_DIR`` moves the cache (default
-``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns this cache off with the program cache.
+state of the machine's jitted sources (``mtemu.JIT_STATE``, which also names Numba's cache folder), so
+an edit to the machine never reads tables an older machine wrote. The file is an array file
+(:mod:`rtcommon.arrayfile`: a JSON header with the key and a checksum, then the arrays' bytes); one
+that cannot be read, holds another key or fails its checksum is ignored with a
+:class:`PreparedCacheWarning`, and the tables are derived and written again (atomically).
+``MTEMU_CACHE_DIR`` moves the cache (default ``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns this
+cache off with the program cache.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
 
+from . import JIT_STATE
 from .platform import Platform
 
 FORMAT = 1                      # bump when what is stored changes
@@ -54,15 +56,10 @@ def enabled() -> bool:
     return os.environ.get("MTEMU_PROGRAM_CACHE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def jit_state() -> str:
-    """The state of the machine's jitted sources: the leaf :mod:`mtemu` gives Numba's cache folder."""
-    return Path(os.environ.get("NUMBA_CACHE_DIR", "")).name
-
-
 def cache_key(origins: list[str], dsp_program: list[int], platform: Platform, functional: bool,
               skip: bool) -> str:
     """The identity of one prepared set of programs (a JSON string; its hash names the file)."""
-    return json.dumps([FORMAT, jit_state(), list(origins), [int(k) for k in dsp_program], platform.digest(),
+    return json.dumps([FORMAT, JIT_STATE, list(origins), [int(k) for k in dsp_program], platform.digest(),
                        bool(functional), bool(skip)])
 
 
