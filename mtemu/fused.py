@@ -12,9 +12,10 @@ sources, which terms per accumulator); :func:`run_fused` then
 1. reads each broadcast value (from SM, or the copy of SM taken when the run was queued, or a
    register as it was on entry),
 2. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
-   rounds in which every accumulator takes its next terms (two accumulators that share loaded rows,
-   a GEMM's rows of C, in one pass), following a schedule fixed when the record is compiled
-   (:func:`_schedule`) that widens each loaded row once, just before its first use, into a slot
+   rounds in which every accumulator takes its next terms (four or two accumulators that share
+   loaded rows, a GEMM's rows of C, in one pass), following a schedule fixed when the record is
+   compiled (:func:`_schedule`). A pass of four reads its rows straight from AM and widens each once
+   for the four; the other passes read rows widened once, just before their first use, into a slot
    freed by a row no longer read (AM does not change inside a stretch: it has no stores), so the
    rows in use stay in the L1 cache (a 1024^3 GEMM's stretch of 512 rows uses 16 slots),
 3. leaves the scalar and vector registers as the instructions would.
@@ -52,16 +53,19 @@ N_OPCOLS = 7
 #            stretch put in it before its first term (a micro-kernel zeroing C by broadcasting s0)
 #   terms    (bcast, load) numbers, grouped by accumulator as `accs`, in program order within each
 #   finals   (vector register, kind, number): what a broadcast or loaded register holds at the end
-#   steps    (kind, a, b, c, d) per step of the static schedule (_schedule), which widens each row into
-#            a slot just before its first use and frees the slot after its last, so the rows in use stay
-#            in the host's L1 cache; from then on the load numbers of accs, terms and finals are slots
+#   steps    (kind, a, b, c, d, e, f, g, h) per step of the static schedule (_schedule), which widens
+#            each row a step reads from a slot just before its first use and frees the slot after its last,
+#            so the rows in use stay in the host's L1 cache; from then on the load numbers of accs, finals
+#            and terms are slots, except the terms of S_QUAD8 steps, which read their rows straight from AM
 H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH, H_STEPS, H_SLOTS = range(9)
 N_HEADER = 9
 _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
 # schedule steps: widen load a into slot b | terms of accumulator(s) (at record-relative offsets) |
 # set the accumulators' start values
-S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT = 0, 1, 2, 3, 4
-N_STEP = 5
+#   S_WIDEN (load, slot)          S_PAIR8 (r, q, terms of r, of q)   S_ONE8 (r, terms)
+#   S_TAIL (r, first, end term)   S_INIT ()                          S_QUAD8 (r0..r3, terms of r0..r3)
+S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8 = 0, 1, 2, 3, 4, 5
+N_STEP = 9
 
 
 @njit(cache=True)
@@ -221,10 +225,12 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
     ending at ``p``) and renumber its rows to slots; return where it ends.
 
     The compute steps are rounds in which every accumulator takes its next FUSE_DEPTH terms, one
-    accumulator whose next terms use the same rows as a later one's being done together with it (a
-    GEMM's rows of C share rows of B). Each row is widened just before the first step that reads it,
-    into a slot freed by a row no later step reads (a 1024^3 GEMM's stretch of 512 rows needs 16 slots,
-    12 KB). Every accumulator's terms stay in program order, so the sums are those of the program."""
+    accumulator whose next terms use the same rows as three later ones' (or one later one's) being
+    done together with them (a GEMM's rows of C share rows of B). A group of four reads its rows
+    straight from AM; for the other steps each row is widened just before the first step that reads
+    it, into a slot freed by a row no later step reads (a 1024^3 GEMM's stretch of 512 rows needs 16
+    slots, 12 KB). Every accumulator's terms stay in program order, so the sums are those of the
+    program."""
     pt = pa + 4 * na
     pf = pt + 2 * nt
     start = np.empty(na, np.int64)
@@ -235,7 +241,8 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
         j += 2 * out[pa + 4 * q + 1]
         stop[q] = j
     # the compute steps, in rounds
-    comp = np.empty((nt + na + 1, N_STEP), np.int64)
+    comp = np.zeros((nt + na + 1, N_STEP), np.int64)
+    part = np.empty(3, np.int64)
     nc = 0
     done = np.zeros(na, np.int64)
     rnd = 0
@@ -252,19 +259,34 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             r = out[pa + 4 * q]
             comp[nc, 1] = r
             comp[nc, 2] = j - at
-            comp[nc, 3] = 0
-            comp[nc, 4] = 0
             if j + 2 * FUSE_DEPTH <= stop[q]:
-                comp[nc, 0] = S_ONE8
+                # up to three later accumulators whose next terms read the same rows (a GEMM's rows of C)
+                m = 0
                 for o in range(q + 1, na):
                     if done[o] != rnd and start[o] + 2 * FUSE_DEPTH <= stop[o] and _same_loads8(out, j, start[o]):
-                        comp[nc, 0] = S_PAIR8
-                        comp[nc, 2] = out[pa + 4 * o]
-                        comp[nc, 3] = j - at
-                        comp[nc, 4] = start[o] - at
-                        start[o] += 2 * FUSE_DEPTH
-                        done[o] = rnd
-                        break
+                        part[m] = o
+                        m += 1
+                        if m == 3:
+                            break
+                if m == 3:
+                    comp[nc, 0] = S_QUAD8
+                    comp[nc, 5] = j - at
+                    for f in range(3):
+                        o = part[f]
+                        comp[nc, 2 + f] = out[pa + 4 * o]
+                        comp[nc, 6 + f] = start[o] - at
+                elif m > 0:
+                    m = 1
+                    o = part[0]
+                    comp[nc, 0] = S_PAIR8
+                    comp[nc, 2] = out[pa + 4 * o]
+                    comp[nc, 3] = j - at
+                    comp[nc, 4] = start[o] - at
+                else:
+                    comp[nc, 0] = S_ONE8
+                for f in range(m):
+                    start[part[f]] += 2 * FUSE_DEPTH
+                    done[part[f]] = rnd
                 j += 2 * FUSE_DEPTH
             else:
                 comp[nc, 0] = S_TAIL
@@ -274,7 +296,9 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             start[q] = j
             if j < stop[q]:
                 left += 1
-    # each row's first and last use: -1 the accumulators' start, nc the finals (kept to the end)
+    # each row's first and last use in a slot: -1 the accumulators' start, nc the finals (kept to the end);
+    # S_QUAD8 steps read their rows straight from AM (`direct` marks their terms), so need no slot
+    direct = np.zeros(nt, np.bool_)
     first = np.full(nl, nc + 1, np.int64)
     last = np.full(nl, -2, np.int64)
     for q in range(na):
@@ -283,6 +307,11 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             first[w] = -1
             last[w] = max(last[w], -1)
     for c in range(nc):
+        if comp[c, 0] == S_QUAD8:
+            for f in range(5, 9):
+                t0 = (at + comp[c, f] - pt) >> 1
+                direct[t0:t0 + FUSE_DEPTH] = True
+            continue
         a = at + (comp[c, 3] if comp[c, 0] == S_PAIR8 else comp[c, 2])
         b = at + comp[c, 3] if comp[c, 0] == S_TAIL else a + 2 * FUSE_DEPTH
         for g in range(a + 1, b, 2):
@@ -322,8 +351,8 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             out[g] = S_WIDEN
             out[g + 1] = w
             out[g + 2] = slot[w]
-            out[g + 3] = 0
-            out[g + 4] = 0
+            for f in range(3, N_STEP):
+                out[g + f] = 0
             nsteps += 1
         g = base + N_STEP * nsteps
         if c == -1:
@@ -344,7 +373,8 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
         if out[pa + 4 * q + 2] == _K_LOAD:
             out[pa + 4 * q + 3] = slot[out[pa + 4 * q + 3]]
     for g in range(pt + 1, pf, 2):
-        out[g] = slot[out[g]]
+        if not direct[(g - pt) >> 1]:
+            out[g] = slot[out[g]]
     for f in range(nf):
         g = pf + 3 * f
         if out[g + 1] == _K_LOAD:
@@ -431,7 +461,10 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     rows = np.empty((max(fused[at + H_SLOTS], 1), lanes), np.float32)
     for g in range(ps, ps + N_STEP * fused[at + H_STEPS], N_STEP):
         kind = fused[g]
-        if kind == S_WIDEN:
+        if kind == S_QUAD8:
+            _add_terms8_quad(v, fused[g + 1], fused[g + 2], fused[g + 3], fused[g + 4], mem16, src, bval, fused,
+                             at + fused[g + 5], at + fused[g + 6], at + fused[g + 7], at + fused[g + 8], lanes)
+        elif kind == S_WIDEN:
             s0 = src[fused[g + 1]]
             w = fused[g + 2]
             for k in range(lanes):
@@ -540,3 +573,63 @@ def _add_terms8_pair(v, r, q, rows, bval, fused, j, jq, lanes):
         a = rows[w7, k]
         v[r, k] = add_fp16_product(s, x7, a)
         v[q, k] = add_fp16_product(t, y7, a)
+
+
+@njit(cache=True)
+def _add_terms8_quad(v, r0, r1, r2, r3, mem16, src, bval, fused, j0, j1, j2, j3, lanes):
+    """:func:`_add_terms8` for four accumulators (terms at j0..j3) over the same eight rows, each row read
+    straight from AM and widened once for the four: four independent chains per lane, a conversion per
+    four products (the host's multiply-add ports are the bound; a widened copy in a slot would add a
+    store and a load per row). Each accumulator's terms are still added one after another."""
+    x0, x1, x2, x3 = bval[fused[j0]], bval[fused[j0 + 2]], bval[fused[j0 + 4]], bval[fused[j0 + 6]]
+    x4, x5, x6, x7 = bval[fused[j0 + 8]], bval[fused[j0 + 10]], bval[fused[j0 + 12]], bval[fused[j0 + 14]]
+    y0, y1, y2, y3 = bval[fused[j1]], bval[fused[j1 + 2]], bval[fused[j1 + 4]], bval[fused[j1 + 6]]
+    y4, y5, y6, y7 = bval[fused[j1 + 8]], bval[fused[j1 + 10]], bval[fused[j1 + 12]], bval[fused[j1 + 14]]
+    z0, z1, z2, z3 = bval[fused[j2]], bval[fused[j2 + 2]], bval[fused[j2 + 4]], bval[fused[j2 + 6]]
+    z4, z5, z6, z7 = bval[fused[j2 + 8]], bval[fused[j2 + 10]], bval[fused[j2 + 12]], bval[fused[j2 + 14]]
+    u0, u1, u2, u3 = bval[fused[j3]], bval[fused[j3 + 2]], bval[fused[j3 + 4]], bval[fused[j3 + 6]]
+    u4, u5, u6, u7 = bval[fused[j3 + 8]], bval[fused[j3 + 10]], bval[fused[j3 + 12]], bval[fused[j3 + 14]]
+    s0, s1, s2, s3 = src[fused[j0 + 1]], src[fused[j0 + 3]], src[fused[j0 + 5]], src[fused[j0 + 7]]
+    s4, s5, s6, s7 = src[fused[j0 + 9]], src[fused[j0 + 11]], src[fused[j0 + 13]], src[fused[j0 + 15]]
+    for k in range(lanes):
+        kk = np.uint64(k)
+        a = widen_f16(mem16[s0 + kk])
+        p = add_fp16_product(v[r0, k], x0, a)
+        q = add_fp16_product(v[r1, k], y0, a)
+        r = add_fp16_product(v[r2, k], z0, a)
+        t = add_fp16_product(v[r3, k], u0, a)
+        a = widen_f16(mem16[s1 + kk])
+        p = add_fp16_product(p, x1, a)
+        q = add_fp16_product(q, y1, a)
+        r = add_fp16_product(r, z1, a)
+        t = add_fp16_product(t, u1, a)
+        a = widen_f16(mem16[s2 + kk])
+        p = add_fp16_product(p, x2, a)
+        q = add_fp16_product(q, y2, a)
+        r = add_fp16_product(r, z2, a)
+        t = add_fp16_product(t, u2, a)
+        a = widen_f16(mem16[s3 + kk])
+        p = add_fp16_product(p, x3, a)
+        q = add_fp16_product(q, y3, a)
+        r = add_fp16_product(r, z3, a)
+        t = add_fp16_product(t, u3, a)
+        a = widen_f16(mem16[s4 + kk])
+        p = add_fp16_product(p, x4, a)
+        q = add_fp16_product(q, y4, a)
+        r = add_fp16_product(r, z4, a)
+        t = add_fp16_product(t, u4, a)
+        a = widen_f16(mem16[s5 + kk])
+        p = add_fp16_product(p, x5, a)
+        q = add_fp16_product(q, y5, a)
+        r = add_fp16_product(r, z5, a)
+        t = add_fp16_product(t, u5, a)
+        a = widen_f16(mem16[s6 + kk])
+        p = add_fp16_product(p, x6, a)
+        q = add_fp16_product(q, y6, a)
+        r = add_fp16_product(r, z6, a)
+        t = add_fp16_product(t, u6, a)
+        a = widen_f16(mem16[s7 + kk])
+        v[r0, k] = add_fp16_product(p, x7, a)
+        v[r1, k] = add_fp16_product(q, y7, a)
+        v[r2, k] = add_fp16_product(r, z7, a)
+        v[r3, k] = add_fp16_product(t, u7, a)

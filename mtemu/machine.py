@@ -39,7 +39,7 @@ from time import monotonic
 import numpy as np
 from numba import njit
 
-from rtcommon.hostmem import check_host_memory
+from rtcommon.hostmem import check_host_memory, small_pages
 
 from . import isa
 from . import prepared as prepared_store
@@ -591,8 +591,9 @@ class Cluster:
             regs = p.dsps * p.vector_registers * p.vector_lanes * 4
             check_host_memory(total + regs, f"a functional cluster of {p.dsps} DSPs with {self.ddr_bytes} bytes "
                               f"of DDR", MachineError)
-            self.mem = np.zeros(total // 2, dtype=np.uint16)
-            self.vregs = np.zeros((p.dsps, p.vector_registers, p.vector_lanes), dtype=np.float32)
+            with small_pages():         # touched once per run: huge pages cost more to fault than they save
+                self.mem = np.zeros(total // 2, dtype=np.uint16)
+                self.vregs = np.zeros((p.dsps, p.vector_registers, p.vector_lanes), dtype=np.float32)
         else:
             self.mem = np.zeros(2, dtype=np.uint16)
             self.vregs = np.zeros((p.dsps, p.vector_registers, 1), dtype=np.float32)
@@ -717,7 +718,8 @@ class Cluster:
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
         lanes = p.vector_lanes if self.functional else 1
-        defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
+        with small_pages():
+            defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
         run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
@@ -787,6 +789,18 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     disk_key = None
     if cacheable and functional and skip and prepared_store.enabled() and all(pr.origin for pr in programs):
         disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
+    with small_pages():
+        prepared = _derive_prepared(programs, dsp_program, p, functional, skip, disk_key)
+    if cacheable:
+        _PREPARED[key] = (list(programs), prepared)
+        while len(_PREPARED) > PREPARED_ENTRIES:
+            _PREPARED.popitem(last=False)
+    return prepared
+
+
+def _derive_prepared(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool,
+                     disk_key: str | None) -> tuple:
+    """:func:`_prepare`'s tables, read from disk under ``disk_key`` if there, else derived (and stored)."""
     prepared = _read_prepared(programs, dsp_program, p, disk_key) if disk_key else None
     if prepared is None:
         code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
@@ -802,10 +816,6 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
         if disk_key:
             prepared_store.store(disk_key, [blocks, tables])
         prepared = (code, descs, lo, hi, desc_off, blocks, tables)
-    if cacheable:
-        _PREPARED[key] = (list(programs), prepared)
-        while len(_PREPARED) > PREPARED_ENTRIES:
-            _PREPARED.popitem(last=False)
     return prepared
 
 

@@ -3,6 +3,11 @@ says how much it needs instead of being killed by the kernel's out-of-memory han
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
 
 from .errors import UserError
 
@@ -33,3 +38,36 @@ def check_host_memory(nbytes: float, what: str, error: type[UserError] = UserErr
     avail = available_bytes()
     if avail is not None and nbytes > avail:
         raise error(f"{what} needs {format_bytes(nbytes)} of host memory; {format_bytes(avail)} is available")
+
+
+# NumPy asks the kernel for transparent huge pages (madvise) on arrays of 4 MB and more. Where the
+# kernel's THP defrag setting is "madvise" (a common default), the first touch of each huge page may
+# stall while the kernel compacts memory: on the 2-core CI machine a functional 1024^3 GEMM's first
+# run spent 100-270 ms of system time faulting in its cluster memory that way, 11-28 ms on ordinary
+# pages. The switch is process-wide, so nested and concurrent users share one count.
+_numpy_core = getattr(np, "_core", None) or np.core
+_set_madvise_hugepage = getattr(_numpy_core.multiarray, "_set_madvise_hugepage", None)
+_pages_lock = threading.Lock()
+_pages_depth = 0
+_pages_saved = True
+
+
+@contextmanager
+def small_pages() -> Iterator[None]:
+    """Arrays NumPy allocates inside the block use ordinary pages, not transparent huge pages (a no-op
+    where NumPy offers no switch). For large buffers that are written once per run: emulated memories."""
+    global _pages_depth, _pages_saved
+    if _set_madvise_hugepage is None:
+        yield
+        return
+    with _pages_lock:
+        if _pages_depth == 0:
+            _pages_saved = bool(_set_madvise_hugepage(False))
+        _pages_depth += 1
+    try:
+        yield
+    finally:
+        with _pages_lock:
+            _pages_depth -= 1
+            if _pages_depth == 0:
+                _set_madvise_hugepage(_pages_saved)

@@ -32,7 +32,9 @@ from mtemu.fused import (
     N_STEP,
     O_FUSE_AT,
     O_FUSE_END,
+    S_INIT,
     S_PAIR8,
+    S_QUAD8,
     S_WIDEN,
 )
 from mtemu.machine import F16_TABLE
@@ -139,7 +141,8 @@ def _compare(code, p, e, rng, loads=False):
 @pytest.mark.parametrize("seed", range(24))
 def test_random_micro_kernels_fuse_and_compute_alike(seed):
     rng = np.random.default_rng(seed)
-    mr, nv = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    mr = int(rng.integers(1, 8))                    # up to 7 accumulators a column: quads, pairs, ones
+    nv = min(int(rng.integers(1, 4)), (NV - mr) // (mr + 1))
     ks = int(rng.integers(2, 12))
     body = _stretch_program(rng, mr, nv, ks, bool(rng.integers(0, 2)), bool(rng.integers(0, 2)))
     # a prologue and epilogue the stretch may not take in: accumulators loaded and stored
@@ -204,21 +207,45 @@ def test_rows_live_across_rounds_keep_their_slots(seed):
     assert ops[:, O_FUSE_END].any()
 
 
-def test_a_gemm_stretch_widens_each_row_once_into_few_slots():
-    """6 x 2 accumulators over 64 k: 128 rows, each read by the 6 accumulators of its column in one
-    round, so a handful of slots serve them all (and every row is widened exactly once)."""
-    rng = np.random.default_rng(7)
-    code = _bundled(_stretch_program(rng, 6, 2, 64, False, False), rng, 3)
+def _first_stretch_steps(code):
+    """(record start, loads, steps as rows of N_STEP) of the first stretch of ``code``."""
     ops, _off, fused, _s, _so = decode_ops(code, NS, NV)
     at = int(ops[np.flatnonzero(ops[:, O_FUSE_END])[0], O_FUSE_AT])
     nl, steps = int(fused[at + H_LOADS]), int(fused[at + H_STEPS])
     ps = at + N_HEADER + 2 * nl + 4 * int(fused[at + H_BCASTS]) + 4 * int(fused[at + H_SCALARS]) \
         + 4 * int(fused[at + H_ACCS]) + 2 * int(fused[at + H_TERMS]) + 3 * int(fused[at + H_FINALS])
-    kinds = fused[ps:ps + N_STEP * steps].reshape(steps, N_STEP)
+    return fused, at, nl, fused[ps:ps + N_STEP * steps].reshape(steps, N_STEP)
+
+
+def test_a_gemm_stretch_widens_each_row_once_into_few_slots():
+    """6 x 2 accumulators over 64 k: 128 rows, each read by the 6 accumulators of its column in one
+    round (four in a quad straight from AM, two in a pair from a slot), so a handful of slots serve them
+    all (and every row is widened exactly once)."""
+    rng = np.random.default_rng(7)
+    code = _bundled(_stretch_program(rng, 6, 2, 64, False, False), rng, 3)
+    fused, at, nl, kinds = _first_stretch_steps(code)
     widened = kinds[kinds[:, 0] == S_WIDEN, 1]
     assert nl == 128 and sorted(widened.tolist()) == list(range(nl))
     assert fused[at + H_SLOTS] <= 4 * FUSE_DEPTH
-    assert (kinds[:, 0] == S_PAIR8).sum() >= (6 * 2 * 64) // (4 * FUSE_DEPTH)
+    rounds = 64 // FUSE_DEPTH
+    assert (kinds[:, 0] == S_QUAD8).sum() == 2 * rounds          # per round and column: a quad and a pair
+    assert (kinds[:, 0] == S_PAIR8).sum() == 2 * rounds
+    _compare(code, 0, len(code), rng)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_four_accumulators_a_column_read_their_rows_straight_from_am(seed):
+    """4 x 3 accumulators: every term is in a quad, which reads AM itself, so the only rows widened into
+    slots are the three the row registers hold at the end, and the sums are still the
+    instruction-by-instruction ones."""
+    rng = np.random.default_rng(400 + seed)
+    ks = 8 * int(rng.integers(2, 6))
+    code = _bundled(_stretch_program(rng, 4, 3, ks, bool(seed % 2), False), rng, 3)
+    fused, at, nl, kinds = _first_stretch_steps(code)
+    assert set(kinds[:, 0].tolist()) == {S_INIT, S_QUAD8, S_WIDEN}
+    assert (kinds[:, 0] == S_QUAD8).sum() == 3 * ks // FUSE_DEPTH
+    assert sorted(kinds[kinds[:, 0] == S_WIDEN, 1].tolist()) == [nl - 3, nl - 2, nl - 1]
+    _compare(code, 0, len(code), rng, loads=bool(seed % 2))
 
 
 def _end_of_first_stretch(ops_list):

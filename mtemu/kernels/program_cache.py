@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from rtcommon.fileio import atomic_write_bytes
+from rtcommon.hostmem import small_pages
 
 from .. import isa
 from .._version import __version__
@@ -120,7 +121,7 @@ def _dump(key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
 
 
 def _load(path: Path, key: str) -> Built:
-    with np.load(path, allow_pickle=False) as z:
+    with small_pages(), np.load(path, allow_pickle=False) as z:
         header = json.loads(str(z["header"]))
         if header.get("key") != key:
             raise ValueError("the file holds another program (key mismatch)")
