@@ -727,6 +727,8 @@ class Cluster:
                      np.array([-1, 0, CHUNK_BUNDLES], np.int64))
         ctl = run_state[-1]
         started = monotonic()
+        code = code.view()
+        code.flags.writeable = False    # one compiled signature for a program's own (frozen) code and a copy
         while True:
             _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
                  self.functional, p.dsps, lanes, p.latencies.branch_delay,
@@ -858,7 +860,12 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: b
         _validate_raw(prog, p)
         if prog.descriptors.shape[0]:
             _check_descriptor_table(prog.descriptors, f"program {index}", prog.code)
-    code = np.concatenate([pr.code for pr in programs]) if total else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64)
+    if not check and len(programs) == 1 and programs[0].code.flags.c_contiguous \
+            and programs[0].code.dtype == np.int64:
+        code = programs[0].code     # tables read from disk: nothing derives from it here, no copy is needed
+    else:
+        code = (np.concatenate([pr.code for pr in programs]) if total
+                else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64))
     descs = (np.concatenate([pr.descriptors for pr in programs]) if dtotal
              else np.zeros((1, isa.N_DESC), np.int64))
     lo = np.empty(p.dsps, np.int64)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -70,11 +71,17 @@ def cache_path(key: str) -> Path:
 def limit_bytes() -> int:
     """The most the prepared cache may hold (``MTEMU_PREPARED_CACHE_MB``, default 1024 MB)."""
     raw = os.environ.get("MTEMU_PREPARED_CACHE_MB", "").strip()
+    if not raw:
+        return DEFAULT_LIMIT_MB << 20
     try:
-        mb = float(raw) if raw else DEFAULT_LIMIT_MB
+        mb = float(raw)
     except ValueError:
+        mb = math.nan
+    if not math.isfinite(mb) or mb < 0:
+        warnings.warn(f"MTEMU_PREPARED_CACHE_MB={raw!r} is not a size in MB (a number >= 0); using the default "
+                      f"{DEFAULT_LIMIT_MB}", PreparedCacheWarning, stacklevel=3)
         mb = DEFAULT_LIMIT_MB
-    return int(max(mb, 0.0) * (1 << 20))
+    return int(mb * (1 << 20))
 
 
 def store(key: str, groups: Groups) -> None:

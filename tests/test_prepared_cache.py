@@ -63,7 +63,10 @@ def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_d
     assert len(read) == len(derived)
     for x, y in zip(read, derived, strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
-        assert x.flags.writeable and x.flags.c_contiguous
+        assert x.flags.c_contiguous
+    # the machine runs the program's own (frozen) code, not a copy; the tables are writable arrays
+    (program,) = next(iter(machine._PREPARED.values()))[0]
+    assert read[0] is program.code and all(x.flags.writeable for x in read[1:])
     assert np.array_equal(first.c.view(np.uint16), again.c.view(np.uint16))
     assert first.stats.cycles == again.stats.cycles and _prepared_files(cache_dir) == [path]
 
@@ -134,6 +137,15 @@ def test_array_files_round_trip_and_refuse_damage(tmp_path):
         read_arrays(tmp_path / "none.bin", "k")
     with pytest.raises(ArrayFileError, match="must be of"):
         write_arrays(path, "k", [(np.zeros(2, np.complex64),)])
+
+
+@pytest.mark.parametrize("raw", ["lots", "-5", "nan", "inf"])
+def test_a_malformed_limit_warns_naming_the_variable_and_keeps_the_default(raw, monkeypatch):
+    monkeypatch.setenv("MTEMU_PREPARED_CACHE_MB", raw)
+    with pytest.warns(prepared_store.PreparedCacheWarning, match="MTEMU_PREPARED_CACHE_MB"):
+        assert prepared_store.limit_bytes() == prepared_store.DEFAULT_LIMIT_MB << 20
+    monkeypatch.setenv("MTEMU_PREPARED_CACHE_MB", "0.5")
+    assert prepared_store.limit_bytes() == 1 << 19
 
 
 def test_the_cache_keeps_to_its_limit_dropping_the_least_recently_used(cache_dir, monkeypatch):

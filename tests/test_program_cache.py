@@ -6,7 +6,7 @@ import pytest
 from mtemu.kernels import gemm, gemm_a_resident
 from mtemu.kernels.gemm import GemmTiles
 from mtemu.kernels.gemm_a_resident import AResidentGemmTiles
-from mtemu.kernels.program_cache import ProgramCacheWarning, cache_key, cache_path
+from mtemu.kernels.program_cache import ProgramCacheWarning, _narrow, cache_key, cache_path
 from mtemu.platform import DEFAULT
 
 SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
@@ -52,6 +52,18 @@ def test_a_loaded_program_is_the_built_one(mod, kernel, tiles, monkeypatch):
     loaded = build(mod, tiles)
     assert same(fresh, loaded)
     assert loaded.program.code.flags.c_contiguous and loaded.program.code.dtype == np.int64
+    with np.load(path) as z:
+        assert z["code"].dtype == np.int32                  # stored narrow, widened on load
+
+
+def test_code_is_stored_as_int32_only_when_every_field_fits():
+    code = np.zeros((3, 8, 7), np.int64)
+    code[1, 2, 5], code[2, 7, 6] = (1 << 31) - 1, -(1 << 31)
+    assert _narrow(code).dtype == np.int32 and np.array_equal(_narrow(code), code)
+    for bad in (1 << 31, -(1 << 31) - 1):
+        wide = code.copy()
+        wide[0, 0, 6] = bad
+        assert _narrow(wide) is wide
 
 
 def test_the_key_separates_kernels_shapes_tiles_and_platforms():
