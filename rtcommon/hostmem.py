@@ -1,5 +1,6 @@
 """Host memory a request would need, checked before allocating: an oversized emulation or model
-says how much it needs instead of being killed by the kernel's out-of-memory handler."""
+says how much it needs instead of being killed by the kernel's out-of-memory handler. And
+:func:`small_pages`, for large buffers that are written once per run."""
 from __future__ import annotations
 
 import os
