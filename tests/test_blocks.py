@@ -449,3 +449,21 @@ def test_random_programs_with_every_kind_of_dma_compute_alike(prog, seed):
     def load(c):
         c.mem[:] = fill[:c.mem.size]
     _assert_fast_equals_full(THREE, 8192, prog, load)
+
+
+@pytest.mark.parametrize("n", [1, 5, 24, 48, 64])
+def test_the_flush_order_spreads_any_run_of_dsps_over_the_threads(n):
+    """A parallel flush splits its loop into equal contiguous parts, one a thread: over
+    :func:`blocks.spread_order`, each of 2, 4 or 8 parts then holds DSPs from all over the range, and any
+    contiguous group of DSPs (the only ones with work in some flushes) is shared within one DSP."""
+    order = blocks.spread_order(n).tolist()
+    assert sorted(order) == list(range(n))
+    for parts in (2, 4, 8):
+        if n % parts:
+            continue
+        size = n // parts
+        part_of = {d: i // size for i, d in enumerate(order)}
+        for lo in range(n):
+            for hi in range(lo + 1, n + 1):
+                counts = np.bincount([part_of[d] for d in range(lo, hi)], minlength=parts)
+                assert counts.max() - counts.min() <= 1, (parts, lo, hi)
