@@ -511,12 +511,25 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
 
 
 @njit(cache=True)
+def _bcasts8(bval, fused, j):
+    """The broadcast values of the eight terms at fused[j:j+16] (bcast, load), in order."""
+    return (bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]],
+            bval[fused[j + 8]], bval[fused[j + 10]], bval[fused[j + 12]], bval[fused[j + 14]])
+
+
+@njit(cache=True)
+def _row_addresses8(src, fused, j):
+    """Where in AM (``src``: word address per load) the rows of the eight terms at fused[j:j+16] are."""
+    return (src[fused[j + 1]], src[fused[j + 3]], src[fused[j + 5]], src[fused[j + 7]],
+            src[fused[j + 9]], src[fused[j + 11]], src[fused[j + 13]], src[fused[j + 15]])
+
+
+@njit(cache=True)
 def _add_terms8(v, r, rows, bval, fused, j, lanes):
     """v[r] += the eight terms at fused[j:j+16] (bcast, load), one after another, each sum rounded."""
-    x0, x1, x2, x3 = bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]]
-    x4, x5, x6, x7 = bval[fused[j + 8]], bval[fused[j + 10]], bval[fused[j + 12]], bval[fused[j + 14]]
-    w0, w1, w2, w3 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7]
-    w4, w5, w6, w7 = fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _bcasts8(bval, fused, j)
+    w0, w1, w2, w3, w4, w5, w6, w7 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7], \
+        fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
     for k in range(lanes):
         s = add_fp16_product(v[r, k], x0, rows[w0, k])
         s = add_fp16_product(s, x1, rows[w1, k])
@@ -542,12 +555,10 @@ def _add_terms8_pair(v, r, q, rows, bval, fused, j, jq, lanes):
     """:func:`_add_terms8` for accumulators r (terms at j) and q (at jq) over the same eight rows:
     each row is read once for both, and the two sums are independent chains (twice the work in
     flight per lane). Each accumulator's terms are still added one after another."""
-    x0, x1, x2, x3 = bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]]
-    x4, x5, x6, x7 = bval[fused[j + 8]], bval[fused[j + 10]], bval[fused[j + 12]], bval[fused[j + 14]]
-    y0, y1, y2, y3 = bval[fused[jq]], bval[fused[jq + 2]], bval[fused[jq + 4]], bval[fused[jq + 6]]
-    y4, y5, y6, y7 = bval[fused[jq + 8]], bval[fused[jq + 10]], bval[fused[jq + 12]], bval[fused[jq + 14]]
-    w0, w1, w2, w3 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7]
-    w4, w5, w6, w7 = fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _bcasts8(bval, fused, j)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _bcasts8(bval, fused, jq)
+    w0, w1, w2, w3, w4, w5, w6, w7 = fused[j + 1], fused[j + 3], fused[j + 5], fused[j + 7], \
+        fused[j + 9], fused[j + 11], fused[j + 13], fused[j + 15]
     for k in range(lanes):
         a = rows[w0, k]
         s = add_fp16_product(v[r, k], x0, a)
@@ -581,16 +592,11 @@ def _add_terms8_quad(v, r0, r1, r2, r3, mem16, src, bval, fused, j0, j1, j2, j3,
     straight from AM and widened once for the four: four independent chains per lane, a conversion per
     four products (the host's multiply-add ports are the bound; a widened copy in a slot would add a
     store and a load per row). Each accumulator's terms are still added one after another."""
-    x0, x1, x2, x3 = bval[fused[j0]], bval[fused[j0 + 2]], bval[fused[j0 + 4]], bval[fused[j0 + 6]]
-    x4, x5, x6, x7 = bval[fused[j0 + 8]], bval[fused[j0 + 10]], bval[fused[j0 + 12]], bval[fused[j0 + 14]]
-    y0, y1, y2, y3 = bval[fused[j1]], bval[fused[j1 + 2]], bval[fused[j1 + 4]], bval[fused[j1 + 6]]
-    y4, y5, y6, y7 = bval[fused[j1 + 8]], bval[fused[j1 + 10]], bval[fused[j1 + 12]], bval[fused[j1 + 14]]
-    z0, z1, z2, z3 = bval[fused[j2]], bval[fused[j2 + 2]], bval[fused[j2 + 4]], bval[fused[j2 + 6]]
-    z4, z5, z6, z7 = bval[fused[j2 + 8]], bval[fused[j2 + 10]], bval[fused[j2 + 12]], bval[fused[j2 + 14]]
-    u0, u1, u2, u3 = bval[fused[j3]], bval[fused[j3 + 2]], bval[fused[j3 + 4]], bval[fused[j3 + 6]]
-    u4, u5, u6, u7 = bval[fused[j3 + 8]], bval[fused[j3 + 10]], bval[fused[j3 + 12]], bval[fused[j3 + 14]]
-    s0, s1, s2, s3 = src[fused[j0 + 1]], src[fused[j0 + 3]], src[fused[j0 + 5]], src[fused[j0 + 7]]
-    s4, s5, s6, s7 = src[fused[j0 + 9]], src[fused[j0 + 11]], src[fused[j0 + 13]], src[fused[j0 + 15]]
+    x0, x1, x2, x3, x4, x5, x6, x7 = _bcasts8(bval, fused, j0)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _bcasts8(bval, fused, j1)
+    z0, z1, z2, z3, z4, z5, z6, z7 = _bcasts8(bval, fused, j2)
+    u0, u1, u2, u3, u4, u5, u6, u7 = _bcasts8(bval, fused, j3)
+    s0, s1, s2, s3, s4, s5, s6, s7 = _row_addresses8(src, fused, j0)
     for k in range(lanes):
         kk = np.uint64(k)
         a = widen_f16(mem16[s0 + kk])

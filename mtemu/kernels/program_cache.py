@@ -74,8 +74,13 @@ def cache_key(kernel: str, shape: tuple[int, ...], tiles, platform: Platform) ->
                        platform.digest()], sort_keys=True)
 
 
+def _key_hash(key: str) -> str:
+    """The name of a built program: its file's and its ``Program.origin``."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 def cache_path(key: str) -> Path:
-    return program_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+    return program_cache_dir() / f"{_key_hash(key)}.npz"
 
 
 def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platform, build: Callable[[], Built]) -> Built:
@@ -100,7 +105,7 @@ def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platfor
 def _frozen(built: Built, key: str) -> Built:
     """Kernel programs are shared (lru caches): read-only, and kept prepared by the machine (named by
     their key, so that in functional mode the machine keeps its prepared tables on disk too)."""
-    built[0].origin = hashlib.sha256(key.encode()).hexdigest()[:32]
+    built[0].origin = _key_hash(key)
     built[0].freeze()
     return built
 
