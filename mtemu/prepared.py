@@ -6,10 +6,11 @@ the decoded instructions, fused stretches and each run's last scalar loads
 (:func:`mtemu.blocks.defer_tables`). For a 1024^3 GEMM that takes some 25 ms, plus loading the
 jitted builders in a new process: more than a tenth of the functional run itself. In functional mode,
 programs whose content has a name (``Program.origin``, set by the kernels' program cache from its
-key) get those tables written once to ``<cache>/prepared/<hash>.bin`` and read back after, in one
-read. Timing mode does not use this: its runs are long next to deriving the tables, and the tuner
-emulates hundreds of candidate programs whose tables (some 10 MB each, uncompressed so that they
-read fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_MB`` (default
+key) get those tables written once to ``<cache>/prepared/<hash>.bin`` and mapped back after
+(copy-on-write, :func:`rtcommon.arrayfile.read_arrays`: no fresh memory to fault in, no copy).
+Timing mode does not use this: its runs are long next to deriving the tables, and the tuner emulates
+hundreds of candidate programs whose tables (some 10 MB each, uncompressed so that they map
+fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_MB`` (default
 1024) by dropping the least recently used files.
 
 The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
@@ -121,7 +122,7 @@ def load(key: str) -> Groups | None:
     unusable (then with a :class:`PreparedCacheWarning`). A file read is marked as recently used."""
     path = cache_path(key)
     try:
-        groups = read_arrays(path, key)[0]
+        groups = read_arrays(path, key, mapped=True)[0]
     except FileNotFoundError:
         return None
     except ArrayFileError as exc:

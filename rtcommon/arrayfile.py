@@ -4,13 +4,19 @@ A file is ``MAGIC``, the header's length (8 bytes, little-endian), a JSON header
 and metadata, each array's type and shape, a checksum of the data) and the arrays' bytes, each
 padded to 64 bytes. Reading is one ``readinto`` of an uninitialised buffer and views into it (some
 10 MB in a few milliseconds; NumPy's ``.npz`` spends as long again on its per-member CRC, and
-compressing costs more). The checksum is the wrapping sum of the data's 64-bit words, which any
+compressing costs more), or, with ``mapped=True``, a private (copy-on-write) mapping of the file:
+its pages come straight from the operating system's file cache, with no fresh memory to fault in and
+zero and no copy (a 12.5 MB file: 1.5-2 ms instead of 10 on a new process's first read). The
+arrays stay writable; a page written is copied then, for this process only. Files are only ever
+replaced whole (atomically, by rename), never rewritten in place, so a mapping never sees a file
+change under it. The checksum is the wrapping sum of the data's 64-bit words, which any
 damaged word changes (not a defence against deliberate edits: the files are the user's own cache).
 Writes are atomic. Anything wrong with a file raises :class:`ArrayFileError` naming it.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -53,17 +59,22 @@ def write_arrays(path: str | os.PathLike, key: str, groups: Groups, meta: Any = 
     atomic_write_bytes(path, head + data)
 
 
-def read_arrays(path: str | os.PathLike, key: str) -> tuple[Groups, Any]:
+def read_arrays(path: str | os.PathLike, key: str, mapped: bool = False) -> tuple[Groups, Any]:
     """``(groups, meta)`` of the file at ``path``, which must hold ``key``; its arrays are writable
-    views into one buffer. Raises FileNotFoundError if there is no file, :class:`ArrayFileError` if
-    it cannot be used."""
+    views into one buffer (read, or with ``mapped`` a copy-on-write mapping of the file). Raises
+    FileNotFoundError if there is no file, :class:`ArrayFileError` if it cannot be used."""
     where = Path(path)
     try:
         with open(where, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            buf = np.empty(size, np.uint8)          # not zero-filled: it is read over at once
-            if fh.readinto(buf) != size:
-                raise ArrayFileError(f"{where}: short read")
+            if size <= len(MAGIC) + 8:
+                raise ArrayFileError(f"{where}: too short to be an array file ({size} bytes)")
+            if mapped:
+                buf = np.frombuffer(mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY), np.uint8)
+            else:
+                buf = np.empty(size, np.uint8)      # not zero-filled: it is read over at once
+                if fh.readinto(buf) != size:
+                    raise ArrayFileError(f"{where}: short read")
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise FileNotFoundError(str(exc)) from exc          # no file (or no folder) there
     except OSError as exc:

@@ -115,26 +115,41 @@ def test_the_key_separates_mode_dsp_programs_and_platform():
     assert len({prepared_store.cache_path(k) for k in keys}) == 6
 
 
-def test_array_files_round_trip_and_refuse_damage(tmp_path):
+def test_a_mapped_array_file_is_copy_on_write(tmp_path):
+    """Writing to arrays of a mapped file changes them for this reader only: neither the file nor a
+    second mapping of it sees the write."""
+    path = tmp_path / "a.bin"
+    write_arrays(path, "k", [(np.arange(4096, dtype=np.int64),)])
+    before = path.read_bytes()
+    first = read_arrays(path, "k", mapped=True)[0][0][0]
+    first[:] = -1
+    second = read_arrays(path, "k", mapped=True)[0][0][0]
+    assert (first == -1).all() and np.array_equal(second, np.arange(4096))
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_array_files_round_trip_and_refuse_damage(tmp_path, mapped):
     path = tmp_path / "sub" / "a.bin"
     groups = [(np.arange(7, dtype=np.int64).reshape(7, 1), np.zeros((0, 3), np.int64), np.array([True, False])),
               None, (np.arange(5, dtype=np.uint16), np.float32([1.5, -0.0]))]
     write_arrays(path, "k", groups, {"labels": {"x": 1}})
-    got, meta = read_arrays(path, "k")
+    got, meta = read_arrays(path, "k", mapped=mapped)
     assert meta == {"labels": {"x": 1}} and got[1] is None
     for g, w in ((got[0], groups[0]), (got[2], groups[2])):
         for x, y in zip(g, w, strict=True):
             assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y) and x.flags.writeable
     with pytest.raises(ArrayFileError, match="key mismatch"):
-        read_arrays(path, "other")
+        read_arrays(path, "other", mapped=mapped)
     raw = path.read_bytes()
     for bad, why in ((raw[:-64], "checksum|shorter"), (raw[:-1], "checksum"), (b"junk" + raw, "not an array file"),
-                     (raw[:-8] + bytes([raw[-8] ^ 1]) + raw[-7:], "checksum")):
+                     (raw[:-8] + bytes([raw[-8] ^ 1]) + raw[-7:], "checksum"), (b"", "too short"),
+                     (raw[:12], "too short")):
         path.write_bytes(bad)
         with pytest.raises(ArrayFileError, match=why):
-            read_arrays(path, "k")
+            read_arrays(path, "k", mapped=mapped)
     with pytest.raises(FileNotFoundError):
-        read_arrays(tmp_path / "none.bin", "k")
+        read_arrays(tmp_path / "none.bin", "k", mapped=mapped)
     with pytest.raises(ArrayFileError, match="must be of"):
         write_arrays(path, "k", [(np.zeros(2, np.complex64),)])
 

