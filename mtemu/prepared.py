@@ -13,6 +13,12 @@ hundreds of candidate programs whose tables (some 10 MB each, uncompressed so th
 fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_MB`` (default
 1024) by dropping the least recently used files.
 
+With the tables the machine also keeps each such program's code there (:func:`store_code`: int64, as
+it runs), and the kernels' program cache maps it (:func:`load_code`) instead of inflating and
+widening the compressed copy in its ``.npz``: a first call's 7 MB of code for a 1024^3 GEMM without
+fresh memory to fault in. Only functional runs write it, like the tables, and it is dropped with
+them (least recently used first).
+
 The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
 state of the machine's jitted sources (``mtemu.JIT_STATE``, which also names Numba's cache folder), so
 an edit to the machine never reads tables an older machine wrote. The file is an array file
@@ -98,6 +104,34 @@ def store(key: str, groups: Groups) -> None:
         _evict(cache_path(key).parent, limit)
     except OSError:
         pass
+
+
+def code_key(origin: str) -> str:
+    """The identity of the code kept for the program named ``origin``."""
+    return json.dumps(["code", FORMAT, origin])
+
+
+def store_code(origin: str, code: np.ndarray) -> None:
+    """Keep the code of the program named ``origin`` (unless it is there already; see :func:`store`)."""
+    key = code_key(origin)
+    if not cache_path(key).exists():
+        store(key, [(np.ascontiguousarray(code, dtype=np.int64),)])
+
+
+def load_code(origin: str) -> np.ndarray | None:
+    """The code kept for the program named ``origin`` (int64, bundles x units x fields, mapped
+    copy-on-write), or None if there is none or it is unusable (then with a
+    :class:`PreparedCacheWarning`)."""
+    key = code_key(origin)
+    groups = load(key)
+    if groups is None:
+        return None
+    if len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 and groups[0][0].dtype == np.int64 \
+            and groups[0][0].ndim == 3:
+        return groups[0][0]
+    warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it", PreparedCacheWarning,
+                  stacklevel=2)
+    return None
 
 
 def _evict(folder: Path, limit: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 from mtemu import machine
 from mtemu import prepared as prepared_store
 from mtemu.assembler import parse
-from mtemu.kernels import gemm_a_resident
+from mtemu.kernels import gemm_a_resident, program_cache
 from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, run_a_resident
 from mtemu.machine import Cluster
 from mtemu.platform import DEFAULT
@@ -43,6 +43,17 @@ def _prepared_files(root):
     return sorted((root / "prepared").glob("*.bin")) if (root / "prepared").exists() else []
 
 
+def _code_file(root):
+    """The program's code that the functional run kept with its tables (one program here)."""
+    (program,) = next(iter(machine._PREPARED.values()))[0]
+    return prepared_store.cache_path(prepared_store.code_key(program.origin))
+
+
+def _table_file(root):
+    (path,) = [f for f in _prepared_files(root) if f != _code_file(root)]
+    return path
+
+
 def _tables():
     (entry,) = machine._PREPARED.values()
     code, descs, lo, hi, desc_off, blocks, tables = entry[1]
@@ -53,7 +64,8 @@ def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_d
     a, b = _operands()
     first = run_a_resident(a, b, platform=SMALL, tiles=TILES)
     derived = [x.copy() for x in _tables()]
-    (path,) = _prepared_files(cache_dir)
+    files = _prepared_files(cache_dir)
+    assert len(files) == 2 and _code_file(cache_dir) in files      # the tables and the program's code
     _forget()
     calls = []
     monkeypatch.setattr(machine, "build_blocks", lambda *a, **k: calls.append(1))     # must not be needed
@@ -68,14 +80,14 @@ def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_d
     (program,) = next(iter(machine._PREPARED.values()))[0]
     assert read[0] is program.code and all(x.flags.writeable for x in read[1:])
     assert np.array_equal(first.c.view(np.uint16), again.c.view(np.uint16))
-    assert first.stats.cycles == again.stats.cycles and _prepared_files(cache_dir) == [path]
+    assert first.stats.cycles == again.stats.cycles and _prepared_files(cache_dir) == files
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "other_key"])
 def test_a_damaged_file_is_derived_again_with_a_warning(cache_dir, damage):
     a, b = _operands()
     want = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
-    (path,) = _prepared_files(cache_dir)
+    path = _table_file(cache_dir)
     raw = bytearray(path.read_bytes())
     if damage == "flip":
         raw[-100] ^= 0x10
@@ -91,6 +103,53 @@ def test_a_damaged_file_is_derived_again_with_a_warning(cache_dir, damage):
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     _forget()
     run_a_resident(a, b, platform=SMALL, tiles=TILES)         # rewritten: read without a warning
+
+
+def test_a_new_process_maps_the_code_a_functional_run_kept(cache_dir, monkeypatch):
+    """The program cache takes a program's code from the copy kept with the prepared tables (mapped,
+    not inflated from its .npz), the same code; without that copy it inflates the .npz again."""
+    a, b = _operands()
+    want = run_a_resident(a, b, platform=SMALL, tiles=TILES)
+    (built,) = next(iter(machine._PREPARED.values()))[0]
+    built_code = built.code.copy()
+    _forget()
+
+    inflate = program_cache._read_widened
+
+    def no_inflate(*args):
+        raise AssertionError("inflated the .npz's code")
+    monkeypatch.setattr(program_cache, "_read_widened", no_inflate)
+    got = run_a_resident(a, b, platform=SMALL, tiles=TILES)
+    (loaded,) = next(iter(machine._PREPARED.values()))[0]
+    assert loaded is not built and np.array_equal(loaded.code, built_code) and loaded.code.dtype == np.int64
+    assert not loaded.code.flags.writeable and not loaded.code.flags.owndata
+    assert np.array_equal(got.c.view(np.uint16), want.c.view(np.uint16)) and got.stats.cycles == want.stats.cycles
+    monkeypatch.setattr(program_cache, "_read_widened", inflate)
+    _code_file(cache_dir).unlink()
+    _forget()
+    assert np.array_equal(run_a_resident(a, b, platform=SMALL, tiles=TILES).c.view(np.uint16),
+                          want.c.view(np.uint16))
+    assert _code_file(cache_dir).exists()                      # kept again by the run
+
+
+@pytest.mark.parametrize("damage", ["flip", "other_content", "other_shape"])
+def test_a_damaged_code_copy_is_ignored_with_a_warning(cache_dir, damage):
+    a, b = _operands()
+    want = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
+    (program,) = next(iter(machine._PREPARED.values()))[0]
+    path = _code_file(cache_dir)
+    if damage == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[-100] ^= 0x10
+        path.write_bytes(bytes(raw))
+    elif damage == "other_content":   # a well-formed file under the code's key that holds something else
+        write_arrays(path, prepared_store.code_key(program.origin), [(np.zeros((2, 3), np.int64),)])
+    else:                             # code of another length under the same name
+        write_arrays(path, prepared_store.code_key(program.origin), [(program.code[:-1].copy(),)])
+    _forget()
+    with pytest.warns((prepared_store.PreparedCacheWarning, program_cache.ProgramCacheWarning)):
+        got = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 def test_unnamed_programs_timing_runs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):
@@ -189,7 +248,7 @@ def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_d
         prog.origin = "the same name for two programs"
         prog.freeze()
     Cluster(SMALL, ddr_bytes=4096, functional=True).run([short])
-    assert len(_prepared_files(cache_dir)) == 1
+    assert len(_prepared_files(cache_dir)) == 2                # its tables and its code
     cluster = Cluster(SMALL, ddr_bytes=4096, functional=True)
     with pytest.warns(prepared_store.PreparedCacheWarning, match="another program"):
         cluster.run([long])

@@ -4,9 +4,10 @@ Building a Table 5 GEMM (list-scheduling its micro-kernels, assembling and hazar
 30 000 bundles) takes seconds; emulating it in timing mode takes a fraction of that. Each built
 program is kept as ``<cache>/programs/<key>.npz`` (``np.savez_compressed``: code, descriptors,
 per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial registers
-and the key itself). The key hashes, like the latency profiles: the kernel name, the version of
-the sources that generate its program (:func:`generator_version`), the shape, the
-tiles and the platform digest.
+and the key itself). A functional run keeps the code uncompressed with its prepared tables as well
+(:func:`mtemu.prepared.store_code`), and a load maps that copy when it is there. The key hashes,
+like the latency profiles: the kernel name, the version of the sources that generate its program
+(:func:`generator_version`), the shape, the tiles and the platform digest.
 
 Files are written atomically. A file that cannot be read, or whose header names another key, is
 rebuilt and rewritten with a :class:`ProgramCacheWarning`; a cache folder that cannot be written
@@ -35,7 +36,7 @@ from .. import isa
 from .._version import __version__
 from ..assembler import Program
 from ..platform import Platform
-from ..prepared import cache_root, enabled
+from ..prepared import cache_root, enabled, load_code
 
 FORMAT = 2          # bump when the file layout changes (2: code stored as int32 where it fits)
 _ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +132,14 @@ def _load(path: Path, key: str) -> Built:
         header = json.loads(str(z["header"]))
         if header.get("key") != key:
             raise ValueError("the file holds another program (key mismatch)")
-        code = _read_widened(z.zip, "code.npy")
+        code = load_code(_key_hash(key))       # the copy a functional run keeps with its tables, mapped
+        if code is not None and code.shape != _stored_shape(z.zip, "code.npy"):
+            warnings.warn(f"the code kept for {path.name} with the prepared tables has shape {code.shape}, the "
+                          f"program {_stored_shape(z.zip, 'code.npy')}; inflating the program's own",
+                          ProgramCacheWarning, stacklevel=4)
+            code = None
+        if code is None:
+            code = _read_widened(z.zip, "code.npy")
         descs = np.ascontiguousarray(z["descriptors"], dtype=np.int64)
         tables = np.asarray(z["tables"], dtype=np.int64)
     if code.ndim != 3 or code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) or descs.ndim != 2 \
@@ -149,16 +157,26 @@ def _load(path: Path, key: str) -> Built:
 _CHUNK = 1 << 16        # elements inflated and widened at a time
 
 
+def _stored_shape(archive: zipfile.ZipFile, member: str) -> tuple[int, ...]:
+    """The shape of the array stored as ``member`` of an .npz (its header only is inflated)."""
+    with archive.open(member) as fh:
+        return _read_header(fh)[0]
+
+
+def _read_header(fh) -> tuple:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(fh)
+    return np.lib.format.read_array_header_2_0(fh)
+
+
 def _read_widened(archive: zipfile.ZipFile, member: str) -> np.ndarray:
     """The integer array stored as ``member`` of an .npz, as int64: inflated a chunk at a time straight
     into the result, which is the only large buffer made (``np.load`` would make three: the inflated
     bytes, the stored array and the widened copy, each a fresh 4 KB page fault per page on a first call;
     for a 1024^3 GEMM's code some 2,900 faults against 2,000, ~4 ms less)."""
     with archive.open(member) as fh:
-        version = np.lib.format.read_magic(fh)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read_header(fh)
+        shape, fortran, dtype = _read_header(fh)
         if fortran or dtype.kind != "i":
             raise ValueError(f"{member}: expected a C-ordered signed integer array, got {dtype} (fortran={fortran})")
         out = np.empty(shape, np.int64)
