@@ -225,7 +225,10 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 time[d] = t
                 return
             # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
-            if skipping:
+            # (calls only where they can act: most bundles start no run and touch nothing waiting, and a
+            # call passes dozens of array fields; a 1024^3 GEMM: 2,448 try_skip calls instead of 16,035,
+            # 1,128 must_flush instead of 11,208, 16 settle instead of 11,208)
+            if skipping and p < blk_end.shape[0] and blk_end[p] > p:
                 e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
                              S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
                              blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
@@ -252,9 +255,14 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 break
             if deferring:
                 # after the yield: the DSPs behind have queued their work too, so it can run in parallel
-                need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
-                settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32,
-                       f16tab, bases, caps, lanes, bc_on, bc_val, threads)
+                check = dq_touch[p]
+                for u in range(nunits):
+                    check = check or code[p, u, 0] == isa.OP_DMA
+                if check:
+                    need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
+                    if need > 0:
+                        settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16,
+                               mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads)
             next_p = p + 1
             extra = np.int64(0)
             extra_state = TS_BRANCH
