@@ -121,17 +121,26 @@ def store_code(origin: str, code: np.ndarray) -> None:
 def load_code(origin: str) -> np.ndarray | None:
     """The code kept for the program named ``origin`` (int64, bundles x units x fields, mapped
     copy-on-write), or None if there is none or it is unusable (then with a
-    :class:`PreparedCacheWarning`)."""
+    :class:`PreparedCacheWarning`, and dropped, so that the next functional run keeps it again)."""
     key = code_key(origin)
     groups = load(key)
-    if groups is None:
-        return None
-    if len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 and groups[0][0].dtype == np.int64 \
-            and groups[0][0].ndim == 3:
+    if groups is not None and len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 \
+            and groups[0][0].dtype == np.int64 and groups[0][0].ndim == 3:
         return groups[0][0]
-    warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it", PreparedCacheWarning,
-                  stacklevel=2)
+    if groups is not None:
+        warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it",
+                      PreparedCacheWarning, stacklevel=2)
+    if groups is not None or cache_path(key).exists():     # unusable (load warned if it was damaged)
+        drop_code(origin)
     return None
+
+
+def drop_code(origin: str) -> None:
+    """Forget the code kept for the program named ``origin`` (it did not match the program)."""
+    try:
+        cache_path(code_key(origin)).unlink()
+    except OSError:
+        pass
 
 
 def _evict(folder: Path, limit: int) -> None:

@@ -2,6 +2,7 @@
 from a kernel's program are written once and read back identical; a damaged file is derived again
 with a warning; programs nobody named, or a cache turned off, write nothing."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -150,6 +151,12 @@ def test_a_damaged_code_copy_is_ignored_with_a_warning(cache_dir, damage):
     with pytest.warns((prepared_store.PreparedCacheWarning, program_cache.ProgramCacheWarning)):
         got = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert np.array_equal(prepared_store.load_code(program.origin), program.code)     # kept again, whole
+    _forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                         # and mapped without a warning from now on
+        again = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
+    assert np.array_equal(again.view(np.uint16), want.view(np.uint16))
 
 
 def test_unnamed_programs_timing_runs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):

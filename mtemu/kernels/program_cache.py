@@ -36,7 +36,7 @@ from .. import isa
 from .._version import __version__
 from ..assembler import Program
 from ..platform import Platform
-from ..prepared import cache_root, enabled, load_code
+from ..prepared import cache_root, drop_code, enabled, load_code
 
 FORMAT = 2          # bump when the file layout changes (2: code stored as int32 where it fits)
 _ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +137,7 @@ def _load(path: Path, key: str) -> Built:
             warnings.warn(f"the code kept for {path.name} with the prepared tables has shape {code.shape}, the "
                           f"program {_stored_shape(z.zip, 'code.npy')}; inflating the program's own",
                           ProgramCacheWarning, stacklevel=4)
+            drop_code(_key_hash(key))
             code = None
         if code is None:
             code = _read_widened(z.zip, "code.npy")
