@@ -54,6 +54,7 @@ from .blocks import (
     deferrable,
     empty_blocks,
     flush,
+    may_flush,
     must_flush,
     settle,
     try_skip,
@@ -225,9 +226,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 time[d] = t
                 return
             # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
-            # (calls only where they can act: most bundles start no run and touch nothing waiting, and a
-            # call passes dozens of array fields; a 1024^3 GEMM: 2,448 try_skip calls instead of 16,035,
-            # 1,128 must_flush instead of 11,208, 16 settle instead of 11,208)
+            # (only where a run starts: a call passes dozens of array fields, and most bundles start
+            # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
             if skipping and p < blk_end.shape[0] and blk_end[p] > p:
                 e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
                              S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
@@ -255,12 +255,9 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 break
             if deferring:
                 # after the yield: the DSPs behind have queued their work too, so it can run in parallel
-                check = dq_touch[p]
-                for u in range(nunits):
-                    check = check or code[p, u, 0] == isa.OP_DMA
-                if check:
+                if may_flush(p, code, dq_touch):
                     need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
-                    if need > 0:
+                    if need > 0:            # (settle acts only then: 16 calls in a 1024^3 GEMM)
                         settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16,
                                mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads)
             next_p = p + 1

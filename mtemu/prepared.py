@@ -124,14 +124,16 @@ def load_code(origin: str) -> np.ndarray | None:
     :class:`PreparedCacheWarning`, and dropped, so that the next functional run keeps it again)."""
     key = code_key(origin)
     groups = load(key)
-    if groups is not None and len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 \
-            and groups[0][0].dtype == np.int64 and groups[0][0].ndim == 3:
+    if groups is None:
+        if cache_path(key).exists():        # there but unusable (load warned)
+            drop_code(origin)
+        return None
+    if len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 and groups[0][0].dtype == np.int64 \
+            and groups[0][0].ndim == 3:
         return groups[0][0]
-    if groups is not None:
-        warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it",
-                      PreparedCacheWarning, stacklevel=2)
-    if groups is not None or cache_path(key).exists():     # unusable (load warned if it was damaged)
-        drop_code(origin)
+    warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it", PreparedCacheWarning,
+                  stacklevel=2)
+    drop_code(origin)
     return None
 
 

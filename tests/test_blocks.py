@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtemu import blocks, isa
+from mtemu import blocks, isa, machine
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.blocks import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
 from mtemu.errors import MachineError
@@ -467,3 +467,28 @@ def test_the_flush_order_spreads_any_run_of_dsps_over_the_threads(n):
             for hi in range(lo + 1, n + 1):
                 counts = np.bincount([part_of[d] for d in range(lo, hi)], minlength=parts)
                 assert counts.max() - counts.min() <= 1, (parts, lo, hi)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dma_program(), st.integers(0, 2**32 - 1))
+def test_the_loop_skips_must_flush_only_where_it_could_ask_nothing(prog, seed):
+    """:func:`blocks.may_flush` (the machine loop's test before it calls :func:`blocks.must_flush`) is
+    False only at bundles where must_flush asks for no flush even with every DSP's queue full of work
+    over every memory, whatever the registers hold; and True at every bundle that touches waiting state
+    or issues a DMA."""
+    code, descs, _lo, _hi, desc_off, _blocks, tables = machine._prepare([prog], [0] * THREE.dsps, THREE, True, True)
+    touches = tables[0]
+    dsps = THREE.dsps
+    qn = np.full(dsps, blocks.QUEUE, np.int64)
+    qrange = np.zeros((dsps, blocks.QUEUE, MAX_CLASSES, 3), np.int64)
+    for space in range(4):
+        qrange[:, :, space] = (space, -(1 << 60), 1 << 60)
+    rng = np.random.default_rng(seed)
+    sregs = rng.integers(0, 1 << 16, size=(dsps, THREE.scalar_registers)).astype(np.int64)
+    for p in range(code.shape[0]):
+        may = blocks.may_flush(p, code, touches)
+        assert may == (bool(touches[p]) or bool((code[p, :, 0] == isa.OP_DMA).any())), p
+        for d in range(dsps):
+            need = blocks.must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange)
+            assert may or need == 0, (p, d, need)
+            assert need > 0 or not touches[p], (p, d)          # with everything waiting, a touch asks

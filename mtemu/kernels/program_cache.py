@@ -133,10 +133,10 @@ def _load(path: Path, key: str) -> Built:
         if header.get("key") != key:
             raise ValueError("the file holds another program (key mismatch)")
         code = load_code(_key_hash(key))       # the copy a functional run keeps with its tables, mapped
-        if code is not None and code.shape != _stored_shape(z.zip, "code.npy"):
+        stored = _stored_shape(z.zip, "code.npy") if code is not None else None
+        if code is not None and code.shape != stored:
             warnings.warn(f"the code kept for {path.name} with the prepared tables has shape {code.shape}, the "
-                          f"program {_stored_shape(z.zip, 'code.npy')}; inflating the program's own",
-                          ProgramCacheWarning, stacklevel=4)
+                          f"program {stored}; inflating the program's own", ProgramCacheWarning, stacklevel=4)
             drop_code(_key_hash(key))
             code = None
         if code is None:
@@ -193,7 +193,7 @@ def _read_widened(archive: zipfile.ZipFile, member: str) -> np.ndarray:
 
 def _narrow(code: np.ndarray) -> np.ndarray:
     """``code`` as int32 when every field fits (a 1024^3 GEMM's is: half the bytes to inflate and check
-    on a first call, ~3 ms less); :func:`_load` widens either form back to int64."""
+    on a first call, ~3 ms less); :func:`_read_widened` widens either form back to int64."""
     if code.size and (int(code.min()) < -(1 << 31) or int(code.max()) >= 1 << 31):
         return code
     return code.astype(np.int32)
