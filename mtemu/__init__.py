@@ -19,7 +19,8 @@ from .platform import Platform, load_platform
 # Numba keys a function's on-disk cache on its own file's timestamp only, so a compiled machine
 # that inlines code from another file (blocks, isa, fp16) can go stale and crash. Every state of
 # the jitted sources therefore gets its own cache folder (under NUMBA_CACHE_DIR if set).
-_JIT_SOURCES = ("machine.py", "blocks.py", "fused.py", "dma.py", "fp16.py", "isa.py", "trace.py", "accuracy.py")
+_JIT_SOURCES = ("machine.py", "blocks.py", "fused.py", "simd.py", "dma.py", "fp16.py", "isa.py", "trace.py",
+                "accuracy.py")
 
 
 def _jit_state() -> str:

@@ -11,14 +11,19 @@ sources, which terms per accumulator); :func:`run_fused` then
 
 1. reads each broadcast value (from SM, or the copy of SM taken when the run was queued, or a
    register as it was on entry),
-2. adds each accumulator's terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
+2. adds the terms of each *group* of six or four accumulators that read the same rows (a GEMM's rows of
+   C over one row of B per term) over all those rows at once, 32 or 48 lanes at a time with twelve
+   accumulator vectors held in host registers (:mod:`mtemu.simd`; a register-blocked GEMM
+   micro-kernel), each row read straight from AM and widened once for the group;
+3. adds the remaining terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
    rounds in which every accumulator takes its next terms (four or two accumulators that share
    loaded rows, a GEMM's rows of C, in one pass), following a schedule fixed when the record is
    compiled (:func:`_schedule`). A pass of four reads its rows straight from AM and widens each once
    for the four; the other passes read rows widened once, just before their first use, into a slot
    freed by a row no longer read (AM does not change inside a stretch: it has no stores), so the
-   rows in use stay in the L1 cache (a 1024^3 GEMM's stretch of 512 rows uses 16 slots),
-3. leaves the scalar and vector registers as the instructions would.
+   rows in use stay in the L1 cache (a 1024^3 GEMM's stretch of 512 rows in rounds alone would use 16
+   slots; its groups leave it 4, for the rows its registers hold at the end and its last terms),
+4. leaves the scalar and vector registers as the instructions would.
 
 Every sum is rounded to FP32 as before (products of FP16 values are exact in FP32, see
 :data:`~mtemu.fp16.add_fp16_product`); accumulators are independent of each other and lanes of each
@@ -35,6 +40,7 @@ from numba import njit
 
 from . import isa
 from .fp16 import add_fp16_product, widen_f16
+from .simd import LANES_X16, VECTOR_FP16, fma_x16, load_f16x16, load_f32x16, store_f32x16
 
 MIN_FUSED_TERMS = 16        # shorter stretches run instruction by instruction
 FUSE_DEPTH = 8              # terms added per pass over an accumulator's lanes (_add_terms8)
@@ -64,8 +70,14 @@ _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
 # set the accumulators' start values
 #   S_WIDEN (load, slot)          S_PAIR8 (r, q, terms of r, of q)   S_ONE8 (r, terms)
 #   S_TAIL (r, first, end term)   S_INIT ()                          S_QUAD8 (r0..r3, terms of r0..r3)
-S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8 = 0, 1, 2, 3, 4, 5
-N_STEP = 9
+#   S_GROUP (n, terms, r0..r5, t0..t5): n accumulators (GROUP_SIZES) whose next `terms` terms (at
+#   record-relative offsets t0..) read the same rows, all added with the accumulators held in registers
+S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8, S_GROUP = 0, 1, 2, 3, 4, 5, 6
+GROUP_MAX = 6               # accumulators in one group step (12 host vector registers of 16 lanes)
+G_N, G_TERMS, G_REGS = 1, 2, 3          # fields of an S_GROUP step; its term offsets follow its registers
+G_TERMS_AT = G_REGS + GROUP_MAX
+N_STEP = G_TERMS_AT + GROUP_MAX
+MIN_GROUP_TERMS = 2 * FUSE_DEPTH        # shorter shared runs are left to the rounds
 
 
 @njit(cache=True)
@@ -240,10 +252,40 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
         start[q] = j
         j += 2 * out[pa + 4 * q + 1]
         stop[q] = j
-    # the compute steps, in rounds
-    comp = np.zeros((nt + na + 1, N_STEP), np.int64)
-    part = np.empty(3, np.int64)
+    comp = np.zeros((nt + 2 * na + 1, N_STEP), np.int64)
+    # first the groups: accumulators whose first terms read the same rows (a GEMM's rows of C sharing
+    # rows of B), each group's terms added over all its rows with its accumulators held in registers
     nc = 0
+    taken = np.zeros(na, np.bool_)
+    like = np.empty(na, np.int64)
+    for q in range(na):
+        if taken[q] or stop[q] - start[q] < 2 * MIN_GROUP_TERMS:
+            continue
+        m = 1
+        like[0] = q
+        for o in range(q + 1, na):
+            shared = min(stop[q] - start[q], stop[o] - start[o]) >> 1
+            if not taken[o] and shared >= MIN_GROUP_TERMS and _same_loads(out, start[q], start[o], shared):
+                like[m] = o
+                m += 1
+        n = GROUP_MAX if m >= GROUP_MAX and m != 8 else 4 if m >= 4 else 0
+        if n == 0:
+            continue
+        terms = (stop[q] - start[q]) >> 1
+        for f in range(n):
+            terms = min(terms, (stop[like[f]] - start[like[f]]) >> 1)
+        comp[nc, 0] = S_GROUP
+        comp[nc, G_N] = n
+        comp[nc, G_TERMS] = terms
+        for f in range(n):
+            o = like[f]
+            taken[o] = True
+            comp[nc, G_REGS + f] = out[pa + 4 * o]
+            comp[nc, G_TERMS_AT + f] = start[o] - at
+            start[o] += 2 * terms
+        nc += 1
+    # then the rest in rounds
+    part = np.empty(3, np.int64)
     done = np.zeros(na, np.int64)
     rnd = 0
     left = na
@@ -307,6 +349,11 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             first[w] = -1
             last[w] = max(last[w], -1)
     for c in range(nc):
+        if comp[c, 0] == S_GROUP:
+            for f in range(comp[c, G_N]):
+                t0 = (at + comp[c, G_TERMS_AT + f] - pt) >> 1
+                direct[t0:t0 + comp[c, G_TERMS]] = True
+            continue
         if comp[c, 0] == S_QUAD8:
             for f in range(5, 9):
                 t0 = (at + comp[c, f] - pt) >> 1
@@ -464,6 +511,8 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
         if kind == S_QUAD8:
             _add_terms8_quad(v, fused[g + 1], fused[g + 2], fused[g + 3], fused[g + 4], mem16, src, bval, fused,
                              at + fused[g + 5], at + fused[g + 6], at + fused[g + 7], at + fused[g + 8], lanes)
+        elif kind == S_GROUP:
+            _run_group(v, fused, g, at, src, bval, mem16, lanes)
         elif kind == S_WIDEN:
             s0 = src[fused[g + 1]]
             w = fused[g + 2]
@@ -511,6 +560,118 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
 
 
 @njit(cache=True)
+def _run_group(v, fused, g, at, src, bval, mem16, lanes):
+    """The S_GROUP step at ``fused[g]``: its accumulators' terms, all over the same rows (read straight
+    from AM), added with the accumulators held in host registers (:func:`x16_block` lanes a pass) where the host
+    has vector FP16 (:data:`mtemu.simd.VECTOR_FP16`), lane by lane for the rest."""
+    n = fused[g + G_N]
+    terms = fused[g + G_TERMS]
+    regs = np.empty(GROUP_MAX, np.int64)
+    for f in range(n):
+        regs[f] = fused[g + G_REGS + f]
+    # per term: where its row is, and each accumulator's broadcast value
+    addr = np.empty(terms, np.uint64)
+    x = np.empty((terms, GROUP_MAX), np.float32)
+    j = at + fused[g + G_TERMS_AT]
+    for t in range(terms):
+        addr[t] = src[fused[j + 2 * t + 1]]
+    for f in range(n):
+        j = at + fused[g + G_TERMS_AT + f]
+        for t in range(terms):
+            x[t, f] = bval[fused[j + 2 * t]]
+    k0 = 0
+    if VECTOR_FP16:
+        k0 = lanes - lanes % x16_block(n)
+        group_x16(v, regs, n, mem16, addr, x, terms, k0)
+    group_lanes(v, regs, n, mem16, addr, x, terms, k0, lanes)
+
+
+@njit(cache=True)
+def x16_block(n):
+    """Lanes a register-blocked pass of a group of n accumulators covers: twelve host vectors."""
+    return 2 * LANES_X16 if n == GROUP_MAX else 3 * LANES_X16
+
+
+@njit(cache=True)
+def group_x16(v, regs, n, mem16, addr, x, terms, lanes):
+    """Lanes [0, lanes) (a multiple of :func:`x16_block`) of a group of n = 6 or 4 accumulators
+    (:func:`group_lanes`'s arguments), register-blocked. Only where :data:`mtemu.simd.VECTOR_FP16`."""
+    if n == GROUP_MAX:
+        _group6_x16(v, regs[0], regs[1], regs[2], regs[3], regs[4], regs[5], mem16, addr, x, terms, lanes)
+    else:
+        _group4_x16(v, regs[0], regs[1], regs[2], regs[3], mem16, addr, x, terms, lanes)
+
+
+@njit(cache=True)
+def group_lanes(v, regs, n, mem16, addr, x, terms, k0, lanes):
+    """Lanes k0 <= k < lanes of a group step, one accumulator, term and lane after another: the
+    reference for the register-blocked kernels (and all of the step where the host lacks them).
+    Accumulator ``regs[f]`` adds ``x[t, f]`` x (the FP16 row at ``mem16[addr[t]:]``) for t in order."""
+    for f in range(n):
+        r = regs[f]
+        for t in range(terms):
+            s = addr[t]
+            b = x[t, f]
+            for k in range(k0, lanes):
+                v[r, k] = add_fp16_product(v[r, k], b, widen_f16(mem16[s + np.uint64(k)]))
+
+
+@njit(cache=True)
+def _group6_x16(v, r0, r1, r2, r3, r4, r5, mem16, addr, x, terms, lanes):
+    """:func:`group_lanes` for six accumulators over lanes [0, lanes) (a multiple of 32): per 32 lanes,
+    twelve host vectors hold the accumulators over all the terms, and each row is widened once for
+    the six (a register-blocked GEMM micro-kernel)."""
+    for c in range(0, lanes, 2 * LANES_X16):
+        d = c + LANES_X16
+        a0, b0 = load_f32x16(v, r0, c), load_f32x16(v, r0, d)
+        a1, b1 = load_f32x16(v, r1, c), load_f32x16(v, r1, d)
+        a2, b2 = load_f32x16(v, r2, c), load_f32x16(v, r2, d)
+        a3, b3 = load_f32x16(v, r3, c), load_f32x16(v, r3, d)
+        a4, b4 = load_f32x16(v, r4, c), load_f32x16(v, r4, d)
+        a5, b5 = load_f32x16(v, r5, c), load_f32x16(v, r5, d)
+        for t in range(terms):
+            s = addr[t] + np.uint64(c)
+            w = load_f16x16(mem16, s)
+            u = load_f16x16(mem16, s + np.uint64(LANES_X16))
+            a0, b0 = fma_x16(x[t, 0], w, a0), fma_x16(x[t, 0], u, b0)
+            a1, b1 = fma_x16(x[t, 1], w, a1), fma_x16(x[t, 1], u, b1)
+            a2, b2 = fma_x16(x[t, 2], w, a2), fma_x16(x[t, 2], u, b2)
+            a3, b3 = fma_x16(x[t, 3], w, a3), fma_x16(x[t, 3], u, b3)
+            a4, b4 = fma_x16(x[t, 4], w, a4), fma_x16(x[t, 4], u, b4)
+            a5, b5 = fma_x16(x[t, 5], w, a5), fma_x16(x[t, 5], u, b5)
+        store_f32x16(v, r0, c, a0), store_f32x16(v, r0, d, b0)
+        store_f32x16(v, r1, c, a1), store_f32x16(v, r1, d, b1)
+        store_f32x16(v, r2, c, a2), store_f32x16(v, r2, d, b2)
+        store_f32x16(v, r3, c, a3), store_f32x16(v, r3, d, b3)
+        store_f32x16(v, r4, c, a4), store_f32x16(v, r4, d, b4)
+        store_f32x16(v, r5, c, a5), store_f32x16(v, r5, d, b5)
+
+
+@njit(cache=True)
+def _group4_x16(v, r0, r1, r2, r3, mem16, addr, x, terms, lanes):
+    """:func:`_group6_x16` for four accumulators, 48 lanes at a time (lanes a multiple of 48): twelve
+    host vectors again, each row widened once for the four."""
+    sixteen = np.uint64(LANES_X16)
+    for c in range(0, lanes, 3 * LANES_X16):
+        d, e = c + LANES_X16, c + 2 * LANES_X16
+        p0, q0, z0 = load_f32x16(v, r0, c), load_f32x16(v, r0, d), load_f32x16(v, r0, e)
+        p1, q1, z1 = load_f32x16(v, r1, c), load_f32x16(v, r1, d), load_f32x16(v, r1, e)
+        p2, q2, z2 = load_f32x16(v, r2, c), load_f32x16(v, r2, d), load_f32x16(v, r2, e)
+        p3, q3, z3 = load_f32x16(v, r3, c), load_f32x16(v, r3, d), load_f32x16(v, r3, e)
+        for t in range(terms):
+            s = addr[t] + np.uint64(c)
+            w, u, y = load_f16x16(mem16, s), load_f16x16(mem16, s + sixteen), load_f16x16(mem16, s + 2 * sixteen)
+            p0, q0, z0 = fma_x16(x[t, 0], w, p0), fma_x16(x[t, 0], u, q0), fma_x16(x[t, 0], y, z0)
+            p1, q1, z1 = fma_x16(x[t, 1], w, p1), fma_x16(x[t, 1], u, q1), fma_x16(x[t, 1], y, z1)
+            p2, q2, z2 = fma_x16(x[t, 2], w, p2), fma_x16(x[t, 2], u, q2), fma_x16(x[t, 2], y, z2)
+            p3, q3, z3 = fma_x16(x[t, 3], w, p3), fma_x16(x[t, 3], u, q3), fma_x16(x[t, 3], y, z3)
+        store_f32x16(v, r0, c, p0), store_f32x16(v, r0, d, q0), store_f32x16(v, r0, e, z0)
+        store_f32x16(v, r1, c, p1), store_f32x16(v, r1, d, q1), store_f32x16(v, r1, e, z1)
+        store_f32x16(v, r2, c, p2), store_f32x16(v, r2, d, q2), store_f32x16(v, r2, e, z2)
+        store_f32x16(v, r3, c, p3), store_f32x16(v, r3, d, q3), store_f32x16(v, r3, e, z3)
+
+
+@njit(cache=True)
 def _bcasts8(bval, fused, j):
     """The broadcast values of the eight terms at fused[j:j+16] (bcast, load), in order."""
     return (bval[fused[j]], bval[fused[j + 2]], bval[fused[j + 4]], bval[fused[j + 6]],
@@ -542,12 +703,18 @@ def _add_terms8(v, r, rows, bval, fused, j, lanes):
 
 
 @njit(cache=True)
-def _same_loads8(fused, j, jq):
-    """Whether the eight terms at fused[j:j+16] and fused[jq:jq+16] add to the same loaded rows."""
-    for i in range(1, 2 * FUSE_DEPTH, 2):
+def _same_loads(fused, j, jq, terms):
+    """Whether the ``terms`` terms at fused[j:] and fused[jq:] (bcast, load) add the same loaded rows."""
+    for i in range(1, 2 * terms, 2):
         if fused[j + i] != fused[jq + i]:
             return False
     return True
+
+
+@njit(cache=True)
+def _same_loads8(fused, j, jq):
+    """Whether the eight terms at fused[j:j+16] and fused[jq:jq+16] add to the same loaded rows."""
+    return _same_loads(fused, j, jq, FUSE_DEPTH)
 
 
 @njit(cache=True)

@@ -19,6 +19,10 @@ from mtemu.blocks import decode_ops, run_plain, run_plain_reference
 from mtemu.fp16 import add_fp16_product
 from mtemu.fused import (
     FUSE_DEPTH,
+    G_N,
+    G_REGS,
+    G_TERMS,
+    GROUP_MAX,
     H_ACCS,
     H_BCASTS,
     H_FINALS,
@@ -32,16 +36,22 @@ from mtemu.fused import (
     N_STEP,
     O_FUSE_AT,
     O_FUSE_END,
+    S_GROUP,
     S_INIT,
+    S_ONE8,
     S_PAIR8,
     S_QUAD8,
+    S_TAIL,
     S_WIDEN,
+    group_lanes,
+    group_x16,
 )
 from mtemu.machine import F16_TABLE
+from mtemu.simd import VECTOR_FP16
 
 LANES = 16
-SM_BYTES, AM_BYTES = 2048, 8192
-NV, NS = 24, 24
+SM_BYTES, AM_BYTES = 2048, 32768
+NV, NS = 32, 24
 BASES = np.array([0, SM_BYTES, 0, 0], np.int64)
 CAPS = np.array([SM_BYTES, AM_BYTES, 0, 0], np.int64)
 
@@ -57,7 +67,7 @@ def _finite_f16(rng, n: int) -> np.ndarray:
 
 
 def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra: bool,
-                     starts: bool = False) -> list[list[int]]:
+                     starts: bool = False, lanes: int = LANES) -> list[list[int]]:
     """A micro-kernel's body: per k, mr scalar loads (s8..) and broadcasts (v mr*nv ..), nv vector loads,
     mr x nv vfma into accumulators v0..; optionally interleaved with the odd extra (a broadcast read
     straight from an entry register, a reloaded broadcast register, a scalar load nobody reads). With
@@ -73,7 +83,7 @@ def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra:
             elif how == 2:
                 ops.append(_op("svbcast", acc0 + r, 4 + r % 4))
             elif how == 3:
-                ops.append(_op("vldh", acc0 + r, 2, imm=2 * LANES * int(rng.integers(0, 32))))
+                ops.append(_op("vldh", acc0 + r, 2, imm=2 * lanes * int(rng.integers(0, 32))))
         rng.shuffle(ops)
     for kk in range(ks):
         for r in range(mr):
@@ -82,7 +92,7 @@ def _stretch_program(rng, mr: int, nv: int, ks: int, scalar_second: bool, extra:
             src = 4 + r % 4 if extra and rng.random() < 0.2 else 8 + r    # s4..s7: entry registers
             ops.append(_op("svbcast", va0 + r, src))
         for c in range(nv):
-            ops.append(_op("vldh", vb0 + c, 2, imm=2 * LANES * (kk * nv + c)))
+            ops.append(_op("vldh", vb0 + c, 2, imm=2 * lanes * (kk * nv + c)))
         if extra and rng.random() < 0.3:
             ops.append(_op("sldh", 20, 3, imm=2 * int(rng.integers(0, 64))))
         for r in range(mr):
@@ -107,21 +117,21 @@ def _bundled(ops: list[list[int]], rng, per_bundle: int) -> np.ndarray:
     return code
 
 
-def _state(rng):
+def _state(rng, lanes=LANES):
     mem = _finite_f16(rng, (SM_BYTES + AM_BYTES) // 2)
     sregs = np.zeros(NS, np.int64)
     sregs[1] = 0                                         # SM base of the scalar loads
-    sregs[2] = int(rng.integers(0, 4)) * 2 * LANES       # AM base of the vector loads
+    sregs[2] = int(rng.integers(0, 4)) * 2 * lanes       # AM base of the vector loads
     sregs[3] = 256
     sregs[4:8] = mem[rng.integers(0, mem.size, 4)]
-    vregs = mem[SM_BYTES // 2:SM_BYTES // 2 + NV * LANES].view(np.float16).astype(np.float32).reshape(1, NV, LANES)
+    vregs = mem[SM_BYTES // 2:SM_BYTES // 2 + NV * lanes].view(np.float16).astype(np.float32).reshape(1, NV, lanes)
     return mem, sregs, vregs.copy()
 
 
-def _compare(code, p, e, rng, loads=False):
-    mem, sregs, vregs = _state(rng)
+def _compare(code, p, e, rng, loads=False, lanes=LANES):
+    mem, sregs, vregs = _state(rng, lanes)
     want = [x.copy() for x in (mem, sregs, vregs)]
-    run_plain_reference(0, p, e, code, want[1], want[2], want[0], F16_TABLE, BASES, CAPS, LANES)
+    run_plain_reference(0, p, e, code, want[1], want[2], want[0], F16_TABLE, BASES, CAPS, lanes)
     ops, off, fused, _sld, _sld_off = decode_ops(code, NS, NV)
     on, val = np.zeros((1, NV), np.bool_), np.zeros((1, NV), np.float32)
     smem, sbase = mem, int(BASES[0])
@@ -131,7 +141,7 @@ def _compare(code, p, e, rng, loads=False):
         smem, sbase = np.concatenate([_finite_f16(rng, 64), mem[:SM_BYTES // 2]]), 128
         mem[:SM_BYTES // 2] = _finite_f16(rng, SM_BYTES // 2)
         want[0][:SM_BYTES // 2] = mem[:SM_BYTES // 2]
-    run_plain(0, p, e, ops, off, fused, sregs, vregs, mem, mem.view(np.float32), F16_TABLE, BASES, CAPS, LANES,
+    run_plain(0, p, e, ops, off, fused, sregs, vregs, mem, mem.view(np.float32), F16_TABLE, BASES, CAPS, lanes,
               on, val, smem, sbase)
     for got, ref in zip((mem, sregs, vregs), want, strict=True):
         assert np.array_equal(got.view(np.uint8), ref.view(np.uint8))
@@ -217,33 +227,91 @@ def _first_stretch_steps(code):
     return fused, at, nl, fused[ps:ps + N_STEP * steps].reshape(steps, N_STEP)
 
 
-def test_a_gemm_stretch_widens_each_row_once_into_few_slots():
-    """6 x 2 accumulators over 64 k: 128 rows, each read by the 6 accumulators of its column in one
-    round (four in a quad straight from AM, two in a pair from a slot), so a handful of slots serve them
-    all (and every row is widened exactly once)."""
+def test_a_gemm_stretch_reads_its_rows_in_register_groups():
+    """6 x 2 accumulators over 64 k: each column's six accumulators read the same 64 rows, so each
+    column is one group step that reads its rows straight from AM; the only rows widened into slots
+    are the two the row registers hold at the end."""
     rng = np.random.default_rng(7)
     code = _bundled(_stretch_program(rng, 6, 2, 64, False, False), rng, 3)
     fused, at, nl, kinds = _first_stretch_steps(code)
-    widened = kinds[kinds[:, 0] == S_WIDEN, 1]
-    assert nl == 128 and sorted(widened.tolist()) == list(range(nl))
-    assert fused[at + H_SLOTS] <= 4 * FUSE_DEPTH
-    rounds = 64 // FUSE_DEPTH
-    assert (kinds[:, 0] == S_QUAD8).sum() == 2 * rounds          # per round and column: a quad and a pair
-    assert (kinds[:, 0] == S_PAIR8).sum() == 2 * rounds
+    groups = kinds[kinds[:, 0] == S_GROUP]
+    assert nl == 128 and groups.shape[0] == 2
+    assert groups[:, G_N].tolist() == [6, 6] and groups[:, G_TERMS].tolist() == [64, 64]
+    assert sorted(groups[:, G_REGS:G_REGS + 6].ravel().tolist()) == list(range(12))
+    assert sorted(kinds[kinds[:, 0] == S_WIDEN, 1].tolist()) == [nl - 2, nl - 1]
+    assert fused[at + H_SLOTS] == 2
+    assert not np.isin(kinds[:, 0], [S_QUAD8, S_PAIR8]).any()
     _compare(code, 0, len(code), rng)
+
+
+@pytest.mark.parametrize("mr, sizes", [(4, [4]), (5, [4]), (6, [6]), (7, [6]), (8, [4, 4]), (10, [6, 4]),
+                                       (12, [6, 6])])
+@pytest.mark.parametrize("lanes", [16, 80, 192])
+def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes):
+    """mr rows of C over one column: groups of six (four where eight are left) take the accumulators
+    that share rows, the rest go in rounds, and the sums are the instruction-by-instruction ones at
+    lane counts with and without a remainder past the host's blocks of 32 (six) or 48 (four) lanes."""
+    rng = np.random.default_rng(1000 + 7 * mr + lanes)
+    code = _bundled(_stretch_program(rng, mr, 1, 24, bool(mr % 2), False, lanes=lanes), rng, 3)
+    _fused, _at, _nl, kinds = _first_stretch_steps(code)
+    groups = kinds[kinds[:, 0] == S_GROUP]
+    assert groups[:, G_N].tolist() == sizes and (groups[:, G_TERMS] == 24).all()
+    left = mr - sum(sizes)
+    assert np.isin(kinds[:, 0], [S_QUAD8, S_PAIR8, S_ONE8]).any() == (left > 0)
+    _compare(code, 0, len(code), rng, loads=bool(mr % 2), lanes=lanes)
+
+
+def test_a_group_stops_where_its_shortest_member_does():
+    """Two of six accumulators lose their last three terms (a software-pipelined loop's peeled
+    iteration): the group takes the terms all six have, the others' last terms go in tails."""
+    rng = np.random.default_rng(11)
+    ops = _stretch_program(rng, 6, 1, 20, False, False, lanes=64)
+    fmas = [i for i, o in enumerate(ops) if o[0] == isa.OP_VFMA]
+    drop = {i for i in fmas[-6 * 3:] if ops[i][1] in (1, 4)}
+    code = _bundled([o for i, o in enumerate(ops) if i not in drop], rng, 3)
+    _fused, _at, _nl, kinds = _first_stretch_steps(code)
+    groups = kinds[kinds[:, 0] == S_GROUP]
+    assert groups[:, G_N].tolist() == [6] and groups[:, G_TERMS].tolist() == [17]
+    assert (kinds[:, 0] == S_TAIL).sum() == 4
+    _compare(code, 0, len(code), rng, lanes=64)
+
+
+@pytest.mark.skipif(not VECTOR_FP16, reason="the host has no vector FP16 conversion and FMA")
+@pytest.mark.parametrize("n", [4, 6])
+def test_register_groups_add_as_lane_by_lane(n):
+    """The register-blocked kernels against group_lanes on 192 lanes: random FP16 rows (subnormals,
+    signed zeros) and broadcasts, a few of them infinities and NaNs, so sums become infinities and
+    NaNs; bit for bit where not NaN."""
+    rng = np.random.default_rng(n)
+    lanes, terms = 192, 40
+    mem16 = _finite_f16(rng, lanes * terms + 64)
+    addr = (rng.permutation(terms) * lanes + rng.integers(0, 64)).astype(np.uint64)
+    x = F16_TABLE[_finite_f16(rng, terms * GROUP_MAX)].reshape(terms, GROUP_MAX)
+    x[[5, 9, 3, 7], [0, 0, 1, 2]] = np.inf, -np.inf, np.nan, np.inf
+    v = F16_TABLE[_finite_f16(rng, 8 * lanes)].reshape(8, lanes)
+    regs = np.array([7, 2, 5, 0, 3, 6], np.int64)
+    want = v.copy()
+    group_lanes(want, regs, n, mem16, addr, x, terms, 0, lanes)
+    got = v.copy()
+    group_x16(got, regs, n, mem16, addr, x, terms, lanes)
+    nan = np.isnan(want)
+    assert nan.any() and np.isinf(want).any()
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    assert np.array_equal(got[[1, 4]], v[[1, 4]])       # rows outside the group untouched
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_four_accumulators_a_column_read_their_rows_straight_from_am(seed):
-    """4 x 3 accumulators: every term is in a quad, which reads AM itself, so the only rows widened into
-    slots are the three the row registers hold at the end, and the sums are still the
+    """4 x 3 accumulators: every column is a group of four, which reads AM itself, so the only rows
+    widened into slots are the three the row registers hold at the end, and the sums are still the
     instruction-by-instruction ones."""
     rng = np.random.default_rng(400 + seed)
     ks = 8 * int(rng.integers(2, 6))
     code = _bundled(_stretch_program(rng, 4, 3, ks, bool(seed % 2), False), rng, 3)
     fused, at, nl, kinds = _first_stretch_steps(code)
-    assert set(kinds[:, 0].tolist()) == {S_INIT, S_QUAD8, S_WIDEN}
-    assert (kinds[:, 0] == S_QUAD8).sum() == 3 * ks // FUSE_DEPTH
+    assert set(kinds[:, 0].tolist()) == {S_INIT, S_GROUP, S_WIDEN}
+    assert (kinds[:, 0] == S_GROUP).sum() == 3 and (kinds[kinds[:, 0] == S_GROUP, G_TERMS] == ks).all()
     assert sorted(kinds[kinds[:, 0] == S_WIDEN, 1].tolist()) == [nl - 3, nl - 2, nl - 1]
     _compare(code, 0, len(code), rng, loads=bool(seed % 2))
 
