@@ -51,18 +51,22 @@ O_FUSE_AT = 6               # where its record starts in the `fused` array
 N_OPCOLS = 7
 # A stretch record in the flat int64 `fused` array: a header of counts, then its sections
 #   loads    (base register, imm) per vldh, in order                  -> rows of widened lanes
-#   bcasts   (source, a, b, c) per svbcast, in order: source 0 = SM[s[a] + b], which the
-#            stretch's sldh number c loaded; 1 = scalar register a as it was on entry
+#            (base register -1: only affine group steps read the row, which address it themselves)
+#   bcasts   (source, a, b, c) per svbcast, in order: source 0 (_B_SM) = SM[s[a] + b], which the
+#            stretch's sldh number c loaded; 1 (_B_REG) = scalar register a as it was on entry;
+#            2 (_B_SKIP): as 0, but only affine group steps read it, which address it themselves
 #   scalars  (register, base register, imm, sldh number): registers the stretch's sldh leave
 #   accs     (vector register, terms, start kind, number) in register order: the accumulator starts from
 #            its value on entry (kind 0), or from a broadcast (_K_BCAST) or loaded row (_K_LOAD) the
 #            stretch put in it before its first term (a micro-kernel zeroing C by broadcasting s0)
 #   terms    (bcast, load) numbers, grouped by accumulator as `accs`, in program order within each
 #   finals   (vector register, kind, number): what a broadcast or loaded register holds at the end
-#   steps    (kind, a, b, c, d, e, f, g, h) per step of the static schedule (_schedule), which widens
+#   steps    (kind, then N_STEP - 1 fields) per step of the static schedule (_schedule), which widens
 #            each row a step reads from a slot just before its first use and frees the slot after its last,
 #            so the rows in use stay in the host's L1 cache; from then on the load numbers of accs, finals
-#            and terms are slots, except the terms of S_QUAD8 steps, which read their rows straight from AM
+#            and terms are slots, except the terms of S_QUAD8 and S_GROUP steps, which read their rows
+#            straight from AM
+#   address blocks (N_AUX each) of the S_GROUP steps, in step order (below)
 H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH, H_STEPS, H_SLOTS = range(9)
 N_HEADER = 9
 _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
@@ -76,8 +80,16 @@ S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8, S_GROUP = 0, 1, 2, 3, 4, 5, 6
 GROUP_MAX = 6               # accumulators in one group step (12 host vector registers of 16 lanes)
 G_N, G_TERMS, G_REGS = 1, 2, 3          # fields of an S_GROUP step; its term offsets follow its registers
 G_TERMS_AT = G_REGS + GROUP_MAX
-N_STEP = G_TERMS_AT + GROUP_MAX
-MIN_GROUP_TERMS = 2 * FUSE_DEPTH        # shorter shared runs are left to the rounds
+G_AUX = G_TERMS_AT + GROUP_MAX          # record-relative offset of the step's address block (below)
+N_STEP = G_AUX + 1
+# A group step's address block: (affine, base register, first offset, stride) for its rows, then the
+# same for each accumulator's broadcasts (SM addresses): where term t's address is base + first +
+# stride * t, the step computes it instead of reading the per-load or per-broadcast tables, which are
+# then not filled for what only groups read (a load's base register -1, a broadcast's source _B_SKIP)
+N_AFFINE = 4
+N_AUX = N_AFFINE * (1 + GROUP_MAX)
+_B_SM, _B_REG, _B_SKIP = 0, 1, 2        # broadcast sources
+MIN_GROUP_TERMS = 2 * FUSE_DEPTH
 
 
 @njit(cache=True)
@@ -428,7 +440,88 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             out[g + 2] = slot[out[g + 2]]
     out[at + H_STEPS] = nsteps
     out[at + H_SLOTS] = nslots
-    return base + N_STEP * nsteps
+    return _address_blocks(out, at, pa, na, nl, nf, base, nsteps)
+
+
+@njit(cache=True)
+def _affine(out, j, terms, rec, width, field, info, i):
+    """Whether the terms out[j], out[j + 2], ... (``terms`` of them) name records out[rec + width * number]
+    whose fields (base register, offset) at ``field`` are one base and offsets in arithmetic progression
+    (for broadcasts, all from SM: a source field before them); writes (affine, base, first, stride) to
+    ``info[i:]`` and returns affine."""
+    r0 = rec + width * out[j]
+    stride = out[rec + width * out[j + 2] + field + 1] - out[r0 + field + 1] if terms > 1 else 0
+    ok = True
+    for t in range(terms):
+        r = rec + width * out[j + 2 * t]
+        if (field > 0 and out[r] != _B_SM) or out[r + field] != out[r0 + field] \
+                or out[r + field + 1] != out[r0 + field + 1] + stride * t:
+            ok = False
+            break
+    info[i] = 1 if ok else 0
+    info[i + 1] = out[r0 + field]
+    info[i + 2] = out[r0 + field + 1]
+    info[i + 3] = stride
+    return ok
+
+
+@njit(cache=True)
+def _address_blocks(out, at, pa, na, nl, nf, base, nsteps):
+    """Append each group step's address block after the steps at ``base``, and mark the loads and
+    broadcasts that nothing but affine group steps reads (their tables are not filled at run time);
+    return where the record ends."""
+    pl = at + N_HEADER
+    nb = out[at + H_BCASTS]
+    pb = pl + 2 * nl
+    pt = pa + 4 * na
+    need_l = np.zeros(nl, np.bool_)
+    need_b = np.zeros(nb, np.bool_)
+    end = base + N_STEP * nsteps
+    for g in range(base, base + N_STEP * nsteps, N_STEP):
+        kind = out[g]
+        if kind == S_WIDEN:
+            need_l[out[g + 1]] = True
+        elif kind == S_GROUP:
+            out[g + G_AUX] = end - at
+            j = at + out[g + G_TERMS_AT]
+            terms = out[g + G_TERMS]
+            if not _affine(out, j + 1, terms, pl, 2, 0, out, end):
+                for t in range(terms):
+                    need_l[out[j + 2 * t + 1]] = True
+            for f in range(out[g + G_N]):
+                j = at + out[g + G_TERMS_AT + f]
+                if not _affine(out, j, terms, pb, 4, 1, out, end + N_AFFINE * (1 + f)):
+                    for t in range(terms):
+                        need_b[out[j + 2 * t]] = True
+            end += N_AUX
+        elif kind != S_INIT:
+            # rounds: their terms' broadcasts, and the loads a quad reads straight from AM
+            if kind == S_QUAD8:
+                for f in range(5, 9):
+                    for t in range(at + out[g + f], at + out[g + f] + 2 * FUSE_DEPTH, 2):
+                        need_l[out[t + 1]] = True
+                        need_b[out[t]] = True
+                continue
+            j = at + (out[g + 3] if kind == S_PAIR8 else out[g + 2])
+            stop = at + out[g + 3] if kind == S_TAIL else j + 2 * FUSE_DEPTH
+            for t in range(j, stop, 2):
+                need_b[out[t]] = True
+            if kind == S_PAIR8:
+                for t in range(at + out[g + 4], at + out[g + 4] + 2 * FUSE_DEPTH, 2):
+                    need_b[out[t]] = True
+    for q in range(na):
+        if out[pa + 4 * q + 2] == _K_BCAST:
+            need_b[out[pa + 4 * q + 3]] = True
+    for g in range(pt + 2 * out[at + H_TERMS], pt + 2 * out[at + H_TERMS] + 3 * nf, 3):
+        if out[g + 1] == _K_BCAST:
+            need_b[out[g + 2]] = True
+    for q in range(nl):
+        if not need_l[q]:
+            out[pl + 2 * q] = -1
+    for q in range(nb):
+        if not need_b[q]:
+            out[pb + 4 * q] = _B_SKIP
+    return end
 
 
 @njit(cache=True)
@@ -452,7 +545,7 @@ def mark_stretches(ops, nsregs, nvregs, min_terms):
             ends.append(j)
             # at most: 4 per op (bcast) or 2 (load) + 2 (term), and a step per load and per term;
             # 4 per scalar, 4 + 3 per vector register, an init step
-            size += N_HEADER + (4 + N_STEP) * (j - i) + 4 * nsregs + 7 * nvregs + N_STEP
+            size += N_HEADER + (4 + N_STEP) * (j - i) + 4 * nsregs + 7 * nvregs + N_STEP + N_AUX * nvregs
             i = j
         else:
             i = max(j, i + 1)
@@ -482,15 +575,16 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     # where each loaded row is (every base register holds its entry value until the scalars below)
     src = np.empty(nl, np.uint64)
     for q in range(nl):
-        src[q] = (am0 + sr[fused[p]] + fused[p + 1]) >> 1
+        if fused[p] >= 0:                           # (not only read by an affine group step)
+            src[q] = (am0 + sr[fused[p]] + fused[p + 1]) >> 1
         p += 2
     # the broadcast values
     bval = np.empty(nb, np.float32)
     bc = fused[p:p + 4 * nb].reshape(nb, 4)       # (one view per stretch; unsigned indices below)
     for q in range(nb):
-        if bc[q, 0] == 1:
+        if bc[q, 0] == _B_REG:
             bval[q] = widen_f16(np.uint16(sr[bc[q, 1]] & 0xFFFF))
-        else:
+        elif bc[q, 0] == _B_SM:
             bval[q] = widen_f16(smem[np.uint64(sbase + sr[bc[q, 1]] + bc[q, 2]) >> np.uint64(1)])
     p += 4 * nb
     # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
@@ -512,7 +606,7 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
             _add_terms8_quad(v, fused[g + 1], fused[g + 2], fused[g + 3], fused[g + 4], mem16, src, bval, fused,
                              at + fused[g + 5], at + fused[g + 6], at + fused[g + 7], at + fused[g + 8], lanes)
         elif kind == S_GROUP:
-            _run_group(v, fused, g, at, src, bval, mem16, lanes)
+            _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase)
         elif kind == S_WIDEN:
             s0 = src[fused[g + 1]]
             w = fused[g + 2]
@@ -560,7 +654,7 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
 
 
 @njit(cache=True)
-def _run_group(v, fused, g, at, src, bval, mem16, lanes):
+def _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase):
     """The S_GROUP step at ``fused[g]``: its accumulators' terms, all over the same rows (read straight
     from AM), added with the accumulators held in host registers (:func:`x16_block` lanes a pass) where the host
     has vector FP16 (:data:`mtemu.simd.VECTOR_FP16`), lane by lane for the rest."""
@@ -569,16 +663,31 @@ def _run_group(v, fused, g, at, src, bval, mem16, lanes):
     regs = np.empty(GROUP_MAX, np.int64)
     for f in range(n):
         regs[f] = fused[g + G_REGS + f]
-    # per term: where its row is, and each accumulator's broadcast value
+    # per term: where its row is, and each accumulator's broadcast value (base registers hold their
+    # entry values: the stretch loads none of them)
     addr = np.empty(terms, np.uint64)
     x = np.empty((terms, GROUP_MAX), np.float32)
+    aux = at + fused[g + G_AUX]
     j = at + fused[g + G_TERMS_AT]
-    for t in range(terms):
-        addr[t] = src[fused[j + 2 * t + 1]]
-    for f in range(n):
-        j = at + fused[g + G_TERMS_AT + f]
+    if fused[aux]:
+        first = am0 + sr[fused[aux + 1]] + fused[aux + 2]
+        stride = fused[aux + 3]
         for t in range(terms):
-            x[t, f] = bval[fused[j + 2 * t]]
+            addr[t] = (first + stride * t) >> 1
+    else:
+        for t in range(terms):
+            addr[t] = src[fused[j + 2 * t + 1]]
+    for f in range(n):
+        b = aux + N_AFFINE * (1 + f)
+        if fused[b]:
+            first = sbase + sr[fused[b + 1]] + fused[b + 2]
+            stride = fused[b + 3]
+            for t in range(terms):
+                x[t, f] = widen_f16(smem[np.uint64(first + stride * t) >> np.uint64(1)])
+        else:
+            j = at + fused[g + G_TERMS_AT + f]
+            for t in range(terms):
+                x[t, f] = bval[fused[j + 2 * t]]
     k0 = 0
     if VECTOR_FP16:
         k0 = lanes - lanes % x16_block(n)

@@ -119,3 +119,4 @@ def fma_x16(typingctx, x, b, acc):
                                             "llvm.fma.v16f32")
         return builder.call(fn, [splat, args[1], args[2]])
     return f32x16(x, b, acc), codegen
+

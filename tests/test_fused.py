@@ -19,6 +19,7 @@ from mtemu.blocks import decode_ops, run_plain, run_plain_reference
 from mtemu.fp16 import add_fp16_product
 from mtemu.fused import (
     FUSE_DEPTH,
+    G_AUX,
     G_N,
     G_REGS,
     G_TERMS,
@@ -32,6 +33,7 @@ from mtemu.fused import (
     H_STEPS,
     H_TERMS,
     MIN_FUSED_TERMS,
+    N_AFFINE,
     N_HEADER,
     N_STEP,
     O_FUSE_AT,
@@ -247,17 +249,29 @@ def test_a_gemm_stretch_reads_its_rows_in_register_groups():
 @pytest.mark.parametrize("mr, sizes", [(4, [4]), (5, [4]), (6, [6]), (7, [6]), (8, [4, 4]), (10, [6, 4]),
                                        (12, [6, 6])])
 @pytest.mark.parametrize("lanes", [16, 80, 192])
-def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes):
+@pytest.mark.parametrize("affine", [True, False])
+def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes, affine):
     """mr rows of C over one column: groups of six (four where eight are left) take the accumulators
     that share rows, the rest go in rounds, and the sums are the instruction-by-instruction ones at
-    lane counts with and without a remainder past the host's blocks of 32 (six) or 48 (four) lanes."""
-    rng = np.random.default_rng(1000 + 7 * mr + lanes)
-    code = _bundled(_stretch_program(rng, mr, 1, 24, bool(mr % 2), False, lanes=lanes), rng, 3)
-    _fused, _at, _nl, kinds = _first_stretch_steps(code)
+    lane counts with and without a remainder past the host's blocks of 32 (six) or 48 (four) lanes.
+    Rows and broadcasts at evenly spaced addresses are addressed by the group step itself; rows in
+    shuffled order and some broadcasts from entry registers go through the per-term tables."""
+    rng = np.random.default_rng(1000 + 7 * mr + lanes + affine)
+    ops = _stretch_program(rng, mr, 1, 24, bool(mr % 2), not affine, lanes=lanes)
+    if not affine:
+        rows = rng.permutation(24)
+        for o in ops:
+            if o[0] == isa.OP_VLDH:
+                o[5] = 2 * lanes * int(rows[o[5] // (2 * lanes)])
+    code = _bundled(ops, rng, 3)
+    fused, at, _nl, kinds = _first_stretch_steps(code)
     groups = kinds[kinds[:, 0] == S_GROUP]
     assert groups[:, G_N].tolist() == sizes and (groups[:, G_TERMS] == 24).all()
     left = mr - sum(sizes)
     assert np.isin(kinds[:, 0], [S_QUAD8, S_PAIR8, S_ONE8]).any() == (left > 0)
+    rows = [fused[at + g[G_AUX]] for g in groups]
+    bcasts = [fused[at + g[G_AUX] + N_AFFINE * (1 + f)] for g in groups for f in range(g[G_N])]
+    assert all(rows) and all(bcasts) if affine else not any(rows) and not all(bcasts)
     _compare(code, 0, len(code), rng, loads=bool(mr % 2), lanes=lanes)
 
 
