@@ -702,9 +702,9 @@ def x16_block(n):
 
 
 @njit(cache=True)
-def group_x16(v, regs, n, mem16, addr, x, terms, lanes):
+def _group_x16_blocked(v, regs, n, mem16, addr, x, terms, lanes):
     """Lanes [0, lanes) (a multiple of :func:`x16_block`) of a group of n = 6 or 4 accumulators
-    (:func:`group_lanes`'s arguments), register-blocked. Only where :data:`mtemu.simd.VECTOR_FP16`."""
+    (:func:`group_lanes`'s arguments), register-blocked."""
     if n == GROUP_MAX:
         _group6_x16(v, regs[0], regs[1], regs[2], regs[3], regs[4], regs[5], mem16, addr, x, terms, lanes)
     else:
@@ -778,6 +778,17 @@ def _group4_x16(v, r0, r1, r2, r3, mem16, addr, x, terms, lanes):
         store_f32x16(v, r1, c, p1), store_f32x16(v, r1, d, q1), store_f32x16(v, r1, e, z1)
         store_f32x16(v, r2, c, p2), store_f32x16(v, r2, d, q2), store_f32x16(v, r2, e, z2)
         store_f32x16(v, r3, c, p3), store_f32x16(v, r3, d, q3), store_f32x16(v, r3, e, z3)
+
+
+@njit(cache=True)
+def _group_x16_by_lane(v, regs, n, mem16, addr, x, terms, lanes):
+    """:func:`group_x16` where the host lacks vector FP16: lane by lane."""
+    group_lanes(v, regs, n, mem16, addr, x, terms, 0, lanes)
+
+
+# Chosen once per process, as fp16.widen_f16 is: without F16C and FMA (simd.VECTOR_FP16) the vector
+# intrinsics are never compiled (LLVM would need library routines per lane that the JIT may not have).
+group_x16 = _group_x16_blocked if VECTOR_FP16 else _group_x16_by_lane
 
 
 @njit(cache=True)
