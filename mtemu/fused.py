@@ -74,7 +74,7 @@ _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
 # set the accumulators' start values
 #   S_WIDEN (load, slot)          S_PAIR8 (r, q, terms of r, of q)   S_ONE8 (r, terms)
 #   S_TAIL (r, first, end term)   S_INIT ()                          S_QUAD8 (r0..r3, terms of r0..r3)
-#   S_GROUP (n, terms, r0..r5, t0..t5): n accumulators (GROUP_SIZES) whose next `terms` terms (at
+#   S_GROUP (n, terms, r0..r5, t0..t5, aux): n (six or four) accumulators whose next `terms` terms (at
 #   record-relative offsets t0..) read the same rows, all added with the accumulators held in registers
 S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8, S_GROUP = 0, 1, 2, 3, 4, 5, 6
 GROUP_MAX = 6               # accumulators in one group step (12 host vector registers of 16 lanes)
