@@ -666,7 +666,7 @@ def _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase):
     # per term: where its row is, and each accumulator's broadcast value (base registers hold their
     # entry values: the stretch loads none of them)
     addr = np.empty(terms, np.uint64)
-    x = np.empty((terms, GROUP_MAX), np.float32)
+    x = np.empty((GROUP_MAX, terms), np.float32)
     aux = at + fused[g + G_AUX]
     j = at + fused[g + G_TERMS_AT]
     if fused[aux]:
@@ -682,12 +682,17 @@ def _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase):
         if fused[b]:
             first = sbase + sr[fused[b + 1]] + fused[b + 2]
             stride = fused[b + 3]
-            for t in range(terms):
-                x[t, f] = widen_f16(smem[np.uint64(first + stride * t) >> np.uint64(1)])
+            if stride == 2:                     # consecutive values (a GEMM's row of A): one vector loop
+                h = np.uint64(first) >> np.uint64(1)
+                for t in range(terms):
+                    x[f, t] = widen_f16(smem[h + np.uint64(t)])
+            else:
+                for t in range(terms):
+                    x[f, t] = widen_f16(smem[np.uint64(first + stride * t) >> np.uint64(1)])
         else:
             j = at + fused[g + G_TERMS_AT + f]
             for t in range(terms):
-                x[t, f] = bval[fused[j + 2 * t]]
+                x[f, t] = bval[fused[j + 2 * t]]
     k0 = 0
     if VECTOR_FP16:
         k0 = lanes - lanes % x16_block(n)
@@ -715,12 +720,12 @@ def _group_x16_blocked(v, regs, n, mem16, addr, x, terms, lanes):
 def group_lanes(v, regs, n, mem16, addr, x, terms, k0, lanes):
     """Lanes k0 <= k < lanes of a group step, one accumulator, term and lane after another: the
     reference for the register-blocked kernels (and all of the step where the host lacks them).
-    Accumulator ``regs[f]`` adds ``x[t, f]`` x (the FP16 row at ``mem16[addr[t]:]``) for t in order."""
+    Accumulator ``regs[f]`` adds ``x[f, t]`` x (the FP16 row at ``mem16[addr[t]:]``) for t in order."""
     for f in range(n):
         r = regs[f]
         for t in range(terms):
             s = addr[t]
-            b = x[t, f]
+            b = x[f, t]
             for k in range(k0, lanes):
                 v[r, k] = add_fp16_product(v[r, k], b, widen_f16(mem16[s + np.uint64(k)]))
 
@@ -742,12 +747,12 @@ def _group6_x16(v, r0, r1, r2, r3, r4, r5, mem16, addr, x, terms, lanes):
             s = addr[t] + np.uint64(c)
             w = load_f16x16(mem16, s)
             u = load_f16x16(mem16, s + np.uint64(LANES_X16))
-            a0, b0 = fma_x16(x[t, 0], w, a0), fma_x16(x[t, 0], u, b0)
-            a1, b1 = fma_x16(x[t, 1], w, a1), fma_x16(x[t, 1], u, b1)
-            a2, b2 = fma_x16(x[t, 2], w, a2), fma_x16(x[t, 2], u, b2)
-            a3, b3 = fma_x16(x[t, 3], w, a3), fma_x16(x[t, 3], u, b3)
-            a4, b4 = fma_x16(x[t, 4], w, a4), fma_x16(x[t, 4], u, b4)
-            a5, b5 = fma_x16(x[t, 5], w, a5), fma_x16(x[t, 5], u, b5)
+            a0, b0 = fma_x16(x[0, t], w, a0), fma_x16(x[0, t], u, b0)
+            a1, b1 = fma_x16(x[1, t], w, a1), fma_x16(x[1, t], u, b1)
+            a2, b2 = fma_x16(x[2, t], w, a2), fma_x16(x[2, t], u, b2)
+            a3, b3 = fma_x16(x[3, t], w, a3), fma_x16(x[3, t], u, b3)
+            a4, b4 = fma_x16(x[4, t], w, a4), fma_x16(x[4, t], u, b4)
+            a5, b5 = fma_x16(x[5, t], w, a5), fma_x16(x[5, t], u, b5)
         store_f32x16(v, r0, c, a0), store_f32x16(v, r0, d, b0)
         store_f32x16(v, r1, c, a1), store_f32x16(v, r1, d, b1)
         store_f32x16(v, r2, c, a2), store_f32x16(v, r2, d, b2)
@@ -770,10 +775,10 @@ def _group4_x16(v, r0, r1, r2, r3, mem16, addr, x, terms, lanes):
         for t in range(terms):
             s = addr[t] + np.uint64(c)
             w, u, y = load_f16x16(mem16, s), load_f16x16(mem16, s + sixteen), load_f16x16(mem16, s + 2 * sixteen)
-            p0, q0, z0 = fma_x16(x[t, 0], w, p0), fma_x16(x[t, 0], u, q0), fma_x16(x[t, 0], y, z0)
-            p1, q1, z1 = fma_x16(x[t, 1], w, p1), fma_x16(x[t, 1], u, q1), fma_x16(x[t, 1], y, z1)
-            p2, q2, z2 = fma_x16(x[t, 2], w, p2), fma_x16(x[t, 2], u, q2), fma_x16(x[t, 2], y, z2)
-            p3, q3, z3 = fma_x16(x[t, 3], w, p3), fma_x16(x[t, 3], u, q3), fma_x16(x[t, 3], y, z3)
+            p0, q0, z0 = fma_x16(x[0, t], w, p0), fma_x16(x[0, t], u, q0), fma_x16(x[0, t], y, z0)
+            p1, q1, z1 = fma_x16(x[1, t], w, p1), fma_x16(x[1, t], u, q1), fma_x16(x[1, t], y, z1)
+            p2, q2, z2 = fma_x16(x[2, t], w, p2), fma_x16(x[2, t], u, q2), fma_x16(x[2, t], y, z2)
+            p3, q3, z3 = fma_x16(x[3, t], w, p3), fma_x16(x[3, t], u, q3), fma_x16(x[3, t], y, z3)
         store_f32x16(v, r0, c, p0), store_f32x16(v, r0, d, q0), store_f32x16(v, r0, e, z0)
         store_f32x16(v, r1, c, p1), store_f32x16(v, r1, d, q1), store_f32x16(v, r1, e, z1)
         store_f32x16(v, r2, c, p2), store_f32x16(v, r2, d, q2), store_f32x16(v, r2, e, z2)

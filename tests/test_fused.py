@@ -254,10 +254,15 @@ def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes, af
     """mr rows of C over one column: groups of six (four where eight are left) take the accumulators
     that share rows, the rest go in rounds, and the sums are the instruction-by-instruction ones at
     lane counts with and without a remainder past the host's blocks of 32 (six) or 48 (four) lanes.
-    Rows and broadcasts at evenly spaced addresses are addressed by the group step itself; rows in
-    shuffled order and some broadcasts from entry registers go through the per-term tables."""
+    Rows and broadcasts at evenly spaced addresses (values of A packed or every other one) are
+    addressed by the group step itself; rows in shuffled order and some broadcasts from entry
+    registers go through the per-term tables."""
     rng = np.random.default_rng(1000 + 7 * mr + lanes + affine)
     ops = _stretch_program(rng, mr, 1, 24, bool(mr % 2), not affine, lanes=lanes)
+    spacing = 2 + 2 * (mr % 2)                  # bytes between a row of A's values: packed, or every other
+    for o in ops:
+        if o[0] == isa.OP_SLDH:
+            o[5] = o[5] // 2 * spacing
     if not affine:
         rows = rng.permutation(24)
         for o in ops:
@@ -272,6 +277,8 @@ def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes, af
     rows = [fused[at + g[G_AUX]] for g in groups]
     bcasts = [fused[at + g[G_AUX] + N_AFFINE * (1 + f)] for g in groups for f in range(g[G_N])]
     assert all(rows) and all(bcasts) if affine else not any(rows) and not all(bcasts)
+    strides = {fused[at + g[G_AUX] + N_AFFINE * (1 + f) + 3] for g in groups for f in range(g[G_N])}
+    assert strides == {spacing} if affine else spacing in strides
     _compare(code, 0, len(code), rng, loads=bool(mr % 2), lanes=lanes)
 
 
@@ -300,8 +307,8 @@ def test_register_groups_add_as_lane_by_lane(n):
     lanes, terms = 192, 40
     mem16 = _finite_f16(rng, lanes * terms + 64)
     addr = (rng.permutation(terms) * lanes + rng.integers(0, 64)).astype(np.uint64)
-    x = F16_TABLE[_finite_f16(rng, terms * GROUP_MAX)].reshape(terms, GROUP_MAX)
-    x[[5, 9, 3, 7], [0, 0, 1, 2]] = np.inf, -np.inf, np.nan, np.inf
+    x = F16_TABLE[_finite_f16(rng, terms * GROUP_MAX)].reshape(GROUP_MAX, terms)
+    x[[0, 0, 1, 2], [5, 9, 3, 7]] = np.inf, -np.inf, np.nan, np.inf
     v = F16_TABLE[_finite_f16(rng, 8 * lanes)].reshape(8, lanes)
     regs = np.array([7, 2, 5, 0, 3, 6], np.int64)
     want = v.copy()
