@@ -89,7 +89,7 @@ N_STEP = G_AUX + 1
 N_AFFINE = 4
 N_AUX = N_AFFINE * (1 + GROUP_MAX)
 _B_SM, _B_REG, _B_SKIP = 0, 1, 2        # broadcast sources
-MIN_GROUP_TERMS = 2 * FUSE_DEPTH
+MIN_GROUP_TERMS = 2 * FUSE_DEPTH        # fewer shared terms are left to the rounds
 
 
 @njit(cache=True)
@@ -264,7 +264,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
         start[q] = j
         j += 2 * out[pa + 4 * q + 1]
         stop[q] = j
-    comp = np.zeros((nt + 2 * na + 1, N_STEP), np.int64)
+    comp = np.zeros((nt + na + 1, N_STEP), np.int64)    # (every step takes at least one term)
     # first the groups: accumulators whose first terms read the same rows (a GEMM's rows of C sharing
     # rows of B), each group's terms added over all its rows with its accumulators held in registers
     nc = 0
@@ -444,11 +444,11 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
 
 
 @njit(cache=True)
-def _affine(out, j, terms, rec, width, field, info, i):
+def _affine(out, j, terms, rec, width, field, i):
     """Whether the terms out[j], out[j + 2], ... (``terms`` of them) name records out[rec + width * number]
     whose fields (base register, offset) at ``field`` are one base and offsets in arithmetic progression
     (for broadcasts, all from SM: a source field before them); writes (affine, base, first, stride) to
-    ``info[i:]`` and returns affine."""
+    ``out[i:]`` and returns affine."""
     r0 = rec + width * out[j]
     stride = out[rec + width * out[j + 2] + field + 1] - out[r0 + field + 1] if terms > 1 else 0
     ok = True
@@ -458,10 +458,10 @@ def _affine(out, j, terms, rec, width, field, info, i):
                 or out[r + field + 1] != out[r0 + field + 1] + stride * t:
             ok = False
             break
-    info[i] = 1 if ok else 0
-    info[i + 1] = out[r0 + field]
-    info[i + 2] = out[r0 + field + 1]
-    info[i + 3] = stride
+    out[i] = 1 if ok else 0
+    out[i + 1] = out[r0 + field]
+    out[i + 2] = out[r0 + field + 1]
+    out[i + 3] = stride
     return ok
 
 
@@ -485,12 +485,12 @@ def _address_blocks(out, at, pa, na, nl, nf, base, nsteps):
             out[g + G_AUX] = end - at
             j = at + out[g + G_TERMS_AT]
             terms = out[g + G_TERMS]
-            if not _affine(out, j + 1, terms, pl, 2, 0, out, end):
+            if not _affine(out, j + 1, terms, pl, 2, 0, end):
                 for t in range(terms):
                     need_l[out[j + 2 * t + 1]] = True
             for f in range(out[g + G_N]):
                 j = at + out[g + G_TERMS_AT + f]
-                if not _affine(out, j, terms, pb, 4, 1, out, end + N_AFFINE * (1 + f)):
+                if not _affine(out, j, terms, pb, 4, 1, end + N_AFFINE * (1 + f)):
                     for t in range(terms):
                         need_b[out[j + 2 * t]] = True
             end += N_AUX
