@@ -118,7 +118,7 @@ def test_hf_baichuan_7b_uses_rope():
     ("bad-nonpositive.json", r"bad-nonpositive\.json: field num_hidden_layers must be positive"),
     ("bad-indivisible.json", r"bad-indivisible\.json: field hidden_size=4000 is not divisible by "
                              r"num_attention_heads=48"),
-    ("bad-unknown-type.json", r"bad-unknown-type\.json: field model_type='gpt2' is not supported"),
+    ("bad-unknown-type.json", r"bad-unknown-type\.json: field model_type='falcon' is not supported"),
     ("bad-not-json.json", r"bad-not-json\.json: not valid JSON"),
     ("no-such-file.json", r"no-such-file\.json: cannot read"),
 ])

@@ -1,14 +1,21 @@
 """Dense decoder-only model specs, exact parameter counts and per-layer operator shapes.
 
 A `ModelSpec` captures what the memory model and the profile builder need about a
-LLaMA-style transformer (RMSNorm, SwiGLU MLP, RoPE or ALiBi attention, optional GQA,
-packed QKV, QKV bias, q/k norm).  Specs come from the built-in table (public HF
-config.json facts) or from a HuggingFace ``config.json`` via `from_hf_config`.
+decoder-only transformer of one of two families:
+
+* LLaMA style (the defaults): RMSNorm, SwiGLU MLP, RoPE or ALiBi attention, optional GQA,
+  packed QKV, QKV bias, q/k norm, no other biases, no dropout;
+* GPT-2 as Megatron runs it: LayerNorm (weight and bias), GeLU MLP, learned position
+  embedding, a bias on every projection, attention and hidden dropout, tied head
+  (``gpt_model``; HF ``model_type: gpt2``).
+
+Specs come from the built-in table (public HF config.json facts), from `gpt_model`, or from a
+HuggingFace ``config.json`` via `from_hf_config`.
 
 `layer_operators` lists one transformer layer's forward work with exact shapes:
 GEMMs as (m, k, n) with m = micro_batch * seq tokens, the attention core, and the
-bandwidth-bound elementwise operators with the bytes they move.  Everything is FP16
-(2 bytes) except RMSNorm's per-token reciprocal RMS, which is FP32.
+bandwidth-bound elementwise operators with the bytes they move.  Activations are FP16
+(2 bytes); a norm's per-token statistics are FP32; dropout masks are 1 byte per element.
 """
 from __future__ import annotations
 
@@ -21,8 +28,13 @@ from rtcommon.jsonio import load_json_file
 
 FP16 = 2   # bytes per FP16 element
 FP32 = 4   # bytes per FP32 element
+MASK = 1   # bytes per dropout-mask element (PyTorch keeps the mask as bool)
 
-POSITIONS = ("rope", "alibi")
+POSITIONS = ("rope", "alibi", "learned")
+NORMS = ("rms", "layernorm")
+MLPS = ("swiglu", "gelu")
+# Megatron's --make-vocab-size-divisible-by default
+MEGATRON_VOCAB_DIVISIBLE_BY = 128
 
 # Model names become parts of cache file names (ratrain.cost.profile): one plain component.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,79}")
@@ -56,6 +68,12 @@ class ModelSpec:
     rope_theta: float | None = 10000.0
     sliding_window: int | None = None
     family: str = "llama"
+    # GPT-family fields; their defaults are the LLaMA family's (see _GPT_FIELDS).
+    norm: str = "rms"               # 'rms' (weight only) | 'layernorm' (weight and bias)
+    mlp: str = "swiglu"             # 'swiglu' (gate, up, down) | 'gelu' (fc1, fc2)
+    linear_bias: bool = False       # a bias on every projection (implies the q/k/v bias)
+    max_positions: int | None = None    # rows of the learned position embedding
+    dropout: float = 0.0            # attention and hidden dropout probability
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SAFE_NAME.fullmatch(self.name):
@@ -71,6 +89,23 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: position must be one of {POSITIONS}, got {self.position!r}")
         if self.packed_qkv and self.kv_heads != self.heads:
             raise ConfigError(f"model {self.name}: packed_qkv requires kv_heads == heads")
+        if self.norm not in NORMS:
+            raise ConfigError(f"model {self.name}: norm must be one of {NORMS}, got {self.norm!r}")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"model {self.name}: mlp must be one of {MLPS}, got {self.mlp!r}")
+        if not isinstance(self.linear_bias, bool):
+            raise ConfigError(f"model {self.name}: linear_bias must be true or false, got {self.linear_bias!r}")
+        if self.position == "learned":
+            value = self.max_positions
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model {self.name}: learned positions need max_positions, a positive integer, "
+                                  f"got {value!r}")
+        elif self.max_positions is not None:
+            raise ConfigError(f"model {self.name}: max_positions is for position 'learned' only, "
+                              f"got position {self.position!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model {self.name}: dropout must be a probability in [0, 1), got {self.dropout!r}")
 
     @property
     def q_dim(self) -> int:
@@ -80,45 +115,89 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.qkv_bias or self.linear_bias
+
+    @property
+    def norm_parameters(self) -> int:
+        """Parameters of one norm over the hidden size: RMSNorm a weight, LayerNorm weight and bias."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def position_parameters(self) -> int:
+        """The learned position embedding (max_positions x hidden; 0 for RoPE / ALiBi)."""
+        return self.max_positions * self.hidden if self.position == "learned" else 0
+
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for key, default in _GPT_FIELDS.items():
+            if out[key] == default:
+                del out[key]
+        return out
+
+
+# The GPT-family fields and their (LLaMA) defaults. to_json leaves them out at these values, so a
+# LLaMA-family spec's JSON, and the profile cache names hashed from it, are those of before.
+_GPT_FIELDS = {"norm": "rms", "mlp": "swiglu", "linear_bias": False, "max_positions": None, "dropout": 0.0}
 
 
 # ---------------------------------------------------------------- parameter counts
 
+def _layer_split_and_replicated(spec: ModelSpec) -> tuple[int, int]:
+    """One layer's parameters as (split over TP ranks, replicated on every rank).
+
+    Megatron's split: q/k/v, gate/up and fc1 are column-parallel (weights and biases divide by
+    T), o_proj, down and fc2 row-parallel (weights divide by T, the bias is added after the
+    all-reduce and is replicated); norm weights and biases and q/k-norm weights are replicated.
+    """
+    h, f = spec.hidden, spec.ffn
+    split = h * spec.q_dim + 2 * h * spec.kv_dim + spec.q_dim * h
+    split += (3 if spec.mlp == "swiglu" else 2) * h * f
+    if spec.has_qkv_bias:
+        split += spec.q_dim + 2 * spec.kv_dim
+    replicated = 2 * spec.norm_parameters + (2 * spec.head_dim if spec.qk_norm else 0)
+    if spec.linear_bias:
+        split += (2 if spec.mlp == "swiglu" else 1) * f      # gate + up, or fc1
+        replicated += 2 * h                                  # o_proj and down / fc2
+    return split, replicated
+
+
 def layer_parameter_count(spec: ModelSpec) -> int:
-    """Parameters of one transformer block (attention + MLP + its two RMSNorm weights)."""
-    h = spec.hidden
-    attn = h * spec.q_dim + 2 * h * spec.kv_dim + spec.q_dim * h
-    if spec.qkv_bias:
-        attn += spec.q_dim + 2 * spec.kv_dim
-    if spec.qk_norm:
-        attn += 2 * spec.head_dim
-    mlp = 3 * h * spec.ffn
-    norms = 2 * h
-    return attn + mlp + norms
+    """Parameters of one transformer block (attention + MLP + its two norms).
+
+    LLaMA: 4 h^2 (MHA) + 3 h f + 2 h.  GPT: 4 h^2 + 4 h (q/k/v/proj weights and biases)
+    + 2 h f + f + h (fc1, fc2 and their biases) + 4 h (two LayerNorms) = 12 h^2 + 13 h at f = 4 h.
+    """
+    split, replicated = _layer_split_and_replicated(spec)
+    return split + replicated
 
 
 def embedding_parameter_count(spec: ModelSpec) -> int:
-    return spec.vocab * spec.hidden
+    """Token embedding (vocab x hidden) plus the learned position embedding, if any.
+
+    ``spec.vocab`` is the size the embedding is allocated with: for a Megatron run the padded
+    vocabulary (``megatron_padded_vocab``), as ``gpt_model`` sets it."""
+    return spec.vocab * spec.hidden + spec.position_parameters
 
 
 def head_parameter_count(spec: ModelSpec) -> int:
-    """Final RMSNorm plus the LM head (zero extra weights when tied to the embedding)."""
-    return spec.hidden + (0 if spec.tied_embeddings else spec.vocab * spec.hidden)
+    """Final norm plus the LM head (zero extra weights when tied to the embedding)."""
+    return spec.norm_parameters + (0 if spec.tied_embeddings else spec.vocab * spec.hidden)
 
 
 def stage_edge_parameters(spec: ModelSpec, pp: int, tp: int = 1) -> tuple[int, int]:
     """Parameters per TP rank that the first and last pipeline stage hold besides their layers.
 
     The one home of the embedding/head split (memory, partition, cost terms and planner use it):
-    stage 0 holds the vocab-parallel embedding; the last stage holds the vocab-parallel LM head
-    plus the replicated final norm. A tied LM head still needs its own copy of the embedding
-    matrix when the embedding lives on another stage (pp > 1).
+    stage 0 holds the vocab-parallel embedding and the replicated learned position embedding;
+    the last stage holds the vocab-parallel LM head plus the replicated final norm. A tied LM
+    head still needs its own copy of the token embedding matrix when the embedding lives on
+    another stage (pp > 1), as Megatron keeps one.
     """
-    embedding = embedding_parameter_count(spec) // tp
+    embedding = spec.vocab * spec.hidden // tp + spec.position_parameters
     head_weights = spec.vocab * spec.hidden if (not spec.tied_embeddings or pp > 1) else 0
-    return embedding, head_weights // tp + spec.hidden
+    return embedding, head_weights // tp + spec.norm_parameters
 
 
 def parameter_count(spec: ModelSpec) -> int:
@@ -130,16 +209,12 @@ def parameter_count(spec: ModelSpec) -> int:
 def layer_tp_parameter_count(spec: ModelSpec, tp: int = 1) -> int:
     """Parameters one tensor-parallel rank holds for one layer.
 
-    Megatron-style split: q/k/v/gate/up are column-parallel, o/down row-parallel, so all
-    projection weights and the q/k/v biases divide by T; RMSNorm and q/k-norm weights are
-    replicated on every rank.
+    Megatron-style split: q/k/v/gate/up/fc1 are column-parallel, o/down/fc2 row-parallel, so
+    all projection weights and the column-parallel biases divide by T; norms, q/k-norm weights
+    and the row-parallel biases are replicated on every rank.
     """
     check_tp(spec, tp)
-    h = spec.hidden
-    split = h * spec.q_dim + 2 * h * spec.kv_dim + spec.q_dim * h + 3 * h * spec.ffn
-    if spec.qkv_bias:
-        split += spec.q_dim + 2 * spec.kv_dim
-    replicated = 2 * h + (2 * spec.head_dim if spec.qk_norm else 0)
+    split, replicated = _layer_split_and_replicated(spec)
     return split // tp + replicated
 
 
@@ -174,23 +249,77 @@ def list_models() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
+    """A built-in model, or a GPT model by the name ``gpt_model`` gives it (gpt-h1024-l24-a16...)."""
     key = name.strip().lower()
-    if key not in _BUILTIN:
-        raise ConfigError(f"unknown model {name!r}; built-in models: {', '.join(_BUILTIN)}")
-    return _BUILTIN[key]
+    if key in _BUILTIN:
+        return _BUILTIN[key]
+    gpt = _GPT_NAME.fullmatch(key)
+    if gpt is not None:
+        hidden, layers, heads, seq, tp, vocab = (int(g) if g else None for g in gpt.groups())
+        return gpt_model(hidden, heads, layers, seq or GPT_DEFAULT_SEQ, vocab or GPT2_VOCAB, tp=tp or 1)
+    raise ConfigError(f"unknown model {name!r}; built-in models: {', '.join(_BUILTIN)} "
+                      f"(and GPT models named gpt-h<hidden>-l<layers>-a<heads>[-s<seq>][-tp<T>][-v<vocab>])")
+
+
+# ---------------------------------------------------------------- GPT models as Megatron runs them
+
+GPT2_VOCAB = 50257           # the GPT-2 BPE tokenizer
+GPT_DEFAULT_SEQ = 1024
+GPT_DROPOUT = 0.1            # Megatron's --attention-dropout and --hidden-dropout defaults
+_GPT_NAME = re.compile(r"gpt-h(\d+)-l(\d+)-a(\d+)(?:-s(\d+))?(?:-tp(\d+))?(?:-v(\d+))?")
+
+
+def megatron_padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MEGATRON_VOCAB_DIVISIBLE_BY) -> int:
+    """The vocabulary Megatron allocates: the smallest multiple of ``divisible_by * tp`` that is
+    >= ``vocab`` (``--make-vocab-size-divisible-by``, default 128, times the TP size), so every
+    TP rank holds an equal, aligned slice. 50257 -> 50304 (T=1), 50432 (T=2), 51200 (T=8)."""
+    for label, value in (("vocab", vocab), ("tp", tp), ("divisible_by", divisible_by)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"megatron_padded_vocab: {label} must be a positive integer, got {value!r}")
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def gpt_model(hidden: int, heads: int, layers: int, seq: int = GPT_DEFAULT_SEQ, vocab: int = GPT2_VOCAB, *,
+              tp: int = 1, divisible_by: int = MEGATRON_VOCAB_DIVISIBLE_BY,
+              dropout: float = GPT_DROPOUT) -> ModelSpec:
+    """Megatron's GPT (GPT-2 architecture) as its pretrain_gpt.py builds it for a run with TP size ``tp``.
+
+    LayerNorm, GeLU MLP of 4 x hidden, a bias on every projection, learned position embedding of
+    ``seq`` rows (--max-position-embeddings = --seq-length), tied input/output embedding, attention
+    and hidden dropout ``dropout``. ``vocab`` is the tokenizer's size; the spec holds Megatron's
+    padded vocabulary for ``tp`` (``megatron_padded_vocab``), and every parameter count uses that
+    padded size, as Megatron allocates it. Named gpt-h<hidden>-l<layers>-a<heads>, plus -s<seq>,
+    -tp<T>, -v<vocab> where those differ from 1024, 1 and 50257; ``get_model`` reads the name back.
+    """
+    for label, value in (("hidden", hidden), ("heads", heads), ("layers", layers), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"gpt_model: {label} must be a positive integer, got {value!r}")
+    if hidden % heads:
+        raise ConfigError(f"gpt_model: hidden={hidden} is not divisible by heads={heads}")
+    name = f"gpt-h{hidden}-l{layers}-a{heads}"
+    name += (f"-s{seq}" if seq != GPT_DEFAULT_SEQ else "") + (f"-tp{tp}" if tp != 1 else "")
+    name += f"-v{vocab}" if vocab != GPT2_VOCAB else ""
+    return ModelSpec(name, hidden=hidden, ffn=4 * hidden, layers=layers, heads=heads, kv_heads=heads,
+                     head_dim=hidden // heads, vocab=megatron_padded_vocab(vocab, tp, divisible_by),
+                     qkv_bias=True, tied_embeddings=True, position="learned", packed_qkv=True,
+                     norm_eps=1e-5, rope_theta=None, family="gpt", norm="layernorm", mlp="gelu",
+                     linear_bias=True, max_positions=seq, dropout=dropout)
 
 
 # ---------------------------------------------------------------- HF config.json
 
 _FAMILY_OF_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                   "baichuan": "baichuan"}
+                   "baichuan": "baichuan", "gpt2": "gpt"}
 _FAMILY_OF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                   "BaichuanForCausalLM": "baichuan", "BaiChuanForCausalLM": "baichuan"}
+                   "BaichuanForCausalLM": "baichuan", "BaiChuanForCausalLM": "baichuan",
+                   "GPT2LMHeadModel": "gpt"}
+_GPT2_ACTIVATIONS = ("gelu", "gelu_new")     # exact and tanh GeLU: the same shapes and bytes
 
 
 def from_hf_config(path: str | os.PathLike, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a HuggingFace config.json (llama, mistral, qwen2, qwen3, baichuan).
+    """Build a ModelSpec from a HuggingFace config.json (llama, mistral, qwen2, qwen3, baichuan, gpt2).
 
     Raises ConfigError naming the file and the offending field.
     """
@@ -253,8 +382,62 @@ def _get_bool(raw: dict, key: str, where: str, default: bool) -> bool:
     return value
 
 
+def _get_probability(raw: dict, key: str, where: str, default: float) -> float:
+    if key not in raw or raw[key] is None:
+        return default
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{where}: field {key} must be a probability in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _model_name(raw: dict, where: str, name: str | None, family: str) -> str:
+    if name is None:
+        # _name_or_path if present, else the file name ("config.json" -> its folder's name)
+        stem = os.path.splitext(os.path.basename(where))[0]
+        if stem == "config":
+            stem = os.path.basename(os.path.dirname(os.path.abspath(where)))
+        return safe_model_name(raw.get("_name_or_path") or stem, family)
+    if not _SAFE_NAME.fullmatch(str(name)):
+        return safe_model_name(name, family)
+    return name
+
+
+def _gpt2_spec_from_dict(raw: dict, where: str, name: str | None) -> ModelSpec:
+    """HF GPT-2: n_embd, n_head, n_layer, n_positions, n_inner (null: 4 x n_embd), vocab_size,
+    layer_norm_epsilon, tie_word_embeddings (default true), activation_function, attn_pdrop and
+    resid_pdrop (default 0.1 each, as HF's GPT2Config)."""
+    hidden = _get_int(raw, "n_embd", where)
+    heads = _get_int(raw, "n_head", where)
+    layers = _get_int(raw, "n_layer", where)
+    positions = _get_int(raw, "n_positions", where)
+    vocab = _get_int(raw, "vocab_size", where)
+    ffn = _get_int(raw, "n_inner", where, 4 * hidden)
+    if hidden % heads:
+        raise ConfigError(f"{where}: field n_embd={hidden} is not divisible by n_head={heads}")
+    eps = _get_float(raw, "layer_norm_epsilon", where, 1e-5)
+    tied = _get_bool(raw, "tie_word_embeddings", where, True)
+    act = raw.get("activation_function", "gelu_new")
+    if act not in _GPT2_ACTIVATIONS:
+        raise ConfigError(f"{where}: field activation_function={act!r} is not supported "
+                          f"(supported: {', '.join(_GPT2_ACTIVATIONS)})")
+    attn_p = _get_probability(raw, "attn_pdrop", where, GPT_DROPOUT)
+    resid_p = _get_probability(raw, "resid_pdrop", where, GPT_DROPOUT)
+    if (attn_p > 0) != (resid_p > 0):
+        # one dropout field: the masks exist for both kinds or for neither
+        raise ConfigError(f"{where}: field resid_pdrop={resid_p} and attn_pdrop={attn_p} must be both zero "
+                          f"or both positive (one dropout probability per model)")
+    return ModelSpec(name=_model_name(raw, where, name, "gpt"), hidden=hidden, ffn=ffn, layers=layers,
+                     heads=heads, kv_heads=heads, head_dim=hidden // heads, vocab=vocab, qkv_bias=True,
+                     tied_embeddings=tied, position="learned", packed_qkv=True, norm_eps=eps, rope_theta=None,
+                     family="gpt", norm="layernorm", mlp="gelu", linear_bias=True, max_positions=positions,
+                     dropout=max(attn_p, resid_p))
+
+
 def _spec_from_dict(raw: dict, where: str, name: str | None) -> ModelSpec:
     family = _family(raw, where)
+    if family == "gpt":
+        return _gpt2_spec_from_dict(raw, where, name)
     hidden = _get_int(raw, "hidden_size", where)
     ffn = _get_int(raw, "intermediate_size", where)
     layers = _get_int(raw, "num_hidden_layers", where)
@@ -293,17 +476,9 @@ def _spec_from_dict(raw: dict, where: str, name: str | None) -> ModelSpec:
             window = _get_int(raw, "sliding_window", where)
     if position == "rope":
         theta = _get_float(raw, "rope_theta", where, 10000.0)
-    if name is None:
-        # _name_or_path if present, else the file name ("config.json" -> its folder's name)
-        stem = os.path.splitext(os.path.basename(where))[0]
-        if stem == "config":
-            stem = os.path.basename(os.path.dirname(os.path.abspath(where)))
-        name = safe_model_name(raw.get("_name_or_path") or stem, family)
-    elif not _SAFE_NAME.fullmatch(str(name)):
-        name = safe_model_name(name, family)
-    return ModelSpec(name=name, hidden=hidden, ffn=ffn, layers=layers, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim, vocab=vocab, qkv_bias=qkv_bias, tied_embeddings=tied,
-                     position=position, packed_qkv=packed, qk_norm=qk_norm, norm_eps=eps,
+    return ModelSpec(name=_model_name(raw, where, name, family), hidden=hidden, ffn=ffn, layers=layers,
+                     heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab, qkv_bias=qkv_bias,
+                     tied_embeddings=tied, position=position, packed_qkv=packed, qk_norm=qk_norm, norm_eps=eps,
                      rope_theta=theta, sliding_window=window, family=family)
 
 
@@ -368,23 +543,46 @@ def _check_shape(micro_batch: int, seq: int) -> None:
             raise ConfigError(f"{label} must be a positive integer, got {value!r}")
 
 
+def _norm_bytes(spec: ModelSpec, tokens: int) -> int:
+    """A norm over the hidden size: read x and the parameters, write y and the per-token FP32
+    statistics (RMSNorm: rstd; LayerNorm: mean and rstd, as apex's fused kernel saves them)."""
+    stats = 2 if spec.norm == "layernorm" else 1
+    return 2 * tokens * spec.hidden * FP16 + spec.norm_parameters * FP16 + stats * tokens * FP32
+
+
+def _dropout_bytes(elements: int) -> int:
+    """Dropout in training: read x, write y and its 1-byte mask."""
+    return elements * (2 * FP16 + MASK)
+
+
 def layer_operators(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> list[Operator]:
-    """Forward operators of one transformer layer, in execution order, on one TP rank."""
+    """Forward operators of one transformer layer, in execution order, on one TP rank.
+
+    LLaMA family: norm, q/k/v (or packed qkv), [q/k norm], [rotary], attention, o_proj,
+    [all-reduce], residual, norm, gate, up, SwiGLU, down, [all-reduce], residual.
+    GPT as Megatron runs it (dropout > 0): LayerNorm, fused qkv (bias), attention, the
+    attention-probability dropout (b x heads/T x seq x seq; inside the core, between the softmax
+    and the product with V), o_proj (row-parallel, bias), [all-reduce], hidden dropout, residual,
+    LayerNorm, fc1 (bias), GeLU, fc2 (row-parallel, bias), [all-reduce], hidden dropout, residual.
+    The all-reduces sit where Megatron's row-parallel layers reduce (after o_proj and after the
+    MLP's down projection), before the bias, dropout and residual.
+    """
     _check_shape(micro_batch, seq)
     check_tp(spec, tp)
     m = micro_batch * seq
     h = spec.hidden
     hq, hkv, d = spec.heads // tp, spec.kv_heads // tp, spec.head_dim
     f = spec.ffn // tp
-    norm_bytes = 2 * m * h * FP16 + h * FP16 + m * FP32      # read x + weight, write y + rstd
+    norm_bytes = _norm_bytes(spec, m)
     residual_bytes = 3 * m * h * FP16                         # read two streams, write one
+    bias, qkv_bias = spec.linear_bias, spec.has_qkv_bias
     ops: list[Operator] = [Operator("attn_norm", "elementwise", bytes_moved=norm_bytes)]
     if spec.packed_qkv:
-        ops.append(Operator("qkv_proj", "gemm", m=m, k=h, n=(hq + 2 * hkv) * d, bias=spec.qkv_bias))
+        ops.append(Operator("qkv_proj", "gemm", m=m, k=h, n=(hq + 2 * hkv) * d, bias=qkv_bias))
     else:
-        ops += [Operator("q_proj", "gemm", m=m, k=h, n=hq * d, bias=spec.qkv_bias),
-                Operator("k_proj", "gemm", m=m, k=h, n=hkv * d, bias=spec.qkv_bias),
-                Operator("v_proj", "gemm", m=m, k=h, n=hkv * d, bias=spec.qkv_bias)]
+        ops += [Operator("q_proj", "gemm", m=m, k=h, n=hq * d, bias=qkv_bias),
+                Operator("k_proj", "gemm", m=m, k=h, n=hkv * d, bias=qkv_bias),
+                Operator("v_proj", "gemm", m=m, k=h, n=hkv * d, bias=qkv_bias)]
     if spec.qk_norm:
         qk = m * (hq + hkv) * d
         ops.append(Operator("qk_norm", "elementwise", bytes_moved=2 * qk * FP16 + 2 * d * FP16 + m * (hq + hkv) * FP32))
@@ -395,17 +593,29 @@ def layer_operators(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) ->
     ops.append(Operator("attention", "attention", batch=micro_batch, heads=hq, kv_heads=hkv, seq=seq,
                         head_dim=d, causal=True, alibi=spec.position == "alibi",
                         window=spec.sliding_window))
-    ops.append(Operator("o_proj", "gemm", m=m, k=hq * d, n=h))
+    if spec.dropout > 0:
+        ops.append(Operator("attn_probs_dropout", "elementwise",
+                            bytes_moved=_dropout_bytes(micro_batch * hq * seq * seq)))
+    ops.append(Operator("o_proj", "gemm", m=m, k=hq * d, n=h, bias=bias))
     if tp > 1:
         ops.append(Operator("attn_allreduce", "allreduce", bytes_moved=m * h * FP16))
+    if spec.dropout > 0:
+        ops.append(Operator("attn_dropout", "elementwise", bytes_moved=_dropout_bytes(m * h)))
     ops += [Operator("attn_residual", "elementwise", bytes_moved=residual_bytes),
-            Operator("mlp_norm", "elementwise", bytes_moved=norm_bytes),
-            Operator("gate_proj", "gemm", m=m, k=h, n=f),
-            Operator("up_proj", "gemm", m=m, k=h, n=f),
-            Operator("swiglu", "elementwise", bytes_moved=3 * m * f * FP16),
-            Operator("down_proj", "gemm", m=m, k=f, n=h)]
+            Operator("mlp_norm", "elementwise", bytes_moved=norm_bytes)]
+    if spec.mlp == "swiglu":
+        ops += [Operator("gate_proj", "gemm", m=m, k=h, n=f, bias=bias),
+                Operator("up_proj", "gemm", m=m, k=h, n=f, bias=bias),
+                Operator("swiglu", "elementwise", bytes_moved=3 * m * f * FP16),
+                Operator("down_proj", "gemm", m=m, k=f, n=h, bias=bias)]
+    else:
+        ops += [Operator("fc1", "gemm", m=m, k=h, n=f, bias=bias),
+                Operator("gelu", "elementwise", bytes_moved=2 * m * f * FP16),     # read, write
+                Operator("fc2", "gemm", m=m, k=f, n=h, bias=bias)]
     if tp > 1:
         ops.append(Operator("mlp_allreduce", "allreduce", bytes_moved=m * h * FP16))
+    if spec.dropout > 0:
+        ops.append(Operator("mlp_dropout", "elementwise", bytes_moved=_dropout_bytes(m * h)))
     ops.append(Operator("mlp_residual", "elementwise", bytes_moved=residual_bytes))
     return ops
 
@@ -414,19 +624,29 @@ def embedding_and_head_operators(spec: ModelSpec, micro_batch: int, seq: int,
                                  tp: int = 1) -> dict[str, list[Operator]]:
     """Extra forward work of the first stage ('first') and of the last stage ('last').
 
-    The embedding and LM head are vocab-parallel under TP (each rank holds vocab/T rows).
-    The loss reads the FP16 logits and writes their FP16 gradient (softmax - onehot).
+    The embedding and LM head are vocab-parallel under TP (each rank holds vocab/T rows); the
+    token embedding's all-reduce comes before a learned position embedding is added (Megatron's
+    VocabParallelEmbedding reduces inside its forward; the position table is replicated), then
+    the embedding dropout. The loss reads the FP16 logits and writes their FP16 gradient
+    (softmax - onehot).
     """
     _check_shape(micro_batch, seq)
     check_tp(spec, tp)
     if spec.vocab % tp:
         raise ConfigError(f"model {spec.name}: vocab={spec.vocab} not divisible by tp={tp}")
+    if spec.position == "learned" and seq > spec.max_positions:
+        raise ConfigError(f"model {spec.name}: seq={seq} exceeds its {spec.max_positions} learned positions")
     m = micro_batch * seq
     h, v = spec.hidden, spec.vocab // tp
     first = [Operator("embedding", "embedding", bytes_moved=2 * m * h * FP16 + m * 4)]
     if tp > 1:
         first.append(Operator("embedding_allreduce", "allreduce", bytes_moved=m * h * FP16))
-    last = [Operator("final_norm", "elementwise", bytes_moved=2 * m * h * FP16 + h * FP16 + m * FP32),
+    if spec.position == "learned":
+        # gather one position row per token, read the token embedding, write the sum; position ids
+        first.append(Operator("position_embedding", "embedding", bytes_moved=3 * m * h * FP16 + m * 4))
+    if spec.dropout > 0:
+        first.append(Operator("embedding_dropout", "elementwise", bytes_moved=_dropout_bytes(m * h)))
+    last = [Operator("final_norm", "elementwise", bytes_moved=_norm_bytes(spec, m)),
             Operator("lm_head", "gemm", m=m, k=h, n=v),
             Operator("loss", "loss", bytes_moved=2 * m * v * FP16 + m * 4)]
     return {"first": first, "last": last}
