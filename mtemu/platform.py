@@ -110,6 +110,11 @@ class Platform:
         if not isinstance(data, dict):
             raise PlatformError(f"{source}: top level must be a table of platform fields")
         data = dict(data)
+        # ratrain's platform files name their kind; the emulator is an MT-3000 cluster only
+        kind = data.pop("kind", "mt3000")
+        if kind != "mt3000":
+            what = "is a GPU-cluster platform" if kind == "gpu-cluster" else f"has kind {kind!r}"
+            raise PlatformError(f"{source} {what}; the emulator needs an MT-3000 platform (kind 'mt3000' or none)")
         if "cluster" in data:
             foreign = sorted(set(data) - {"cluster", *COMBINED_SECTIONS})
             if foreign:
@@ -127,7 +132,7 @@ class Platform:
 
 # Top-level entries of a combined platform file that belong to the training side (ratrain reads
 # them; the emulator only checks that nothing else sits beside [cluster]).
-COMBINED_SECTIONS = ("name", "training", "kernels", "derived")
+COMBINED_SECTIONS = ("name", "kind", "training", "kernels", "derived")
 
 _INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector_lanes",
                "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles"}

@@ -361,7 +361,7 @@ def describe_gpu(p: GpuPlatform) -> str:
     if not n.peer_to_peer:
         link += " (no peer-to-peer: staged through host memory)"
     return (f"{p.name}: {n.gpus_per_node} x {d.model} per node ({d.sm_count} SMs, "
-            f"{d.peak_fp16_flops / 1e12:.4g} TFLOP/s dense FP16, HBM {d.hbm_bandwidth / 1e9:g} GB/s, "
+            f"{d.peak_fp16_flops / 1e12:.4g} TFLOP/s dense FP16, memory {d.hbm_bandwidth / 1e9:g} GB/s, "
             f"budget {p.memory_budget_bytes / GIB:.4g} of {d.hbm_bytes / GIB:.4g} GiB); {link}; "
             f"{w.nics_per_node} x {w.nic_bandwidth * 8 / 1e9:g} Gbit/s NICs per node")
 

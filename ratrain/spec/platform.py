@@ -36,6 +36,7 @@ from ratrain.errors import ConfigError
 from rtcommon.jsonio import load_table_file
 
 GIB = 2 ** 30
+MT3000_KIND = "mt3000"         # a file's top-level ``kind``; "gpu-cluster" is ratrain.spec.gpu's
 TILE_CHOICES = ("default", "tuned")
 TRAINING_FIELDS = ("link_bandwidth", "link_latency_s")
 KERNEL_FIELDS = ("gemm_loop_order", "tiles")
@@ -57,6 +58,11 @@ class TrainingPlatform:
 
     def __post_init__(self) -> None:
         _validate(self, "platform")
+
+    @property
+    def kind(self) -> str:
+        """The platform kind (``ratrain.spec.platforms`` reads both kinds of file)."""
+        return MT3000_KIND
 
     # --- the cluster's figures, read through -------------------------------------------------
     @property
@@ -104,7 +110,7 @@ class TrainingPlatform:
         cluster = self.cluster.to_dict()
         for key in DERIVED_CLUSTER:
             cluster.pop(key, None)
-        return {"name": self.name, "cluster": cluster,
+        return {"name": self.name, "kind": MT3000_KIND, "cluster": cluster,
                 "training": {k: getattr(self, k) for k in TRAINING_FIELDS},
                 "kernels": {k: getattr(self, k) for k in KERNEL_FIELDS},
                 "derived": {"note": "computed from the fields above; ignored when this file is read back",
@@ -138,6 +144,12 @@ def _build(base: TrainingPlatform, sections: dict[str, dict], flat: dict[str, An
             continue
         if key == "name":
             top["name"] = value
+            continue
+        if key == "kind":
+            if value != MT3000_KIND:
+                what = "is a GPU-cluster platform" if value == "gpu-cluster" else f"has kind {value!r}"
+                raise ConfigError(f"{source} {what}; an MT-3000 platform has kind {MT3000_KIND!r} or none "
+                                  "(ratrain.spec.platforms.load_platform reads every kind)")
             continue
         if key in ALIASES:
             aliased, key = True, ALIASES[key]
@@ -199,5 +211,5 @@ def describe(p: TrainingPlatform) -> str:
             f"GEMM {p.gemm_loop_order} ({p.tiles} tiles)")
 
 
-__all__ = ["GIB", "TrainingPlatform", "TRAINING_FIELDS", "KERNEL_FIELDS", "CLUSTER_FIELDS", "TILE_CHOICES",
-           "describe"]
+__all__ = ["GIB", "MT3000_KIND", "TrainingPlatform", "TRAINING_FIELDS", "KERNEL_FIELDS", "CLUSTER_FIELDS",
+           "TILE_CHOICES", "describe"]
