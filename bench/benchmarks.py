@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -24,10 +25,12 @@ import mtemu
 from mtemu.kernels.gemm import build_gemm
 from mtemu.validate import TABLE5, TABLE5_M, table5
 from ratrain.cost.tasks import PipelineCosts
+from ratrain.repro.measured import read_runs, validate
 from ratrain.sim.simulator import simulate
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platforms import load_platform
 
 from .speed import LOOP_ORDERS, functional_gemm, numpy_matmul_seconds, table5_timing
 from .speed import TABLE5_SHAPES as TABLE5_DIMS
@@ -583,3 +586,29 @@ class TrackFig9Shape:
     setup_cache = TrackFig9.setup_cache
 
     track_fig9_shape_checks_passed = cached_track("track_fig9_shape_checks_passed", "passed", "checks")
+
+
+class TimeValidateMeasured:
+    """The simulator against the 1,440 measured A100 runs (`ratrain validate measured`): wall time
+    (target: 60 s on 2 cores) and the mean and max |error| it reports, tracked over commits."""
+
+    timeout = 300.0
+
+    def setup(self):
+        root = Path(__file__).resolve().parents[1]
+        runs_file = root.parent / "shared" / "measured" / "a100-single-node-runs.csv"
+        if not runs_file.exists():
+            raise NotImplementedError("the calibration set is not beside the checkout")
+        self.runs = read_runs(runs_file)
+        self.platform = load_platform(root / "platforms" / "a100-measured-cluster.toml")
+
+    def time_validate_1440_runs(self):
+        validate(self.runs, self.platform)
+
+    time_validate_1440_runs.repeat = (1, 2, 60.0)
+
+    def track_mean_abs_error_pct(self):
+        return 100 * validate(self.runs, self.platform).summary["mean_abs_error"]
+
+    track_mean_abs_error_pct.version = 1
+    track_mean_abs_error_pct.unit = "%"

@@ -1,0 +1,130 @@
+"""Kernel latencies on a GPU from a documented model: the GPU counterpart of the emulated profile.
+
+Nothing here is emulated; every latency is a closed form over the platform's datasheet figures
+(``ratrain.spec.gpu.GpuDevice``) and four constants of its kernel model
+(``ratrain.spec.gpu.GpuKernelModel``: GEMM efficiency, HBM efficiency, launch cost, step overhead),
+which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says on which).
+
+- GEMM ``C[m, n] = A[m, k] B[k, n]`` (FP16 in, FP32 accumulate), ``batch`` independent problems:
+  the output is cut into ``tile_m x tile_n`` tiles, one thread block each, and the blocks run in
+  waves of one block per SM; a wave lasts one tile's 2 * tile_m * tile_n * k FLOPs at the SM's
+  share of ``gemm_efficiency * peak``. This is the tile and wave quantization that makes a GEMM of
+  n = 384 over 108 SMs cost as much as one of n = 512. A memory floor: the operands and the result
+  cross HBM once, at ``hbm_efficiency`` of the bandwidth.
+- Elementwise, normalisation, dropout, softmax, embedding, loss: bytes moved / (HBM bandwidth x
+  ``hbm_efficiency``); backward moves twice the forward's bytes (the incoming gradient and the
+  saved input are read, the outgoing gradient written).
+- Every kernel lasts at least ``launch_s``: the host's cost of issuing it (PyTorch's eager
+  dispatch and autograd bookkeeping, the CUDA launch). The host issues kernels ahead of the GPU
+  while they are long and falls behind when they are short, so a kernel costs the larger of its
+  GPU time and the host's, not their sum.
+- Attention as Megatron runs it unfused: a batched GEMM Q K^T (seq x head_dim x seq per head),
+  the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16), and a batched GEMM
+  of the probabilities with V; backward: four batched GEMMs (dV, dP, dQ, dK) and the softmax's
+  backward (reads output and gradient, writes the input gradient). Attention dropout is its own
+  elementwise operator in the model's operator list. Causal masking does not skip work in this
+  kernel. With ``attention = "flash"``: one fused kernel doing the causal half of the FLOPs
+  (forward 4 * b * heads * seq^2 * d / 2, backward 2.5x) at ``flash_efficiency`` of peak.
+
+The profile this builds is a ``ratrain.cost.profile.LayerProfile`` with source ``gpu-model``, so
+the cost terms read it as they read an emulated one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+
+from ratrain.cost.profile import DDR_TERMS, LayerProfile, OpProfile
+from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.models import FP16, ModelSpec, Operator, embedding_and_head_operators, layer_operators
+
+GPU_SOURCE = "gpu-model"
+
+
+def gemm_seconds(m: int, k: int, n: int, platform: GpuPlatform, batch: int = 1) -> float:
+    """One (batched) GEMM on the GPU: wave-quantized compute or the HBM floor, plus one launch."""
+    dev, km = platform.device, platform.kernels
+    tiles = math.ceil(m / km.gemm_tile_m) * math.ceil(n / km.gemm_tile_n) * batch
+    waves = math.ceil(tiles / dev.sm_count)
+    per_sm_flops = dev.peak_fp16_flops * km.gemm_efficiency / dev.sm_count
+    compute = waves * 2.0 * km.gemm_tile_m * km.gemm_tile_n * k / per_sm_flops
+    memory = batch * FP16 * (m * k + k * n + m * n) / (dev.hbm_bandwidth * km.hbm_efficiency)
+    return max(compute, memory, km.launch_s)
+
+
+def bytes_seconds(nbytes: float, platform: GpuPlatform, kernels: int = 1) -> float:
+    """A bandwidth-bound kernel (or ``kernels`` of them) moving ``nbytes`` through HBM."""
+    rate = platform.device.hbm_bandwidth * platform.kernels.hbm_efficiency
+    return max(nbytes / rate, kernels * platform.kernels.launch_s)
+
+
+def hbm_rate(platform: GpuPlatform) -> float:
+    """Bytes/s a bandwidth-bound kernel reaches (the GPU's answer to the emulator's DDR rates)."""
+    return platform.device.hbm_bandwidth * platform.kernels.hbm_efficiency
+
+
+def attention_seconds(op: Operator, platform: GpuPlatform) -> tuple[float, float, list]:
+    """Forward and backward seconds of one attention operator on one rank, and its kernels."""
+    heads = op.batch * op.heads
+    s, d = op.seq, op.head_dim
+    if platform.kernels.attention == "flash":
+        flops = 4.0 * heads * s * s * d * (0.5 if op.causal else 1.0)
+        rate = platform.device.peak_fp16_flops * platform.kernels.flash_efficiency
+        fwd = max(flops / rate, platform.kernels.launch_s)
+        bwd = max(2.5 * flops / rate, platform.kernels.launch_s)
+        return fwd, bwd, [["flash-fwd", heads, s, d, fwd], ["flash-bwd", heads, s, d, bwd]]
+    scores = heads * s * s * FP16
+    qk = gemm_seconds(s, d, s, platform, batch=heads)
+    pv = gemm_seconds(s, s, d, platform, batch=heads)
+    softmax = bytes_seconds(2 * scores, platform)
+    fwd = qk + softmax + pv
+    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q; softmax backward reads y and dy, writes dx
+    bwd = (gemm_seconds(s, s, d, platform, batch=heads) + gemm_seconds(s, d, s, platform, batch=heads)
+           + 2 * gemm_seconds(s, s, d, platform, batch=heads) + bytes_seconds(3 * scores, platform))
+    return fwd, bwd, [["qk", heads, s, d, s, qk], ["softmax", scores, softmax], ["pv", heads, s, s, d, pv]]
+
+
+def _gemm_op(op: Operator, platform: GpuPlatform) -> OpProfile:
+    """Forward GEMM; backward = data gradient (m, n, k) + weight gradient (k, m, n). A bias is added
+    in the GEMM's epilogue forward and reduced over rows in backward (one pass over the output)."""
+    parts = [(op.m, op.k, op.n), (op.m, op.n, op.k), (op.k, op.m, op.n)]
+    timed = [(*shape, gemm_seconds(*shape, platform), GPU_SOURCE) for shape in parts]
+    bias_bwd = bytes_seconds(op.m * op.n * FP16, platform) if op.bias else 0.0
+    return OpProfile(op.name, op.kind, timed[0][3], timed[1][3] + timed[2][3] + bias_bwd,
+                     gemms=[list(t) for t in timed])
+
+
+def operator_profile(op: Operator, platform: GpuPlatform) -> OpProfile:
+    """Latencies of one forward operator and its backward on the GPU."""
+    if op.kind == "gemm":
+        return _gemm_op(op, platform)
+    if op.kind == "attention":
+        fwd, bwd, kernels = attention_seconds(op, platform)
+        return OpProfile(op.name, op.kind, fwd, bwd, gemms=kernels)
+    if op.kind == "allreduce":          # communication: the cost terms put it on its link
+        return OpProfile(op.name, op.kind, 0.0, 0.0, op.bytes_moved)
+    return OpProfile(op.name, op.kind, bytes_seconds(op.bytes_moved, platform),
+                     bytes_seconds(2 * op.bytes_moved, platform), op.bytes_moved)
+
+
+def platform_key(platform: GpuPlatform) -> str:
+    """What a GPU profile's numbers depend on: the device and the kernel model (not the network)."""
+    text = json.dumps({"device": asdict(platform.device), "kernels": asdict(platform.kernels)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, platform: GpuPlatform) -> LayerProfile:
+    """Per-layer forward/backward latencies of ``spec`` on one TP rank of the GPU platform."""
+    ops = [operator_profile(o, platform) for o in layer_operators(spec, micro_batch, seq, tp)]
+    extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
+    first = [operator_profile(o, platform) for o in extra["first"]]
+    last = [operator_profile(o, platform) for o in extra["last"]]
+    rates = {term: hbm_rate(platform) for term in DDR_TERMS}
+    return LayerProfile(spec.name, micro_batch, seq, tp, GPU_SOURCE, ops, first, last, platform_key(platform),
+                        GPU_SOURCE, rates)
+
+
+__all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gpu_layer_profile", "hbm_rate",
+           "operator_profile", "platform_key"]

@@ -1,0 +1,143 @@
+"""Costs of one training iteration as Megatron runs it on a GPU cluster: the simulator's input.
+
+A layout (P pipeline stages, D data-parallel replicas, T tensor-parallel ranks, micro-batch b, A
+micro-batches per replica) on a ``GpuPlatform``. Every term and the link it uses:
+
+* Per layer and micro-batch, F and B: the GPU kernel model's compute (``ratrain.cost.gpu_kernels``)
+  plus, under T > 1, Megatron's two all-reduces of the b * seq * hidden FP16 activations per
+  direction (after the attention projection and after the second MLP GEMM in forward; their
+  conjugates before the QKV and first MLP GEMMs in backward), on the tensor group's link. They
+  sit on the critical path of the layer, so they are part of F and B. With sequence parallelism
+  each all-reduce is a reduce-scatter plus an all-gather (the same ring time).
+* Recompute (R), folded into B as Megatron runs it: ``ckpt`` re-runs the layer's forward (its
+  all-reduces included); ``selective`` re-runs only the attention core (Q K^T, softmax, attention
+  dropout, the product with V); ``full`` re-runs nothing.
+* Stage 0 carries the embedding (and its vocab-parallel all-reduce under T > 1); the last stage
+  the final norm, the LM head and the vocab-parallel loss (two all-reduces of b * seq FP32 values,
+  and the LM head's input-gradient all-reduce in backward).
+* Stage boundary: one b * seq * hidden FP16 message per micro-batch and direction to the
+  neighbour T * D ranks away.
+* After the last backward of a stage (no gradient bucketing, as the measured runs): the
+  data-parallel all-reduce of the stage's gradients (``grad_bytes`` per parameter: FP16 by
+  default, Megatron's buffer when it does not accumulate in FP32), or under the distributed
+  optimizer (ZeRO-1) a reduce-scatter of them and, after the update, an all-gather of the FP16
+  weights; then, with P > 1, the all-reduce of the tied embedding's gradient between the first and
+  the last stage.
+* Optimizer: Megatron's FP16 optimizer as memory-bound passes over the local parameters,
+  ``OPTIMIZER_BYTES_PER_PARAM`` bytes each (below); its gradient-norm and overflow checks are
+  all-reduces over every model-parallel rank, so every stage waits for the slowest one first.
+* ``step_overhead_s`` of the platform's kernel model: a fixed cost per iteration (framework,
+  optimizer kernel launches, data loading), fitted.
+
+Layers of a stage run back to back with nothing between them in this baseline (no per-layer
+lifecycle task), so the stage's layers are folded into one simulator layer with their summed
+costs: the same step, with a P x (A x 2) event graph instead of P x L x (A x 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratrain.cost.collectives import GpuCollectives, Placement
+from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile
+from ratrain.cost.tasks import LayerCosts, PipelineCosts
+from ratrain.errors import ConfigError
+from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.models import FP16, FP32, ModelSpec, check_tp, layer_tp_parameter_count, stage_edge_parameters
+from ratrain.spec.parallel import ParallelConfig
+
+# Megatron's FP16 optimizer step per parameter, as passes over memory: copy the FP16 gradient into
+# the FP32 main gradient (read 2, write 4); unscale and check for overflow (read 4, write 4);
+# gradient norm (read 4); Adam over master weight, gradient, m, v (read 16, write 12); copy the
+# master weight back to the FP16 weight (read 4, write 2); zero the FP16 gradient (write 2).
+OPTIMIZER_BYTES_PER_PARAM = 6 + 8 + 4 + 28 + 6 + 2
+# ZeRO-1 (distributed optimizer): the same passes over the 1/D shard, the FP16 copy of the full
+# weights written by the all-gather
+ACTIVATION_MODES = ("full", "ckpt", "selective")
+ATTENTION_CORE = ("attention", "attn_probs_dropout")
+
+
+@dataclass
+class MegatronStep:
+    """One iteration's costs: the pipeline (one folded layer per stage) and the step-end terms."""
+    costs: PipelineCosts
+    dp_sync_ms: list[float]          # per stage, after its last backward
+    embedding_sync_ms: float         # first <-> last stage, after the data-parallel sync
+    optimizer_ms: list[float]        # per stage
+    weight_gather_ms: list[float]    # per stage, ZeRO-1's all-gather of the updated weights
+    barrier_ms: float                # the gradient-norm / overflow all-reduce over model-parallel ranks
+    overhead_ms: float
+    parts: dict = field(default_factory=dict)
+
+
+def _group_ms(coll: GpuCollectives, nbytes: float, kind: str, sequence_parallel: bool) -> float:
+    if sequence_parallel:
+        return coll.reduce_scatter_ms(nbytes, kind) + coll.all_gather_ms(nbytes, kind)
+    return coll.allreduce_ms(nbytes, kind)
+
+
+def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, *, activation: str = "ckpt",
+                  sequence_parallel: bool = False, grad_bytes: int = FP16) -> MegatronStep:
+    """The costs of ``cfg`` on ``platform`` (see the module docstring for every term)."""
+    if activation not in ACTIVATION_MODES:
+        raise ConfigError(f"activation must be one of {', '.join(ACTIVATION_MODES)}, got {activation!r}")
+    check_tp(model, cfg.tp)
+    if model.vocab % cfg.tp:
+        raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={cfg.tp}")
+    P, D, T = cfg.pp, cfg.dp, cfg.tp
+    if model.layers % P:
+        raise ConfigError(f"model {model.name}: {model.layers} layers do not split evenly over pp={P}")
+    coll = GpuCollectives(platform, Placement(T, D, P))
+    prof = gpu_layer_profile(model, cfg.micro_batch, cfg.seq, T, platform)
+    m = cfg.micro_batch * cfg.seq
+    act = m * model.hidden * FP16
+    tp_ar = _group_ms(coll, act, "tp", sequence_parallel)
+    f_layer = 1e3 * prof.forward_s + 2 * tp_ar
+    b_layer = 1e3 * prof.backward_s + 2 * tp_ar
+    if activation == "ckpt":
+        r_layer = f_layer
+    elif activation == "selective":
+        r_layer = 1e3 * sum(o.forward_s for o in prof.ops if o.name in ATTENTION_CORE)
+    else:
+        r_layer = 0.0
+    n = model.layers // P
+    emb_params, head_params = stage_edge_parameters(model, P, T)
+    layer_params = layer_tp_parameter_count(model, T)
+    loss_ar = 2 * coll.allreduce_ms(m * FP32, "tp")
+    tp_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
+    stages, dp_sync, gather, opt, tp_comm = [], [], [], [], []
+    for p in range(P):
+        f, b, r = n * f_layer, n * b_layer, n * r_layer
+        params, comm = n * layer_params, n * tp_per_layer
+        if p == 0:
+            f += 1e3 * prof.first_forward_s + tp_ar
+            b += 1e3 * prof.first_backward_s
+            params += emb_params
+            comm += tp_ar
+        if p == P - 1:
+            f += 1e3 * prof.last_forward_s + loss_ar
+            b += 1e3 * prof.last_backward_s + tp_ar
+            params += head_params
+            comm += loss_ar + tp_ar
+        tp_comm.append(comm)
+        stages.append([LayerCosts(forward_ms=f, backward_ms=b, recompute_ms=r)])
+        if cfg.zero >= 1 and D > 1:
+            dp_sync.append(coll.reduce_scatter_ms(params * grad_bytes, "dp"))
+            gather.append(coll.all_gather_ms(params * FP16, "dp"))
+            local = -(-params // D)
+        else:
+            dp_sync.append(coll.allreduce_ms(params * grad_bytes, "dp"))
+            gather.append(0.0)
+            local = params
+        opt.append(1e3 * bytes_seconds(local * OPTIMIZER_BYTES_PER_PARAM, platform, kernels=6))
+    emb_sync = coll.allreduce_ms(emb_params * grad_bytes, "embedding") if P > 1 else 0.0
+    barrier = 1e3 * platform.collectives.launch_s * 2 if P * T > 1 else 0.0
+    costs = PipelineCosts(stages=stages, transfer_ms=coll.p2p_ms(act), microbatches=cfg.accum, dp=D)
+    parts = {"tp_allreduce_ms": tp_ar, "compute_forward_ms": 1e3 * prof.forward_s,
+             "compute_backward_ms": 1e3 * prof.backward_s, "recompute_ms": r_layer,
+             "transfer_ms": costs.transfer_ms, "layers_per_stage": n, "tp_comm_per_microbatch_ms": tp_comm,
+             "tp_crosses_nodes": coll.crosses_nodes("tp"), "dp_crosses_nodes": coll.crosses_nodes("dp")}
+    return MegatronStep(costs, dp_sync, emb_sync, opt, gather, barrier,
+                        1e3 * platform.kernels.step_overhead_s, parts)
+
+
+__all__ = ["ACTIVATION_MODES", "OPTIMIZER_BYTES_PER_PARAM", "MegatronStep", "megatron_step"]

@@ -1,0 +1,205 @@
+"""GPU kernel and collective models, Megatron's iteration, and validation against measured runs."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratrain.cost.collectives import GpuCollectives, Placement, fit_allreduce
+from ratrain.cost.gpu_kernels import bytes_seconds, gemm_seconds
+from ratrain.cost.megatron import OPTIMIZER_BYTES_PER_PARAM, megatron_step
+from ratrain.errors import ConfigError
+from ratrain.repro.measured import read_allreduce, read_runs, validate
+from ratrain.sim.megatron_step import simulate_megatron
+from ratrain.spec.models import gpt_model, layer_tp_parameter_count, stage_edge_parameters
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platforms import load_platform
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT.parent / "shared" / "measured"
+A100 = ROOT / "platforms" / "a100-measured-cluster.toml"
+HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+          "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)")
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_platform(A100)
+
+
+def _bare(platform, **overrides):
+    """The platform with the given constants (and no host floor unless asked)."""
+    base = {"kernels.launch_s": 1e-9, "kernels.step_overhead_s": 0.0}
+    base.update(overrides)
+    return platform.with_overrides(**base)
+
+
+# ---------------------------------------------------------------- kernels
+
+def test_gemm_one_full_wave_is_its_tiles_flops_at_the_sm_rate(a100):
+    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5})
+    sms, peak = p.device.sm_count, p.device.peak_fp16_flops
+    m, n, k = 128 * 12, 128 * 9, 4096            # 108 tiles: exactly one wave on 108 SMs
+    expected = 2 * 128 * 128 * k / (0.5 * peak / sms)
+    assert gemm_seconds(m, k, n, p) == pytest.approx(expected, rel=1e-12)
+    # one tile more starts a second wave: twice the time
+    assert gemm_seconds(m + 1, k, n, p) == pytest.approx(2 * expected, rel=1e-12)
+
+
+def test_gemm_wave_quantization_and_memory_floor(a100):
+    p = _bare(a100)
+    # n = 384 and n = 256 on m = 128 * 27: 81 and 54 tiles, both one wave
+    assert gemm_seconds(128 * 27, 1024, 384, p) == gemm_seconds(128 * 27, 1024, 256, p)
+    # a skinny GEMM is bound by HBM: (m k + k n + m n) FP16 bytes at the effective rate
+    m, k, n = 8, 8192, 65536
+    rate = p.device.hbm_bandwidth * p.kernels.hbm_efficiency
+    assert gemm_seconds(m, k, n, p) == pytest.approx(2 * (m * k + k * n + m * n) / rate, rel=1e-12)
+
+
+def test_host_floor_is_a_maximum_not_a_sum(a100):
+    p = a100.with_overrides(**{"kernels.launch_s": 1e-3})
+    assert gemm_seconds(128, 128, 128, p) == pytest.approx(1e-3)
+    assert bytes_seconds(10, p, kernels=3) == pytest.approx(3e-3)
+    big = 1e12
+    assert bytes_seconds(big, p) == pytest.approx(big / (p.device.hbm_bandwidth * p.kernels.hbm_efficiency))
+
+
+# ---------------------------------------------------------------- collectives
+
+def test_megatron_placement_and_which_link(a100):
+    place = Placement(tp=2, dp=2, pp=2)
+    assert place.group("tp") == [0, 1] and place.group("dp") == [0, 2] and place.group("pp") == [0, 4]
+    small_nodes = a100.with_overrides(**{"node.gpus_per_node": 2})
+    coll = GpuCollectives(small_nodes, place)
+    assert not coll.crosses_nodes("tp") and coll.crosses_nodes("dp") and coll.crosses_nodes("pp")
+    assert not GpuCollectives(a100, place).crosses_nodes("dp")
+
+
+def test_ring_allreduce_closed_form(a100):
+    p = a100.with_overrides(**{"collectives.algorithm": "ring"})
+    coll = GpuCollectives(p, Placement(tp=4, dp=1, pp=1))
+    c, bus = p.collectives, p.node.intra_bandwidth * p.collectives.intra_bus_efficiency
+    nbytes = 64e6
+    expected = c.launch_s + 6 * c.step_latency_s + 2 * 3 / 4 * nbytes / bus
+    assert coll.allreduce_ms(nbytes, "tp") == pytest.approx(1e3 * expected, rel=1e-12)
+    assert coll.allreduce_ms(nbytes, "dp") == 0.0            # a group of one rank
+    rs = c.launch_s + 3 * c.step_latency_s + 3 / 4 * nbytes / bus
+    assert coll.reduce_scatter_ms(nbytes, "tp") == pytest.approx(1e3 * rs, rel=1e-12)
+
+
+def test_no_peer_to_peer_halves_the_intra_node_bus(a100):
+    p2p = GpuCollectives(a100, Placement(tp=8, dp=1, pp=1)).allreduce_ms(1e9, "tp")
+    host = a100.with_overrides(**{"node.peer_to_peer": False, "node.intra_topology": "pcie-host"})
+    staged = GpuCollectives(host, Placement(tp=8, dp=1, pp=1)).allreduce_ms(1e9, "tp")
+    c = a100.collectives
+    fixed = 1e3 * (c.launch_s + 14 * c.step_latency_s)
+    assert staged - fixed == pytest.approx(2 * (p2p - fixed), rel=1e-9)
+
+
+def test_allreduce_fit_recovers_its_constants():
+    a, c, bus = 3e-5, 2e-6, 2e11
+    samples = [(n, s, a + 2 * (n - 1) * c + 2 * (n - 1) / n * s / bus)
+               for n in (2, 4, 8) for s in (1e6, 1e7, 1e8, 1e9)]
+    fit = fit_allreduce(samples, 1e11)
+    assert fit.launch_s == pytest.approx(a, rel=1e-6)
+    assert fit.step_latency_s == pytest.approx(c, rel=1e-6)
+    assert fit.bus_bandwidth == pytest.approx(bus, rel=1e-9)
+    assert fit.intra_bus_efficiency == pytest.approx(2.0, rel=1e-9)
+    assert fit.max_abs_error < 1e-9
+
+
+# ---------------------------------------------------------------- one iteration
+
+def test_single_gpu_iteration_is_microbatches_times_the_layer_plus_the_step_end(a100):
+    model = gpt_model(1024, 16, 4, 1024)
+    cfg = ParallelConfig(pp=1, dp=1, tp=1, zero=0, micro_batch=2, accum=3, seq=1024, activation="ckpt",
+                         partition="uniform")
+    step = megatron_step(model, cfg, a100)
+    res = simulate_megatron(step)
+    layer = step.costs.stages[0][0]
+    assert layer.recompute_ms > 0                              # ckpt: each layer's forward again
+    expected = 3 * (layer.forward_ms + layer.backward_ms + layer.recompute_ms) + step.optimizer_ms[0] \
+        + step.overhead_ms
+    assert res.iteration_ms == pytest.approx(expected, rel=1e-12)
+    assert sum(res.breakdown_ms.values()) == pytest.approx(res.iteration_ms, rel=1e-9)
+    params = 4 * layer_tp_parameter_count(model, 1) + sum(stage_edge_parameters(model, 1, 1))
+    opt = OPTIMIZER_BYTES_PER_PARAM * params / (a100.device.hbm_bandwidth * a100.kernels.hbm_efficiency)
+    assert step.optimizer_ms[0] == pytest.approx(1e3 * max(opt, 6 * a100.kernels.launch_s), rel=1e-12)
+
+
+def test_tensor_and_data_parallel_add_their_collectives(a100):
+    model = gpt_model(1024, 16, 4, 1024, tp=2)
+    base = dict(pp=1, micro_batch=1, accum=2, seq=1024, activation="ckpt", partition="uniform", zero=0)
+    tp = megatron_step(model, ParallelConfig(dp=1, tp=2, **base), a100)
+    assert tp.parts["tp_allreduce_ms"] > 0 and tp.dp_sync_ms == [0.0]
+    dp = megatron_step(gpt_model(1024, 16, 4, 1024), ParallelConfig(dp=2, tp=1, **base), a100)
+    assert dp.parts["tp_allreduce_ms"] == 0 and dp.dp_sync_ms[0] > 0
+    with pytest.raises(ConfigError, match="do not split evenly"):
+        megatron_step(model, ParallelConfig(pp=3, dp=1, tp=2, micro_batch=1, accum=2, seq=1024), a100)
+
+
+# ---------------------------------------------------------------- runs files
+
+def _write(tmp_path, lines):
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([HEADER, *lines]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("row, message", [
+    ("2,16,8,1024,16,24,1024,1,1,1,372.1", "row 2: GPUs=2 is not tensor x data x pipeline"),
+    ("2,16,8,1024,16,24,1024,1,1,2,fast", "row 2: field 'iteration time (ms)' must be a number"),
+    ("2,16,8,1024,16,24,1024,1,1,2,-1", "row 2: field 'iteration time (ms)' must be a finite time"),
+    ("2,15,8,1024,16,24,1024,1,2,1,10", "row 2: global batch 15 is not a multiple"),
+    ("3,16,8,1024,16,24,1024,3,1,1,10", "row 2: tensor parallelism 3 must divide the 16 heads"),
+    ("2,16,8,1024,16,24", "row 2: 6 fields, the header has 11"),
+])
+def test_bad_runs_are_one_line_naming_the_row(tmp_path, row, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_runs(_write(tmp_path, [row]))
+
+
+def test_missing_column_is_named(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER.replace(",iteration time (ms)", "") + "\n2,16,8,1024,16,24,1024,1,1,2\n")
+    with pytest.raises(ConfigError, match="missing column 'iteration time"):
+        read_runs(path)
+
+
+@pytest.mark.skipif(not MEASURED.exists(), reason="the calibration set is not beside the checkout")
+def test_calibration_set_reads_whole_and_validates_in_input_order(a100):
+    runs = read_runs(MEASURED / "a100-single-node-runs.csv")
+    assert len(runs) == 1440
+    assert {r.gpus for r in runs} == {2, 4, 8}
+    sample = runs[:12]
+    v = validate(sample, a100)
+    assert [r["row"] for r in v.runs] == [r.row for r in sample]
+    for out, run in zip(v.runs, sample, strict=True):
+        assert out["measured_ms"] == run.measured_ms and out["predicted_ms"] > 0
+        assert math.isclose(sum(out["breakdown_ms"].values()), out["predicted_ms"], rel_tol=1e-9)
+    samples = read_allreduce(MEASURED / "a100-allreduce")
+    assert {s[0] for s in samples} == set(range(2, 9))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ratrain.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_validate_measured_json_and_bad_input(tmp_path):
+    good = _write(tmp_path, ["2,16,8,1024,16,24,1024,1,1,2,372.160408", "8,32,4,1024,16,24,1024,2,2,2,219.732754"])
+    done = _cli("validate", "measured", str(good), "--platform", str(A100), "--json")
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert [r["measured_ms"] for r in payload["runs"]] == [372.160408, 219.732754]
+    assert payload["summary"]["runs"] == 2
+    bad = _write(tmp_path, ["2,16,8,1024,16,24,1024,1,1,1,372.1"])
+    done = _cli("validate", "measured", str(bad), "--platform", str(A100), "--json")
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "row 2" in done.stderr
+    mt3000 = _cli("validate", "measured", str(good), "--platform", str(ROOT / "platforms" / "mt3000-raw-ddr.toml"))
+    assert mt3000.returncode == 2 and "needs a GPU-cluster platform" in mt3000.stderr
