@@ -277,3 +277,28 @@ def test_tiles_and_the_emulator_refuse_a_gpu_platform(capsys):
     assert err.count("\n") == 1 and "is a GPU-cluster platform; the emulator needs an MT-3000 platform" in err
     with pytest.raises(ConfigError, match="is a GPU-cluster platform"):
         TrainingPlatform.from_file(path)
+
+
+JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 10 ** 400), st.floats(allow_nan=False),
+                        st.text(max_size=4), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2),
+                                                                                                   st.integers(),
+                                                                                                   max_size=1))
+FIELDS = [(t, f) for t, part in _gpu().to_json().items() if isinstance(part, dict) and t != "derived" for f in part]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(FIELDS), JSON_VALUES)
+def test_any_value_in_any_field_of_a_file_loads_sane_or_names_file_and_field(tmp_path_factory, where, value):
+    table, field = where
+    payload = _gpu().to_json()
+    payload[table][field] = value
+    path = tmp_path_factory.mktemp("gpu") / "p.json"
+    path.write_text(json.dumps(payload))
+    try:
+        plat = load_platform(path)
+    except ConfigError as exc:
+        msg = str(exc)
+        assert msg.startswith(f"{path}: ") and "\n" not in msg and field in msg, msg
+    else:
+        assert getattr(getattr(plat, table), field) == value
+        assert GpuPlatform.from_dict(plat.to_json()) == plat
