@@ -255,7 +255,7 @@ class GpuPlatform:
     def with_overrides(self, **overrides: Any) -> GpuPlatform:
         """A copy with fields replaced, named ``table.field`` (pass them as ``**{"device.model": ...}``)
         or flat where one table holds the name; unknown or ambiguous names raise ConfigError."""
-        return _build(self, overrides, "override")
+        return _build(self, overrides, f"platform {self.name!r} override")
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "gpu platform") -> GpuPlatform:
@@ -338,6 +338,8 @@ def _build(base: GpuPlatform | None, values: dict[str, Any], source: str) -> Gpu
         parts[table][sub] = check_value(source, name, value)
     try:
         if base is None:
+            if "name" not in top:
+                raise ConfigError(f"{_WHERE}: a GPU platform needs a top-level field 'name'")
             for table in ("device", "node", "network"):
                 cls = TABLES[table]
                 missing = [f.name for f in fields(cls) if f.name not in parts[table]]
@@ -350,8 +352,6 @@ def _build(base: GpuPlatform | None, values: dict[str, Any], source: str) -> Gpu
         return replace(base, **top, **built)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {str(exc).removeprefix(_WHERE + ': ')}") from None
-    except TypeError as exc:    # e.g. name missing from a file
-        raise ConfigError(f"{source}: {exc}") from None
 
 
 def describe_gpu(p: GpuPlatform) -> str:

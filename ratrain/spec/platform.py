@@ -89,6 +89,11 @@ class TrainingPlatform:
     def from_dict(cls, data: Any, source: str = "platform") -> TrainingPlatform:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: top level must be a table/object of platform fields")
+        kind = data.get("kind", MT3000_KIND)
+        if kind != MT3000_KIND:
+            what = "is a GPU-cluster platform" if kind == "gpu-cluster" else f"has kind {kind!r}"
+            raise ConfigError(f"{source} {what}; an MT-3000 platform has kind {MT3000_KIND!r} or none "
+                              "(ratrain.spec.platforms.load_platform reads every kind)")
         sections, flat = {}, {}
         for key, value in data.items():
             if key in ("cluster", "training", "kernels"):
@@ -145,11 +150,7 @@ def _build(base: TrainingPlatform, sections: dict[str, dict], flat: dict[str, An
         if key == "name":
             top["name"] = value
             continue
-        if key == "kind":
-            if value != MT3000_KIND:
-                what = "is a GPU-cluster platform" if value == "gpu-cluster" else f"has kind {value!r}"
-                raise ConfigError(f"{source} {what}; an MT-3000 platform has kind {MT3000_KIND!r} or none "
-                                  "(ratrain.spec.platforms.load_platform reads every kind)")
+        if key == "kind":                                     # checked in from_dict
             continue
         if key in ALIASES:
             aliased, key = True, ALIASES[key]
