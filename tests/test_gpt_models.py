@@ -9,12 +9,14 @@ token embedding (vocab x h), the learned positions (n_positions x h) and the fin
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 
 from ratrain.errors import ConfigError
+from ratrain.spec.memory import layer_saved_tensors, layer_workspace_bytes, stage_memory
 from ratrain.spec.models import (
     ModelSpec,
     embedding_and_head_operators,
@@ -31,6 +33,7 @@ from ratrain.spec.models import (
     parameter_count,
     stage_edge_parameters,
 )
+from ratrain.spec.parallel import ParallelConfig
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 
@@ -272,9 +275,7 @@ def test_gpt_without_dropout_has_no_dropout_operators():
 
 def _llama_family_digest() -> str:
     """Every model-side number of the built-in (LLaMA-family) models: parameter counts, TP splits,
-    stage edges, operators (JSON) and saved tensors."""
-    from ratrain.spec.memory import layer_saved_tensors, layer_workspace_bytes
-
+    stage edges, operators (JSON), saved tensors and stage memory."""
     out = []
     for name in list_models():
         spec = get_model(name)
@@ -289,9 +290,12 @@ def _llama_family_digest() -> str:
                     out.append({k: [op.to_json() for op in v] for k, v in edge.items()})
                 out.append(layer_saved_tensors(spec, b, s, tp))
                 out.append([layer_workspace_bytes(spec, b, s, tp, True), layer_workspace_bytes(spec, b, s, tp, False)])
+        for pp, dp, tp, zero, act in itertools.product((1, 8), (1, 4), (1, 2), (0, 1, 2, 3), ("full", "ckpt", "fsr")):
+            cfg = ParallelConfig(pp=pp, dp=dp, tp=tp, zero=zero, accum=16, activation=act, prefetch="bulk")
+            out.append([st.to_json() for st in stage_memory(spec, cfg)])
     return hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
 
 
 def test_llama_family_numbers_unchanged():
     # pinned from the model side before the GPT family existed (MT-3000 reproduction inputs)
-    assert _llama_family_digest() == "422f631b4488931262d99ccdd289f5249c5735263b2abb21df54e04a3872931e"
+    assert _llama_family_digest() == "3d4450b4c01ab15805b0d14b7f68abe3c7acc4c440fff0a43486310012e04362"

@@ -1,7 +1,8 @@
 """Per-stage peak memory, paper Eq. 9: M_p = M_state + M_act(pi_act) + M_buf(pi_pref, pi_act).
 
-State (per parameter held by the stage's TP rank): FP16 weights (2 B), FP16 gradients (2 B),
-FP32 master weights + Adam m and v (12 B).  ZeRO shards over the D replicas only:
+State (per parameter held by the stage's TP rank), by default (the MT-3000 runtime): FP16 weights
+(2 B), FP16 gradients (2 B), FP32 master weights + Adam m and v (12 B); ``MemoryConstants.megatron()``
+is Megatron's mixed precision instead (FP32 main gradients, 18 B).  ZeRO shards over the D replicas only:
 Z=1 shards the optimizer states, Z=2 also the gradients, Z=3 also the weights and then
 needs a gathered working-weight buffer for the layer being computed (counted in the
 buffer tier: the paper's runtime treats working weights as medium-lived, not as state).  TP divides the
@@ -16,6 +17,14 @@ Activations (Eq. 5 / 6), with N_act(p) = min(P - p, A) micro-batches in flight u
         ``fsr_buffer_layers`` layers' recovered intermediates (Eq. 6's single M_rec: one layer by
         default; the simulator recovers ahead no further than that buffer holds, so its
         activation timeline meets this term). Eq. 6 puts M_rec in the activation term, so do we.
+  selective (Megatron's selective recomputation): N_act * layers * (the full set without the
+        attention core's seq x seq tensors); one layer's core, recomputed in backward, lives in
+        the recompute buffer (buffer tier).
+For GPT as Megatron runs it the full set is Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models" (2022): sbh(34 + 5as/h) bytes per layer without
+TP, sbh(10 + 24/t + 5as/(ht)) with TP, sbh(34/t + 5as/(ht)) with sequence parallelism
+(``sequence_parallel=True``: the norm and dropout regions shard their tokens over T), plus the
+norms' per-token FP32 statistics the paper leaves out.
 
 Buffers: Z=3 working weights, GradSync staging (one layer's FP16 gradient when D > 1), boundary send staging,
 TP all-reduce staging, the Z=3 prefetch buffer (next layer's working weights; the whole
@@ -32,12 +41,14 @@ from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     FP16,
     FP32,
+    MASK,
     ModelSpec,
     check_tp,
     layer_tp_parameter_count,
     stage_edge_parameters,
 )
 from ratrain.spec.parallel import (
+    ACTIVATION_MODES,
     ParallelConfig,
     in_flight_microbatches,
     partition_model,
@@ -47,6 +58,9 @@ from ratrain.spec.platform import GIB, TrainingPlatform
 WEIGHT_BYTES = FP16          # working weights
 GRAD_BYTES = FP16            # gradients
 OPTIMIZER_BYTES = 3 * FP32   # FP32 master + Adam m + Adam v
+# Tensors of the attention core (QK^T, scaled masked softmax, dropout, probabilities x V) that
+# selective recomputation drops and recomputes: the b x heads x seq x seq ones.
+ATTENTION_CORE_TENSORS = ("attn_probs", "attn_probs_dropout_mask", "attn_probs_dropped")
 # FSR's recovery buffer, in layers (Eq. 6's one short-lived M_rec). The one home of the default:
 # the memory model counts it and ratrain.sim.simulator.Mechanisms recovers ahead no further.
 FSR_BUFFER_LAYERS = 1
@@ -60,15 +74,42 @@ class MemoryConstants:
     and communication library, DMA descriptors, allocator fragmentation).  832 MiB is the
     mean residual of three Table 3 rows (LLaMA-2-7B, Baichuan2-13B, LLaMA-2-70B), rounded to
     64 MiB; every other paper row is held out.
+    weight_bytes, grad_bytes, optimizer_bytes: state per parameter (the working weight, the
+    gradient the backward accumulates into, the optimizer's master weight and Adam moments).
+    gradsync_staging: whether a GradSync stages one object's gradient in a separate buffer
+    (the MT-3000 runtime) or reduces the gradient buffer in place (Megatron).
     """
     runtime_reserve_bytes: int = 832 * 2 ** 20
     fsr_buffer_layers: int = FSR_BUFFER_LAYERS
+    weight_bytes: int = WEIGHT_BYTES
+    grad_bytes: int = GRAD_BYTES
+    optimizer_bytes: int = OPTIMIZER_BYTES
+    gradsync_staging: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.fsr_buffer_layers, bool) or not isinstance(self.fsr_buffer_layers, int) \
                 or self.fsr_buffer_layers < 1:
             raise ConfigError(f"MemoryConstants.fsr_buffer_layers must be an integer >= 1, "
                               f"got {self.fsr_buffer_layers!r}")
+        for name in ("runtime_reserve_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"MemoryConstants.{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.gradsync_staging, bool):
+            raise ConfigError(f"MemoryConstants.gradsync_staging must be true or false, got {self.gradsync_staging!r}")
+
+    @classmethod
+    def megatron(cls, runtime_reserve_bytes: int = 0) -> MemoryConstants:
+        """Megatron's mixed-precision state: FP16 weight (2 B), FP32 main gradient (4 B), FP32
+        master weight and Adam m, v (12 B) per parameter, 18 B in all; the distributed optimizer
+        (Z=1) shards the 12 B over D: 6 + 12/D. FP32 main gradients because Megatron(-DeepSpeed)
+        accumulates and all-reduces gradients in an FP32 main-grad buffer
+        (--accumulate-allreduce-grads-in-fp32; with FP16 gradients Megatron still builds FP32 main
+        gradients for the step, 20 B per parameter). The buffer is reduced in place, so there is no
+        GradSync staging. ``runtime_reserve_bytes`` (CUDA context, cuBLAS and NCCL workspaces,
+        allocator fragmentation) is not fitted here: 0 unless given."""
+        return cls(runtime_reserve_bytes=runtime_reserve_bytes, weight_bytes=FP16, grad_bytes=FP32,
+                   optimizer_bytes=3 * FP32, gradsync_staging=False)
 
 
 DEFAULT_CONSTANTS = MemoryConstants()
@@ -97,21 +138,45 @@ class StageMemory:
 
 # ---------------------------------------------------------------- per-layer activation sets
 
-def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> dict[str, int]:
+def _replicated_tokens(micro_batch: int, seq: int, tp: int, sequence_parallel: bool) -> int:
+    """Tokens of the tensors TP replicates (norm and dropout regions): all of them, or 1/T of
+    the sequence under sequence parallelism."""
+    if not sequence_parallel:
+        return micro_batch * seq
+    if seq % tp:
+        raise ConfigError(f"sequence parallelism needs seq={seq} divisible by tp={tp}")
+    return micro_batch * (seq // tp)
+
+
+def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
+                        sequence_parallel: bool = False) -> dict[str, int]:
     """Bytes of every tensor one layer keeps for its backward under full-save (one micro-batch).
 
-    Norm inputs/outputs and the residual stream are replicated across TP ranks (no sequence
-    parallelism); per-head tensors and the MLP intermediates are split by T.
+    Norm inputs/outputs, norm statistics, dropout masks of the hidden stream and the residual
+    stream are replicated across TP ranks, or hold 1/T of the tokens under sequence
+    parallelism (Megatron then saves the sharded norm output and all-gathers it again in
+    backward); per-head tensors and the MLP intermediates are split by T. With dropout (GPT as
+    Megatron runs it) the attention keeps its softmax output (FP16), the dropout mask (1 byte)
+    and the dropped probabilities (FP16, the input of the product with V), each
+    b x heads/T x seq x seq; the hidden dropouts keep a 1-byte mask each.
     """
     check_tp(spec, tp)
     m = micro_batch * seq
+    mr = _replicated_tokens(micro_batch, seq, tp, sequence_parallel)
     h, d, f = spec.hidden, spec.head_dim, spec.ffn // tp
     hq, hkv = spec.heads // tp, spec.kv_heads // tp
-    out = {
-        "attn_norm_input": m * h * FP16,        # layer input = the checkpoint
-        "attn_norm_rstd": m * FP32,
-        "attn_norm_output": m * h * FP16,       # input of the q/k/v GEMMs (their dW)
-    }
+    dropout = spec.dropout > 0
+    probs = micro_batch * hq * seq * seq
+
+    def norm(prefix: str) -> dict[str, int]:
+        out = {f"{prefix}_input": mr * h * FP16}
+        if spec.norm == "layernorm":
+            out[f"{prefix}_mean"] = mr * FP32
+        out[f"{prefix}_rstd"] = mr * FP32
+        out[f"{prefix}_output"] = mr * h * FP16          # input of the next GEMMs (their dW)
+        return out
+
+    out = norm("attn_norm")                     # its input is the layer input = the checkpoint
     if spec.qk_norm:
         out["qk_norm_input"] = m * (hq + hkv) * d * FP16
         out["qk_norm_rstd"] = m * (hq + hkv) * FP32
@@ -119,53 +184,107 @@ def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1
         "q": m * hq * d * FP16,                 # after RoPE / q-norm, read by attention backward
         "k": m * hkv * d * FP16,
         "v": m * hkv * d * FP16,
-        "attn_probs": micro_batch * hq * seq * seq * FP16,   # saved P (Algorithm 1, line 5)
-        "attn_context": m * hq * d * FP16,      # input of o_proj (its dW)
-        "mlp_norm_input": m * h * FP16,         # residual stream after attention
-        "mlp_norm_rstd": m * FP32,
-        "mlp_norm_output": m * h * FP16,        # input of gate/up (their dW)
-        "gate": m * f * FP16,                   # SwiGLU backward needs gate and up
-        "up": m * f * FP16,
-        "swiglu_output": m * f * FP16,          # input of down_proj (its dW)
+        "attn_probs": probs * FP16,             # saved P (Algorithm 1, line 5; softmax backward)
     })
+    if dropout:
+        out["attn_probs_dropout_mask"] = probs * MASK
+        out["attn_probs_dropped"] = probs * FP16        # input of probabilities x V (dV)
+    out["attn_context"] = m * hq * d * FP16     # input of o_proj (its dW)
+    if dropout:
+        out["attn_dropout_mask"] = mr * h * MASK
+    out.update(norm("mlp_norm"))                # its input is the residual stream after attention
+    if spec.mlp == "swiglu":
+        out.update({
+            "gate": m * f * FP16,               # SwiGLU backward needs gate and up
+            "up": m * f * FP16,
+            "swiglu_output": m * f * FP16,      # input of down_proj (its dW)
+        })
+    else:
+        out["fc1_output"] = m * f * FP16        # GeLU's input (fc1 output + bias)
+        out["gelu_output"] = m * f * FP16       # input of fc2 (its dW)
+    if dropout:
+        out["mlp_dropout_mask"] = mr * h * MASK
     return out
 
 
-def layer_checkpoint_bytes(spec: ModelSpec, micro_batch: int, seq: int) -> int:
-    """Layer-boundary checkpoint: the layer input, b*seq*hidden FP16."""
-    return micro_batch * seq * spec.hidden * FP16
+def layer_checkpoint_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
+                           sequence_parallel: bool = False) -> int:
+    """Layer-boundary checkpoint: the layer input, b*seq*hidden FP16 (1/T of the tokens on each
+    TP rank under sequence parallelism)."""
+    return _replicated_tokens(micro_batch, seq, tp, sequence_parallel) * spec.hidden * FP16
 
 
-def layer_full_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> int:
-    return sum(layer_saved_tensors(spec, micro_batch, seq, tp).values())
+def layer_full_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
+                     sequence_parallel: bool = False) -> int:
+    return sum(layer_saved_tensors(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel).values())
 
 
-def recovery_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> int:
+def attention_core_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> int:
+    """The attention core's seq x seq tensors of one layer (what selective recomputation drops)."""
+    saved = layer_saved_tensors(spec, micro_batch, seq, tp)
+    return sum(saved.get(name, 0) for name in ATTENTION_CORE_TENSORS)
+
+
+def layer_selective_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
+                          sequence_parallel: bool = False) -> int:
+    """Saved bytes per layer under Megatron's selective recomputation: the full set without the
+    attention core's seq x seq tensors (Korthikanti et al.: sbh * 34 / t with sequence parallelism)."""
+    return (layer_full_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel)
+            - attention_core_bytes(spec, micro_batch, seq, tp))
+
+
+def layer_activation_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, activation: str = "full", *,
+                           sequence_parallel: bool = False) -> int:
+    """Bytes one layer keeps per micro-batch in flight under an activation mode: the full set
+    ('full'), the full set without the attention core ('selective'), the layer input ('ckpt',
+    'fsr': each layer recomputed from its input)."""
+    if activation == "full":
+        return layer_full_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel)
+    if activation == "selective":
+        return layer_selective_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel)
+    if activation in ("ckpt", "fsr"):
+        return layer_checkpoint_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel)
+    raise ConfigError(f"activation must be one of {', '.join(ACTIVATION_MODES)}, got {activation!r}")
+
+
+def recovery_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
+                   sequence_parallel: bool = False) -> int:
     """M_rec: one layer's recomputed intermediates (everything but the checkpointed input)."""
-    return layer_full_bytes(spec, micro_batch, seq, tp) - layer_checkpoint_bytes(spec, micro_batch, seq)
+    return (layer_full_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel)
+            - layer_checkpoint_bytes(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel))
 
 
 def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1,
                           forward_transients: bool = True) -> int:
     """Largest set of short-lived tensors alive inside one layer's forward or backward.
 
-    Backward, MLP half: dY, d(swiglu), d(gate), d(up)  -> h + 3f per token, then
-                        dY, d(gate), d(up), d(norm out) -> 2h + 2f.
+    Backward, MLP half: SwiGLU: dY, d(swiglu), d(gate), d(up)  -> h + 3f per token, then
+                        dY, d(gate), d(up), d(norm out) -> 2h + 2f;
+                        GeLU: dY, d(gelu out), d(fc1 out) -> h + 2f, then
+                        dY, d(fc1 out), d(norm out) -> 2h + f.
     Backward, attention half (dP/dS tiles stay on chip, Algorithm 1):
                         dY, d(context), dQ, dK, dV -> h + 2q + 2kv, then
                         dY, dQ, dK, dV, d(norm out) -> 2h + q + 2kv.
+    With attention dropout (Megatron's unfused core: the dropout needs the probabilities in
+    memory) the backward also holds the gradients of the dropped and of the softmax
+    probabilities, two b x heads x seq x seq FP16 tensors, next to dY, d(context) and dV.
     Forward without saving (ckpt/fsr) materializes the attention probabilities and the
-    MLP intermediates transiently: norm out + q + k + v + P + context, or
-    residual + norm out + gate + up + swiglu out.  Under full-save those are the saved set.
+    MLP intermediates transiently: norm out + q + k + v + P (+ mask + dropped P) + context, or
+    residual + norm out + the MLP intermediates.  Under full-save those are the saved set.
     """
     m = micro_batch * seq
     h, d, f = spec.hidden, spec.head_dim, spec.ffn // tp
     q, kv = spec.heads // tp * d, spec.kv_heads // tp * d
-    bwd = m * FP16 * max(h + 3 * f, 2 * h + 2 * f, h + 2 * q + 2 * kv, 2 * h + q + 2 * kv)
+    probs = micro_batch * (spec.heads // tp) * seq * seq * FP16
+    mlp_bwd = (h + 3 * f, 2 * h + 2 * f) if spec.mlp == "swiglu" else (h + 2 * f, 2 * h + f)
+    bwd = m * FP16 * max(*mlp_bwd, h + 2 * q + 2 * kv, 2 * h + q + 2 * kv)
+    if spec.dropout > 0:
+        bwd = max(bwd, m * FP16 * (h + q + kv) + 2 * probs)
     if not forward_transients:
         return bwd
-    probs = micro_batch * (spec.heads // tp) * seq * seq * FP16
-    fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + probs, m * FP16 * (2 * h + 3 * f))
+    core = probs + (probs // FP16 * MASK + probs if spec.dropout > 0 else 0)
+    mlp_fwd = 2 * h + (3 * f if spec.mlp == "swiglu" else 2 * f)
+    fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + core, m * FP16 * mlp_fwd)
     return max(bwd, fwd)
 
 
@@ -187,7 +306,7 @@ def _shard(count: int, d: int) -> int:
 
 @dataclass(frozen=True)
 class _LayerBytes:
-    """Per-(b, seq, tp, pp) sizes every stage of a configuration shares."""
+    """Per-(b, seq, tp, pp, sequence parallelism) sizes every stage of a configuration shares."""
     ckpt: int
     full: int
     workspace_fsr: int          # forward transients recomputed (ckpt / fsr)
@@ -196,18 +315,27 @@ class _LayerBytes:
     layer_params: int
     embedding_params: int
     head_params: int
+    selective: int = 0          # saved under selective recomputation
+    replicated_tokens: int = 0  # tokens of a TP-replicated tensor on one rank (1/T under SP)
+    embedding_mask: int = 0     # stage 0: the embedding dropout's mask per micro-batch
 
 
-def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int) -> _LayerBytes:
+def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_parallel: bool = False) -> _LayerBytes:
     emb, head = stage_edge_parameters(model, pp, t)
-    return _LayerBytes(layer_checkpoint_bytes(model, b, s), layer_full_bytes(model, b, s, t),
+    sp = sequence_parallel
+    tokens = _replicated_tokens(b, s, t, sp)
+    return _LayerBytes(layer_checkpoint_bytes(model, b, s, t, sequence_parallel=sp),
+                       layer_full_bytes(model, b, s, t, sequence_parallel=sp),
                        layer_workspace_bytes(model, b, s, t, True), layer_workspace_bytes(model, b, s, t, False),
-                       head_workspace_bytes(model, b, s, t), layer_tp_parameter_count(model, t), emb, head)
+                       head_workspace_bytes(model, b, s, t), layer_tp_parameter_count(model, t), emb, head,
+                       selective=layer_selective_bytes(model, b, s, t, sequence_parallel=sp),
+                       replicated_tokens=tokens,
+                       embedding_mask=tokens * model.hidden * MASK if model.dropout > 0 else 0)
 
 
 def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: bool, n_layers: int, n_act: int,
                  dp: int, tp: int, zero: int, tokens_per_mb: int, activation: str, prefetch: str,
-                 reserve: int, fsr_buffer_layers: int = FSR_BUFFER_LAYERS) -> dict[str, int]:
+                 constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict[str, int]:
     """Eq. 9's terms for one stage: the single home of the memory model (stage_memory and the
     planner's PeakMemory both call it)."""
     d, z, m = dp, zero, tokens_per_mb
@@ -218,44 +346,55 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
     biggest = max([layer_params] + ([emb_params] if first else []) + ([head_params] if last else []))
 
     bd: dict[str, int] = {}
-    bd["weights"] = WEIGHT_BYTES * (params if z < 3 else _shard(params, d))
-    bd["gradients"] = GRAD_BYTES * (params if z < 2 else _shard(params, d))
-    bd["optimizer"] = OPTIMIZER_BYTES * (params if z < 1 else _shard(params, d))
+    bd["weights"] = constants.weight_bytes * (params if z < 3 else _shard(params, d))
+    bd["gradients"] = constants.grad_bytes * (params if z < 2 else _shard(params, d))
+    bd["optimizer"] = constants.optimizer_bytes * (params if z < 1 else _shard(params, d))
 
     tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))   # int32 ids / labels
-    if activation == "full":
-        bd["saved_activations"] = n_act * n_layers * sizes.full + tokens
+    if first:
+        tokens += n_act * sizes.embedding_mask      # the embedding output is never recomputed
+    if activation in ("full", "selective"):
+        per_layer = sizes.full if activation == "full" else sizes.selective
+        bd["saved_activations"] = n_act * n_layers * per_layer + tokens
         bd["checkpoints"] = 0
         bd["recovery_buffer"] = 0
     else:
         bd["saved_activations"] = 0
         bd["checkpoints"] = n_act * n_layers * sizes.ckpt + tokens
-        bd["recovery_buffer"] = min(fsr_buffer_layers, n_layers) * rec if activation == "fsr" else 0
+        bd["recovery_buffer"] = min(constants.fsr_buffer_layers, n_layers) * rec if activation == "fsr" else 0
 
-    # GradSync staging: the full FP16 gradient of the object being reduced.  The
-    # embedding gradient is sparse (at most b*seq rows per micro-batch).
+    # GradSync staging: the full gradient of the object being reduced.  The embedding
+    # gradient is sparse (at most b*seq rows per micro-batch).
     grad_objects = [layer_params]
     if first:
         grad_objects.append(min(m, model.vocab // tp) * model.hidden)
     if last:
         grad_objects.append(head_params)
-    bd["gradsync_staging"] = GRAD_BYTES * max(grad_objects) if d > 1 else 0
+    staged = d > 1 and constants.gradsync_staging
+    bd["gradsync_staging"] = constants.grad_bytes * max(grad_objects) if staged else 0
     neighbours = (0 if first else 1) + (0 if last else 1)
-    bd["boundary_staging"] = neighbours * m * model.hidden * FP16
+    # the tensor sent between stages is a layer output: 1/T of the tokens under sequence parallelism
+    bd["boundary_staging"] = neighbours * sizes.replicated_tokens * model.hidden * FP16
     bd["tp_staging"] = m * model.hidden * FP16 if tp > 1 else 0
     # Z=3: the gathered working weights of the object being computed (a medium-lived
     # buffer in the paper's lifetime tiers, so it sits in the buffer tier, not in state).
-    bd["working_weights"] = WEIGHT_BYTES * biggest if (z == 3 and d > 1) else 0
+    bd["working_weights"] = constants.weight_bytes * biggest if (z == 3 and d > 1) else 0
     if z == 3 and d > 1:
-        bd["prefetch_buffer"] = WEIGHT_BYTES * (biggest if prefetch == "layerwise" else params)
+        bd["prefetch_buffer"] = constants.weight_bytes * (biggest if prefetch == "layerwise" else params)
     else:
         bd["prefetch_buffer"] = 0      # Z < 3: updated shards are gathered in place
-    bd["recompute_buffer"] = rec if activation == "ckpt" else 0
-    ws = sizes.workspace_full if activation == "full" else sizes.workspace_fsr
+    if activation == "ckpt":
+        bd["recompute_buffer"] = rec
+    elif activation == "selective":
+        # one layer's attention core recomputed in backward; its forward transients are the same tensors
+        bd["recompute_buffer"] = sizes.full - sizes.selective
+    else:
+        bd["recompute_buffer"] = 0
+    ws = sizes.workspace_full if activation in ("full", "selective") else sizes.workspace_fsr
     if last:
         ws = max(ws, sizes.head_workspace)
     bd["workspace"] = ws
-    bd["runtime_reserve"] = reserve
+    bd["runtime_reserve"] = constants.runtime_reserve_bytes
     return bd
 
 
@@ -272,21 +411,23 @@ def _check_vocab(model: ModelSpec, tp: int) -> None:
 
 
 def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatform | None = None,
-                 constants: MemoryConstants = DEFAULT_CONSTANTS) -> list[StageMemory]:
+                 constants: MemoryConstants = DEFAULT_CONSTANTS, *,
+                 sequence_parallel: bool = False) -> list[StageMemory]:
     """Eq. 9 for every pipeline stage of `cfg` (one cluster = one TP rank of one stage).
 
     `platform` is accepted for symmetry with `fits`; the bytes themselves do not depend on it.
+    ``sequence_parallel``: Megatron's sequence parallelism (norm and dropout regions, layer
+    inputs and stage boundaries hold 1/T of the tokens on each TP rank).
     """
     _check_vocab(model, cfg.tp)
     parts = partition_model(model, cfg.pp, cfg.partition)
-    sizes = _layer_bytes(model, cfg.micro_batch, cfg.seq, cfg.tp, cfg.pp)
+    sizes = _layer_bytes(model, cfg.micro_batch, cfg.seq, cfg.tp, cfg.pp, sequence_parallel)
     result = []
     for p, layers in enumerate(parts):
         n_act = in_flight_microbatches(p, cfg.pp, cfg.accum)
         bd = _stage_bytes(model, sizes, first=p == 0, last=p == cfg.pp - 1, n_layers=len(layers), n_act=n_act,
                           dp=cfg.dp, tp=cfg.tp, zero=cfg.zero, tokens_per_mb=cfg.micro_batch * cfg.seq,
-                          activation=cfg.activation, prefetch=cfg.prefetch, reserve=constants.runtime_reserve_bytes,
-                          fsr_buffer_layers=constants.fsr_buffer_layers)
+                          activation=cfg.activation, prefetch=cfg.prefetch, constants=constants)
         state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
@@ -302,7 +443,7 @@ class PeakMemory:
     def __init__(self, model: ModelSpec, partition: str, constants: MemoryConstants = DEFAULT_CONSTANTS):
         self.model, self.partition, self.constants = model, partition, constants
         self._parts: dict[int, list[int]] = {}
-        self._sizes: dict[tuple[int, int, int, int], _LayerBytes] = {}
+        self._sizes: dict[tuple[int, int, int, int, bool], _LayerBytes] = {}
 
     def counts(self, pp: int) -> list[int]:
         got = self._parts.get(pp)
@@ -311,34 +452,33 @@ class PeakMemory:
         return got
 
     def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
-             activation: str, prefetch: str) -> int:
-        key = (b, seq, tp, pp)
+             activation: str, prefetch: str, sequence_parallel: bool = False) -> int:
+        key = (b, seq, tp, pp, sequence_parallel)
         sizes = self._sizes.get(key)
         if sizes is None:
             _check_vocab(self.model, tp)
-            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp)
-        reserve = self.constants.runtime_reserve_bytes
+            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel)
         best = 0
         for p, n in enumerate(self.counts(pp)):
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
                               n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
-                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch, reserve=reserve,
-                              fsr_buffer_layers=self.constants.fsr_buffer_layers)
+                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch,
+                              constants=self.constants)
             best = max(best, sum(bd.values()))
         return best
 
 
 def stage_bytes_without_activations(model: ModelSpec, *, pp: int, dp: int, tp: int, zero: int, micro_batch: int,
                                     seq: int, activation: str, prefetch: str, first: bool, last: bool,
-                                    n_layers: int, constants: MemoryConstants = DEFAULT_CONSTANTS) -> int:
+                                    n_layers: int, constants: MemoryConstants = DEFAULT_CONSTANTS,
+                                    sequence_parallel: bool = False) -> int:
     """Eq. 9 for one stage holding ``n_layers`` layers with no micro-batch in flight: state, buffers and
     FSR's recovery buffer. A pipeline schedule's peak adds the activation sets its order keeps alive
     (``ratrain.plan.schedule_search``); under 1F1B that is N_act(p) sets and the sum is ``stage_memory``."""
     _check_vocab(model, tp)
-    sizes = _layer_bytes(model, micro_batch, seq, tp, pp)
+    sizes = _layer_bytes(model, micro_batch, seq, tp, pp, sequence_parallel)
     bd = _stage_bytes(model, sizes, first=first, last=last, n_layers=n_layers, n_act=0, dp=dp, tp=tp, zero=zero,
-                      tokens_per_mb=micro_batch * seq, activation=activation, prefetch=prefetch,
-                      reserve=constants.runtime_reserve_bytes, fsr_buffer_layers=constants.fsr_buffer_layers)
+                      tokens_per_mb=micro_batch * seq, activation=activation, prefetch=prefetch, constants=constants)
     return sum(bd.values())
 
 
@@ -348,10 +488,11 @@ def max_peak(stages: list[StageMemory]) -> int:
 
 
 def fits(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatform | None = None,
-         constants: MemoryConstants = DEFAULT_CONSTANTS) -> bool:
+         constants: MemoryConstants = DEFAULT_CONSTANTS, *, sequence_parallel: bool = False) -> bool:
     """Eq. 10: every stage within the platform's memory budget."""
     platform = platform or TrainingPlatform()
-    return max_peak(stage_memory(model, cfg, platform, constants)) <= platform.memory_budget_bytes
+    stages = stage_memory(model, cfg, platform, constants, sequence_parallel=sequence_parallel)
+    return max_peak(stages) <= platform.memory_budget_bytes
 
 
 def smallest_feasible(model: ModelSpec, global_batch: int, platform: TrainingPlatform | None = None,

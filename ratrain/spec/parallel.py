@@ -7,11 +7,16 @@ from dataclasses import asdict, dataclass
 from ratrain.errors import ConfigError
 from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
 
+# The paper's activation policies: what the planner searches and the simulator runs.
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
+# Every mode a configuration may name: the policies plus Megatron's selective recomputation
+# (the attention core recomputed in backward, so its seq x seq tensors are not stored), which
+# the memory model counts (ratrain.spec.memory).
+ACTIVATION_MODES = ACTIVATION_POLICIES + ("selective",)
 PREFETCH_POLICIES = ("layerwise", "bulk")
 PARTITIONS = ("balanced", "uniform")
 ZERO_STAGES = (0, 1, 2, 3)
-_ACT_LABEL = {"full": "Full", "ckpt": "Ckpt", "fsr": "FSR"}
+_ACT_LABEL = {"full": "Full", "ckpt": "Ckpt", "fsr": "FSR", "selective": "Selective"}
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,7 @@ class ParallelConfig:
     micro_batch: int = 1          # b, sequences per micro-batch
     accum: int = 1                # A, micro-batches per step per replica
     seq: int = 2048               # tokens per sequence
-    activation: str = "fsr"       # 'full' | 'ckpt' | 'fsr'
+    activation: str = "fsr"       # 'full' | 'ckpt' | 'fsr' | 'selective'
     prefetch: str = "layerwise"   # 'layerwise' | 'bulk'
     partition: str = "balanced"   # 'balanced' (parameter-balanced) | 'uniform' (equal layer counts)
 
@@ -34,8 +39,8 @@ class ParallelConfig:
                 raise ConfigError(f"parallel config: {name} must be a positive integer, got {value!r}")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
             raise ConfigError(f"parallel config: zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.activation not in ACTIVATION_POLICIES:
-            raise ConfigError(f"parallel config: activation must be one of {', '.join(ACTIVATION_POLICIES)}, "
+        if self.activation not in ACTIVATION_MODES:
+            raise ConfigError(f"parallel config: activation must be one of {', '.join(ACTIVATION_MODES)}, "
                               f"got {self.activation!r}")
         if self.prefetch not in PREFETCH_POLICIES:
             raise ConfigError(f"parallel config: prefetch must be one of {', '.join(PREFETCH_POLICIES)}, "
