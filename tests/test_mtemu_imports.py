@@ -49,9 +49,9 @@ def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
     first = "import numba; " if numba_first else ""
     out = _python(f"import os; os.environ['NUMBA_CACHE_DIR'] = {str(tmp_path)!r}; {first}"
                   "import mtemu, mtemu.jit, numba, os; leaf = os.path.basename(mtemu.jit.jit_cache_dir()); "
-                  "assert leaf.startswith('mtemu-jit-'), leaf; "
+                  "assert leaf.startswith('mtemu-jit-'), leaf; from mtemu import machine; "
                   f"assert numba.config.CACHE_DIR == os.path.join({str(tmp_path)!r}, leaf), numba.config.CACHE_DIR; "
-                  "from mtemu import machine; path = machine._run._cache._cache_path; "
+                  "path = machine._run._cache._cache_path; "
                   "assert path.startswith(numba.config.CACHE_DIR), path")
     assert out.returncode == 0, out.stderr
 
