@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from numba import njit
 
-from . import isa
+from . import isa, jit
+
+jit.configure()             # Numba's cache folder, before the first jitted function (mtemu.jit)
 
 
 @njit(cache=True)

@@ -33,7 +33,10 @@ from numba import njit, types
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
+from mtemu import jit
 from mtemu.errors import MtemuError
+
+jit.configure()             # Numba's cache folder, before the first jitted function (mtemu.jit)
 
 __all__ = [
     "f16_bits_to_f32_bits",

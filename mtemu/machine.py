@@ -809,9 +809,8 @@ def _derive_prepared(programs: list[Program], dsp_program: list[int], p: Platfor
                      disk_key: str | None) -> tuple:
     """:func:`_prepare`'s tables, read from disk under ``disk_key`` if there, else derived (and stored)."""
     prepared = _read_prepared(programs, dsp_program, p, disk_key) if disk_key else None
-    if disk_key:
-        for pr in programs:                 # for the program cache to map on a new process's first call
-            prepared_store.store_code(pr.origin, pr.code)
+    if disk_key:                            # the program cache keeps their code, to map on a new process's
+        prepared_store.kept(programs)       # first call
     if prepared is None:
         code, descs, lo, hi, desc_off = _link(programs, dsp_program, p)
         lanes = p.vector_lanes if functional else 1

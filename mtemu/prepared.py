@@ -13,20 +13,18 @@ hundreds of candidate programs whose tables (some 10 MB each, uncompressed so th
 fast) would fill the disk. The folder is kept under ``MTEMU_PREPARED_CACHE_MB`` (default
 1024) by dropping the least recently used files.
 
-With the tables the machine also keeps each such program's code there (:func:`store_code`: int64, as
-it runs), and the kernels' program cache maps it (:func:`load_code`) instead of inflating and
-widening the compressed copy in its ``.npz``: a first call's 7 MB of code for a 1024^3 GEMM without
-fresh memory to fault in. Only functional runs write it, like the tables, and it is dropped with
-them (least recently used first).
+With the tables, a functional run announces each named program it kept them for (:func:`kept`): the
+kernels' program cache then keeps that program's code in its own folder (``program-code``), to map it
+in a new process instead of inflating its ``.npz``. Each cache has one writer.
 
 The key names the programs' origins, which program each DSP runs, the platform, the mode, and the
-state of the machine's jitted sources (``mtemu.JIT_STATE``, which also names Numba's cache folder), so
+state of the machine's jitted sources (``mtemu.jit.JIT_STATE``, which also names Numba's cache folder), so
 an edit to the machine never reads tables an older machine wrote. The file is an array file
 (:mod:`rtcommon.arrayfile`: a JSON header with the key and a checksum, then the arrays' bytes); one
 that cannot be read, holds another key or fails its checksum is ignored with a
-:class:`PreparedCacheWarning`, and the tables are derived and written again (atomically).
-``MTEMU_CACHE_DIR`` moves the cache (default ``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns this
-cache off with the program cache.
+:class:`PreparedCacheWarning` (a :class:`rtcommon.caches.CacheWarning`), and the tables are derived and
+written again (atomically). The folder is the ``prepared`` cache of :mod:`rtcommon.caches` (which
+names its format version); ``MTEMU_PROGRAM_CACHE=0`` turns this cache off with the program cache.
 """
 from __future__ import annotations
 
@@ -34,29 +32,25 @@ import hashlib
 import json
 import math
 import os
-import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from rtcommon import caches
 from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
 
-from . import JIT_STATE
+from .jit import JIT_STATE
 from .platform import Platform
 
-FORMAT = 1                      # bump when what is stored changes
+FORMAT = caches.cache("prepared").version       # bumped there when what is stored changes
 DEFAULT_LIMIT_MB = 1024         # least recently used files beyond this are dropped (~11 MB per 1024^3 GEMM)
 
 Groups = list[tuple[np.ndarray, ...] | None]
 
 
-class PreparedCacheWarning(UserWarning):
+class PreparedCacheWarning(caches.CacheWarning):
     """A prepared program on disk could not be used (unreadable, another key, damaged)."""
-
-
-def cache_root() -> Path:
-    """The folder of mtemu's caches (``MTEMU_CACHE_DIR``, default ``~/.cache/mtemu``)."""
-    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu"))
 
 
 def enabled() -> bool:
@@ -72,7 +66,7 @@ def cache_key(origins: list[str], dsp_program: list[int], platform: Platform, fu
 
 
 def cache_path(key: str) -> Path:
-    return cache_root() / "prepared" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
+    return caches.path("prepared") / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.bin"
 
 
 def limit_bytes() -> int:
@@ -85,8 +79,8 @@ def limit_bytes() -> int:
     except ValueError:
         mb = math.nan
     if not math.isfinite(mb) or mb < 0:
-        warnings.warn(f"MTEMU_PREPARED_CACHE_MB={raw!r} is not a size in MB (a number >= 0); using the default "
-                      f"{DEFAULT_LIMIT_MB}", PreparedCacheWarning, stacklevel=3)
+        caches.warn(f"MTEMU_PREPARED_CACHE_MB={raw!r} is not a size in MB (a number >= 0); using the default "
+                    f"{DEFAULT_LIMIT_MB}", PreparedCacheWarning, stacklevel=3)
         mb = DEFAULT_LIMIT_MB
     return int(mb * (1 << 20))
 
@@ -99,67 +93,31 @@ def store(key: str, groups: Groups) -> None:
     limit = limit_bytes()
     if size > limit // 8:
         return
+    path = cache_path(key)
     try:
-        write_arrays(cache_path(key), key, groups)
-        _evict(cache_path(key).parent, limit)
-    except OSError:
-        pass
+        write_arrays(path, key, groups)
+        caches.evict_lru(path.parent, "*.bin", limit)
+    except OSError as exc:
+        caches.warn(f"cannot write the prepared programs in {path.parent} ({exc.strerror or exc}); running "
+                    "without them", PreparedCacheWarning)
 
 
-def code_key(origin: str) -> str:
-    """The identity of the code kept for the program named ``origin``."""
-    return json.dumps(["code", FORMAT, origin])
+# Called with each named program whose prepared tables a functional run keeps on disk (the kernels'
+# program cache registers one: it keeps the program's code then, mtemu.kernels.program_cache).
+_on_kept: list[Callable[[Any], None]] = []
 
 
-def store_code(origin: str, code: np.ndarray) -> None:
-    """Keep the code of the program named ``origin`` (unless it is there already; see :func:`store`)."""
-    key = code_key(origin)
-    if not cache_path(key).exists():
-        store(key, [(np.ascontiguousarray(code, dtype=np.int64),)])
+def on_kept(hook: Callable[[Any], None]) -> None:
+    """Have ``hook(program)`` called for each program whose tables a functional run keeps (once per hook)."""
+    if hook not in _on_kept:
+        _on_kept.append(hook)
 
 
-def load_code(origin: str) -> np.ndarray | None:
-    """The code kept for the program named ``origin`` (int64, bundles x units x fields, mapped
-    copy-on-write), or None if there is none or it is unusable (then with a
-    :class:`PreparedCacheWarning`, and dropped, so that the next functional run keeps it again)."""
-    key = code_key(origin)
-    groups = load(key)
-    if groups is None:
-        if cache_path(key).exists():        # there but unusable (load warned)
-            drop_code(origin)
-        return None
-    if len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 and groups[0][0].dtype == np.int64 \
-            and groups[0][0].ndim == 3:
-        return groups[0][0]
-    warnings.warn(f"prepared program {cache_path(key)}: not a program's code; ignoring it", PreparedCacheWarning,
-                  stacklevel=2)
-    drop_code(origin)
-    return None
-
-
-def drop_code(origin: str) -> None:
-    """Forget the code kept for the program named ``origin`` (it did not match the program)."""
-    try:
-        cache_path(code_key(origin)).unlink()
-    except OSError:
-        pass
-
-
-def _evict(folder: Path, limit: int) -> None:
-    files = []
-    for entry in os.scandir(folder):
-        if entry.name.endswith(".bin"):
-            st = entry.stat()
-            files.append((st.st_mtime, st.st_size, entry.path))
-    total = sum(f[1] for f in files)
-    for _mtime, nbytes, path in sorted(files):
-        if total <= limit:
-            break
-        try:
-            os.unlink(path)
-            total -= nbytes
-        except OSError:
-            pass
+def kept(programs: list) -> None:
+    """The machine kept (or read) prepared tables of ``programs`` on disk: tell whoever asked."""
+    for hook in _on_kept:
+        for program in programs:
+            hook(program)
 
 
 def load(key: str) -> Groups | None:
@@ -171,7 +129,7 @@ def load(key: str) -> Groups | None:
     except FileNotFoundError:
         return None
     except ArrayFileError as exc:
-        warnings.warn(f"prepared program {exc}; deriving it again", PreparedCacheWarning, stacklevel=3)
+        caches.warn(f"prepared program {exc}; deriving it again", PreparedCacheWarning, stacklevel=3)
         return None
     try:
         os.utime(path)

@@ -28,6 +28,7 @@ from typing import Callable, Iterable
 import numba
 import numpy as np
 
+from rtcommon import caches
 from rtcommon.cache import check_fields, read_json_cache, write_json_cache
 from rtcommon.fileio import atomic_write_figure, atomic_write_json
 
@@ -45,7 +46,7 @@ SCHEDULER_TIMEOUT_S = 5
 
 
 def tune_cache_dir() -> Path:
-    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu")) / "tune"
+    return caches.path("tune")
 
 
 @dataclass

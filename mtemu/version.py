@@ -12,19 +12,19 @@ count differs, which catches a forgotten bump.
 Building the reference programs takes seconds, so the result is remembered per state of the
 sources that could change them (a hash of mtemu's generator, assembler, ISA and platform files):
 in ``mtemu/data/versions.json`` (shipped, written by scripts/ship_profiles.py) and in the user
-cache (``$MTEMU_CACHE_DIR/versions.json``). A source edit costs one rebuild of the reference
-programs; it changes the version only if the programs changed.
+cache (the ``versions`` cache of :mod:`rtcommon.caches`). A source edit costs one rebuild of the
+reference programs; it changes the version only if the programs changed.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from rtcommon import caches
+from rtcommon.cache import read_json_cache, write_json_cache
 from rtcommon.fileio import atomic_write_json
 
 from ._version import __version__
@@ -104,15 +104,11 @@ def source_digest() -> str:
 
 
 def _user_versions() -> Path:
-    return Path(os.environ.get("MTEMU_CACHE_DIR", Path.home() / ".cache" / "mtemu")) / "versions.json"
+    return caches.path("versions") / caches.cache("versions").entries
 
 
 def _read_versions(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_cache(path) or {}       # damaged: warned, and rebuilt below
 
 
 def program_version(kernel: str) -> str:
@@ -138,10 +134,8 @@ def emulator_version(kernel: str = "gemm") -> str:
         if isinstance(got, str) and len(got) == 16:
             return got
     version = program_version(kernel)
-    try:
-        atomic_write_json(_user_versions(), {**_read_versions(_user_versions()), key: version})
-    except OSError:
-        pass                          # no writable cache: the next process builds them again
+    # no writable cache: warned, and the next process builds them again
+    write_json_cache(_user_versions(), {**_read_versions(_user_versions()), key: version})
     return version
 
 

@@ -1,6 +1,6 @@
-"""Caches that heal: every read is validated, and a bad entry is discarded with a one-line warning
-(then rebuilt by the caller), never trusted and never fatal. A cache folder that cannot be written
-degrades to running without the cache.
+"""Caches that heal: every read is validated, and a bad entry is discarded with a
+:class:`~rtcommon.caches.CacheWarning` (then rebuilt by the caller), never trusted and never fatal.
+A cache folder that cannot be written degrades to running without the cache (also with a warning).
 
 Usage::
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from .caches import warn
 from .errors import UserError
 from .fileio import atomic_write_json
 from .jsonio import parse_json
@@ -27,16 +27,6 @@ from .jsonio import parse_json
 MAX_CACHE_BYTES = 256 * 2 ** 20
 
 Validator = Callable[[Any], "str | None"]
-
-_warned: set[str] = set()
-
-
-def warn(message: str) -> None:
-    """One line on stderr, once per message per process."""
-    if message not in _warned:
-        _warned.add(message)
-        print(f"[cache] {message}", file=sys.stderr, flush=True)
-
 
 def read_json_cache(path: str | os.PathLike, validate: Validator | None = None) -> dict | None:
     """The JSON object cached at ``path``, or None when it is missing or unusable.

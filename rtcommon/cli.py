@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from typing import Any, Callable
 
+from .caches import CacheWarning
 from .errors import UserError
 from .fileio import check_output_dir, check_output_file
 from .jsonio import dumps_strict
@@ -127,7 +129,9 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
         return exc.code if isinstance(exc.code, int) else 2
     name = f"{prog} {getattr(args, 'command', '')}".strip()
     try:
-        result = args.handler(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_cache_warnings(name, warnings.showwarning)
+            result = args.handler(args)
         if result is None:
             return 0
         payload, text = result
@@ -150,6 +154,16 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
     except OSError as exc:      # e.g. stdout redirected to a full disk
         return _fail(name, f"cannot write the output: {_os_message(exc)}")
     return 0
+
+
+def _one_line_cache_warnings(name: str, show: Callable) -> Callable:
+    """A cache warning as one line ``PROG CMD: warning: ...`` (it names its file); others as before."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CacheWarning):
+            print(f"{name}: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
 
 
 def _fail(name: str, message: str) -> int:

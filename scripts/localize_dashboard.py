@@ -6,8 +6,8 @@ rewrites the CDN references in every published HTML file. Run after ``asv publis
 
     python scripts/localize_dashboard.py [.asv/html]
 
-Nothing third-party is stored in this repository; the tarballs are cached under
-``~/.cache/ratrain/npm``.
+Nothing third-party is stored in this repository; the tarballs are cached in the ``npm`` cache of
+:mod:`rtcommon.caches` (``~/.cache/ratrain/npm`` by default).
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+from rtcommon import caches
 
 # CDN URL (as asv 0.6 writes it) -> (npm package spec, file inside the tarball)
 ASSETS = {
@@ -39,17 +41,17 @@ ASSETS = {
     "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": ("bootstrap@3.1.1",
                                                                                 "package/dist/css/bootstrap.min.css"),
 }
-CACHE = Path.home() / ".cache" / "ratrain" / "npm"
 
 
 def _tarball(spec: str) -> Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
+    folder = caches.path("npm")
+    folder.mkdir(parents=True, exist_ok=True)
     name, version = spec.rsplit("@", 1)
-    path = CACHE / f"{name}-{version}.tgz"
+    path = folder / f"{name}-{version}.tgz"
     if not path.exists():
         if shutil.which("npm") is None:
             sys.exit("localize_dashboard: npm is needed to fetch the dashboard's JavaScript libraries")
-        subprocess.run(["npm", "pack", "--silent", spec], cwd=CACHE, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["npm", "pack", "--silent", spec], cwd=folder, check=True, stdout=subprocess.DEVNULL)
     return path
 
 

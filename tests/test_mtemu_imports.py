@@ -48,9 +48,32 @@ def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
     imported (and read NUMBA_CACHE_DIR) before mtemu was."""
     first = "import numba; " if numba_first else ""
     out = _python(f"import os; os.environ['NUMBA_CACHE_DIR'] = {str(tmp_path)!r}; {first}"
-                  "import mtemu, numba, os; leaf = os.path.basename(mtemu._jit_cache_dir()); "
-                  "assert leaf.startswith('mtemu-jit-'), leaf; "
+                  "import mtemu, mtemu.jit, numba, os; leaf = os.path.basename(mtemu.jit.jit_cache_dir()); "
+                  "assert leaf.startswith('mtemu-jit-'), leaf; from mtemu import machine; "
                   f"assert numba.config.CACHE_DIR == os.path.join({str(tmp_path)!r}, leaf), numba.config.CACHE_DIR; "
-                  "from mtemu import machine; path = machine._run._cache._cache_path; "
+                  "path = machine._run._cache._cache_path; "
                   "assert path.startswith(numba.config.CACHE_DIR), path")
+    assert out.returncode == 0, out.stderr
+
+
+def test_importing_mtemu_and_the_planner_changes_no_process_wide_setting():
+    """No environment variable, no numba import (so no Numba setting or threading layer) until the
+    jitted machine is first used; then Numba's cache folder is set, before any function is compiled."""
+    out = _python("import os, sys; before = dict(os.environ); import mtemu, ratrain.plan.planner; "
+                  "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items()); "
+                  "assert 'numba' not in sys.modules; "
+                  "from mtemu import machine; import numba; "
+                  "assert os.environ['NUMBA_CACHE_DIR'] == numba.config.CACHE_DIR == mtemu.jit.jit_cache_dir()")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("numba_set", [False, True])
+def test_the_cache_root_moves_numbas_cache_unless_the_user_set_its_own(numba_set, tmp_path):
+    want = tmp_path / ("mine" if numba_set else "root/mtemu/numba")
+    user = f"os.environ['NUMBA_CACHE_DIR'] = {str(want)!r}; " if numba_set else ""
+    out = _python("import os; os.environ.pop('NUMBA_CACHE_DIR', None); os.environ.pop('MTEMU_CACHE_DIR', None); "
+                  f"os.environ['RTCACHE_DIR'] = {str(tmp_path / 'root')!r}; {user}"
+                  "import mtemu.jit, rtcommon.caches as c; "
+                  f"assert mtemu.jit.jit_cache_dir() == os.path.join({str(want)!r}, mtemu.jit.JIT_STATE); "
+                  f"assert c.path('numba') == c.Path({str(want)!r}), c.path('numba')")
     assert out.returncode == 0, out.stderr

@@ -44,14 +44,19 @@ def _prepared_files(root):
     return sorted((root / "prepared").glob("*.bin")) if (root / "prepared").exists() else []
 
 
+def _code_files(root):
+    return sorted((root / "program-code").glob("*.bin")) if (root / "program-code").exists() else []
+
+
 def _code_file(root):
-    """The program's code that the functional run kept with its tables (one program here)."""
+    """The program's code that the program cache kept when the functional run kept its tables (one
+    program here)."""
     (program,) = next(iter(machine._PREPARED.values()))[0]
-    return prepared_store.cache_path(prepared_store.code_key(program.origin))
+    return program_cache.code_path(program.origin)
 
 
 def _table_file(root):
-    (path,) = [f for f in _prepared_files(root) if f != _code_file(root)]
+    (path,) = _prepared_files(root)
     return path
 
 
@@ -66,7 +71,7 @@ def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_d
     first = run_a_resident(a, b, platform=SMALL, tiles=TILES)
     derived = [x.copy() for x in _tables()]
     files = _prepared_files(cache_dir)
-    assert len(files) == 2 and _code_file(cache_dir) in files      # the tables and the program's code
+    assert len(files) == 1 and _code_files(cache_dir) == [_code_file(cache_dir)]   # the tables; the code
     _forget()
     calls = []
     monkeypatch.setattr(machine, "build_blocks", lambda *a, **k: calls.append(1))     # must not be needed
@@ -144,14 +149,14 @@ def test_a_damaged_code_copy_is_ignored_with_a_warning(cache_dir, damage):
         raw[-100] ^= 0x10
         path.write_bytes(bytes(raw))
     elif damage == "other_content":   # a well-formed file under the code's key that holds something else
-        write_arrays(path, prepared_store.code_key(program.origin), [(np.zeros((2, 3), np.int64),)])
+        write_arrays(path, program_cache.code_key(program.origin), [(np.zeros((2, 3), np.int64),)])
     else:                             # code of another length under the same name
-        write_arrays(path, prepared_store.code_key(program.origin), [(program.code[:-1].copy(),)])
+        write_arrays(path, program_cache.code_key(program.origin), [(program.code[:-1].copy(),)])
     _forget()
     with pytest.warns((prepared_store.PreparedCacheWarning, program_cache.ProgramCacheWarning)):
         got = run_a_resident(a, b, platform=SMALL, tiles=TILES).c
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
-    assert np.array_equal(prepared_store.load_code(program.origin), program.code)     # kept again, whole
+    assert np.array_equal(program_cache.load_code(program.origin), program.code)     # kept again, whole
     _forget()
     with warnings.catch_warnings():
         warnings.simplefilter("error")                         # and mapped without a warning from now on
@@ -162,13 +167,13 @@ def test_a_damaged_code_copy_is_ignored_with_a_warning(cache_dir, damage):
 def test_unnamed_programs_timing_runs_and_a_cache_turned_off_write_nothing(cache_dir, monkeypatch):
     prog = parse("{ smovi s1, 4 }\n{ nop }\n{ halt }", SMALL).freeze()
     Cluster(SMALL, ddr_bytes=4096).run([prog])
-    assert _prepared_files(cache_dir) == []                    # frozen, but nobody named its content
+    assert _prepared_files(cache_dir) == _code_files(cache_dir) == []     # frozen, but nobody named its content
     gemm_a_resident.a_resident_timing(96, 256, 96, tiles=TILES, platform=SMALL)
-    assert _prepared_files(cache_dir) == []                    # timing mode: derived in memory only
+    assert _prepared_files(cache_dir) == _code_files(cache_dir) == []     # timing mode: derived in memory only
     monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "0")
     a, b = _operands()
     run_a_resident(a, b, platform=SMALL, tiles=TILES)
-    assert _prepared_files(cache_dir) == []
+    assert _prepared_files(cache_dir) == _code_files(cache_dir) == []
 
 
 def test_the_key_separates_mode_dsp_programs_and_platform():
@@ -255,7 +260,7 @@ def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_d
         prog.origin = "the same name for two programs"
         prog.freeze()
     Cluster(SMALL, ddr_bytes=4096, functional=True).run([short])
-    assert len(_prepared_files(cache_dir)) == 2                # its tables and its code
+    assert len(_prepared_files(cache_dir)) == len(_code_files(cache_dir)) == 1     # its tables, its code
     cluster = Cluster(SMALL, ddr_bytes=4096, functional=True)
     with pytest.warns(prepared_store.PreparedCacheWarning, match="another program"):
         cluster.run([long])

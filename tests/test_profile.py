@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import pytest
 
@@ -6,6 +7,7 @@ import ratrain.cost.profile as profile
 from mtemu.kernels.registry import DEFAULT_GEMM, gemm_variant
 from ratrain.errors import ConfigError
 from ratrain.spec.models import ModelSpec, get_model, layer_operators
+from rtcommon.caches import CacheWarning
 
 DEFAULT_VARIANT = gemm_variant(DEFAULT_GEMM)
 gemm_timing = DEFAULT_VARIANT.timing          # the training platform's default GEMM
@@ -68,9 +70,14 @@ def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
         del data["ops"]
         path.write_text(json.dumps(data))
     profile._MEMO.clear()
-    again = profile.layer_profile(TINY, 1, 64)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        again = profile.layer_profile(TINY, 1, 64)
     assert again.forward_s == pytest.approx(prof.forward_s)
     assert json.loads(path.read_text())["emulator_version"] == profile.emulator_version()
+    # a damaged file is named in one CacheWarning; a stale one is expected (a new emulator), silent
+    assert [(w.category, str(path) in str(w.message)) for w in seen] == ([] if damage == "stale" else
+                                                                         [(CacheWarning, True)])
 
 
 def test_gemm_cache_ignores_entries_of_another_emulator_version(cache):

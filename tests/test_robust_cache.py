@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ from mtemu.errors import MtemuError
 from mtemu.tune import _read, _valid_entry, check_grid, tune_cache_dir, tune_gemm
 from ratrain.errors import ConfigError
 from ratrain.spec.models import ModelSpec, from_hf_config, safe_model_name
+from rtcommon import caches
 from rtcommon.cache import check_fields, read_json_cache, write_json_cache
+from rtcommon.caches import CacheWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (256, 512, 768)
@@ -29,7 +32,7 @@ GOOD = {"utilization": 0.5, "cycles": 1000, "latency_ms": 0.01, "stalls": {"late
 @pytest.fixture
 def cachedir(tmp_path, monkeypatch):
     monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cache"))
-    cache._warned.clear()
+    caches._warned.clear()
     return tmp_path
 
 
@@ -40,14 +43,16 @@ def cachedir(tmp_path, monkeypatch):
                               lambda c: st.one_of(st.lists(c, max_size=4),
                                                   st.dictionaries(st.text(max_size=8), c, max_size=4)),
                               max_leaves=12).map(lambda v: json.dumps(v).encode())))
-def test_any_bytes_give_a_valid_entry_or_none(tmp_path_factory, capsys, data):
+def test_any_bytes_give_a_valid_entry_or_none(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("c") / "entry.json"
     path.write_bytes(data)
-    got = read_json_cache(path, _valid_entry)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = read_json_cache(path, _valid_entry)
     if got is not None:
         assert _valid_entry(got) is None
-    err = capsys.readouterr().err
-    assert err.count("\n") <= 1 and (got is not None or err.startswith("[cache] "))
+    assert len(seen) <= 1 and all(issubclass(w.category, CacheWarning) for w in seen)
+    assert got is not None or (seen and str(path) in str(seen[0].message))
 
 
 @pytest.mark.parametrize("entry, reason", [
@@ -60,21 +65,24 @@ def test_any_bytes_give_a_valid_entry_or_none(tmp_path_factory, capsys, data):
     ({**GOOD, "stalls": []}, "not a table"),
     ({k: v for k, v in GOOD.items() if k != "cycles"}, "'cycles' is missing"),
 ])
-def test_impossible_tuner_entries_are_refused(tmp_path, capsys, entry, reason):
+def test_impossible_tuner_entries_are_refused(tmp_path, entry, reason):
     path = tmp_path / "e.json"
     path.write_text(json.dumps(entry))
-    assert _read(path) is None
-    err = capsys.readouterr().err
-    assert reason in err and err.count("\n") == 1 and "ignored (it will be rebuilt)" in err
+    with pytest.warns(CacheWarning) as seen:
+        assert _read(path) is None
+    (message,) = [str(w.message) for w in seen]
+    assert reason in message and str(path) in message and "ignored (it will be rebuilt)" in message
 
 
-def test_nan_and_huge_files_are_refused(tmp_path, capsys, monkeypatch):
+def test_nan_and_huge_files_are_refused(tmp_path, monkeypatch):
     path = tmp_path / "e.json"
     path.write_text('{"utilization": NaN, "cycles": 1, "latency_ms": 1, "stalls": {"a": 0}}')
-    assert read_json_cache(path) is None and "NaN" in capsys.readouterr().err
+    with pytest.warns(CacheWarning, match="NaN"):
+        assert read_json_cache(path) is None
     monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 10)
     path.write_text(json.dumps(GOOD))
-    assert read_json_cache(path) is None and "too large" in capsys.readouterr().err
+    with pytest.warns(CacheWarning, match="too large"):
+        assert read_json_cache(path) is None
     monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 1 << 20)
     assert read_json_cache(path, _valid_entry) == GOOD
 
@@ -87,35 +95,36 @@ def test_check_fields():
     assert "inf" in check_fields({"a": float("inf")}, {"a": (0, None)})
 
 
-def test_an_unwritable_cache_degrades_with_one_warning(tmp_path, capsys):
-    cache._warned.clear()
+def test_an_unwritable_cache_degrades_with_one_warning(tmp_path):
+    caches._warned.clear()
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder should be")
-    assert write_json_cache(blocker / "sub" / "e.json", GOOD) is False
-    assert write_json_cache(blocker / "sub" / "f.json", GOOD) is False
-    assert read_json_cache(blocker / "sub" / "e.json") is None
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "running without it" in err[0]
+    with pytest.warns(CacheWarning) as seen:
+        assert write_json_cache(blocker / "sub" / "e.json", GOOD) is False
+        assert write_json_cache(blocker / "sub" / "f.json", GOOD) is False
+        assert read_json_cache(blocker / "sub" / "e.json") is None
+    messages = [str(w.message) for w in seen]
+    assert len(messages) == 2 and "running without it" in messages[0] and str(blocker / "sub") in messages[0]
 
 
 # --- the tuner's cache ---------------------------------------------------------------------
-def test_tuner_re_emulates_an_impossible_entry_and_runs_without_a_writable_cache(cachedir, capsys, monkeypatch):
+def test_tuner_re_emulates_an_impossible_entry_and_runs_without_a_writable_cache(cachedir, monkeypatch):
     first = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     files = sorted(tune_cache_dir().glob("*.json"))
     assert len(files) == len(first.candidates)
     files[0].write_text(json.dumps({**GOOD, "utilization": 5.0}))     # a utilization of 500%
     files[1].write_bytes(b"\x00\xff binary junk")
-    again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    with pytest.warns(CacheWarning, match="above 1.0"):
+        again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     assert sum(not c.cached for c in again.candidates) == 2
     assert [c.utilization for c in again.candidates] == [c.utilization for c in first.candidates]
     assert all(c.utilization <= 1 for c in again.candidates)
-    assert "above 1.0" in capsys.readouterr().err
     blocked = cachedir / "blocked"
     blocked.write_text("not a folder")
     monkeypatch.setenv("MTEMU_CACHE_DIR", str(blocked))
-    third = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
+    with pytest.warns(CacheWarning, match="running without it"):
+        third = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     assert [c.utilization for c in third.candidates] == [c.utilization for c in first.candidates]
-    assert "running without it" in capsys.readouterr().err
 
 
 def test_a_killed_sweep_resumes_where_it_stopped(cachedir):

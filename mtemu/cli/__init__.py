@@ -14,11 +14,11 @@ from types import ModuleType
 from rtcommon.cli import apply_policy, new_parser, run_main
 
 from ..errors import MtemuError
-from . import attention_bwd, attention_fwd, explain, gemm, platform, probe, run, tune, validate
+from . import attention_bwd, attention_fwd, cache, explain, gemm, platform, probe, run, tune, validate
 
 # Modules that register subcommands, in help order.
 COMMAND_MODULES: list[ModuleType] = [platform, gemm, tune, validate, attention_bwd, attention_fwd, run, explain,
-                                     probe]
+                                     probe, cache]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,15 +4,20 @@ Building a Table 5 GEMM (list-scheduling its micro-kernels, assembling and hazar
 30 000 bundles) takes seconds; emulating it in timing mode takes a fraction of that. Each built
 program is kept as ``<cache>/programs/<key>.npz`` (``np.savez_compressed``: code, descriptors,
 per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial registers
-and the key itself). A functional run keeps the code uncompressed with its prepared tables as well
-(:func:`mtemu.prepared.store_code`), and a load maps that copy when it is there. The key hashes,
+and the key itself). When a functional run keeps a program's prepared tables (:func:`mtemu.prepared.kept`),
+this module keeps the program's code uncompressed as well (``<cache>/program-code/<hash>.bin``, an array
+file: int64, as the machine runs it), and a load maps that copy when it is there, instead of
+inflating and widening the compressed copy: a first call's 7 MB of code for a 1024^3 GEMM without
+fresh memory to fault in. Timing runs do not keep it (the tuner builds hundreds of programs); the
+folder is kept under ``MTEMU_PREPARED_CACHE_MB`` like the prepared tables. The key hashes,
 like the latency profiles: the kernel name, the version of the sources that generate its program
 (:func:`generator_version`), the shape, the tiles and the platform digest.
 
 Files are written atomically. A file that cannot be read, or whose header names another key, is
-rebuilt and rewritten with a :class:`ProgramCacheWarning`; a cache folder that cannot be written
-only costs the rebuild next time. ``MTEMU_CACHE_DIR`` moves the cache (default
-``~/.cache/mtemu``); ``MTEMU_PROGRAM_CACHE=0`` turns it off.
+rebuilt and rewritten with a :class:`ProgramCacheWarning` (a :class:`rtcommon.caches.CacheWarning`);
+a cache folder that cannot be written only costs the rebuild next time (with a warning). The folders
+are the ``programs`` and ``program-code`` caches of :mod:`rtcommon.caches` (which names their format
+versions); ``MTEMU_PROGRAM_CACHE=0`` turns them off.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import functools
 import hashlib
 import io
 import json
-import warnings
+import os
 import zipfile
 import zlib
 from dataclasses import asdict
@@ -29,16 +34,20 @@ from typing import Callable
 
 import numpy as np
 
+from rtcommon import caches
+from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
 from rtcommon.fileio import atomic_write_bytes
 from rtcommon.hostmem import small_pages
 
 from .. import isa
+from .. import prepared as prepared_store
 from .._version import __version__
 from ..assembler import Program
 from ..platform import Platform
-from ..prepared import cache_root, drop_code, enabled, load_code
 
-FORMAT = 2          # bump when the file layout changes (2: code stored as int32 where it fits)
+# bumped in rtcommon.caches when the file layout changes (programs 2: code stored as int32 where it fits)
+FORMAT = caches.cache("programs").version
+CODE_FORMAT = caches.cache("program-code").version
 _ROOT = Path(__file__).resolve().parent.parent
 
 # Sources that generate a kernel's program (its bits, not its timing). The platform enters the key
@@ -62,12 +71,12 @@ def generator_version(kernel: str) -> str:
 Built = tuple[Program, dict[int, np.ndarray], dict[int, dict[int, int]]]
 
 
-class ProgramCacheWarning(UserWarning):
+class ProgramCacheWarning(caches.CacheWarning):
     """A cached program could not be used (unreadable or for another key); it was rebuilt."""
 
 
 def program_cache_dir() -> Path:
-    return cache_root() / "programs"
+    return caches.path("programs")
 
 
 def cache_key(kernel: str, shape: tuple[int, ...], tiles, platform: Platform) -> str:
@@ -88,19 +97,20 @@ def cache_path(key: str) -> Path:
 def cached_program(kernel: str, shape: tuple[int, ...], tiles, platform: Platform, build: Callable[[], Built]) -> Built:
     """``build()`` (program, per-DSP descriptor tables, initial registers), or its copy on disk."""
     key = cache_key(kernel, shape, tiles, platform)
-    if not enabled():
+    if not prepared_store.enabled():
         return _frozen(build(), key)
     path = cache_path(key)
     if path.exists():
         try:
             return _frozen(_load(path, key), key)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-            warnings.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
+            caches.warn(f"program cache {path}: {exc}; rebuilding it", ProgramCacheWarning, stacklevel=3)
     built = build()
     try:
         atomic_write_bytes(path, _dump(key, *built))
-    except OSError:
-        pass            # a read-only cache costs the build next time, nothing else
+    except OSError as exc:      # a read-only cache costs the build next time, nothing else
+        caches.warn(f"cannot write the program cache in {path.parent} ({exc.strerror or exc}); running "
+                    "without it", ProgramCacheWarning)
     return _frozen(built, key)
 
 
@@ -110,6 +120,70 @@ def _frozen(built: Built, key: str) -> Built:
     built[0].origin = _key_hash(key)
     built[0].freeze()
     return built
+
+
+def code_key(origin: str) -> str:
+    """The identity of the code kept for the program named ``origin``."""
+    return json.dumps(["code", CODE_FORMAT, origin])
+
+
+def code_path(origin: str) -> Path:
+    return caches.path("program-code") / f"{hashlib.sha256(code_key(origin).encode()).hexdigest()[:32]}.bin"
+
+
+def keep_code(program: Program) -> None:
+    """Keep the code of a named program whose prepared tables a functional run keeps (unless it is there
+    already), then drop the least recently used copies beyond ``MTEMU_PREPARED_CACHE_MB``; a copy larger
+    than an eighth of it is not kept."""
+    if not program.origin:
+        return
+    path = code_path(program.origin)
+    limit = prepared_store.limit_bytes()
+    if path.exists() or program.code.size * 8 > limit // 8:
+        return
+    try:
+        write_arrays(path, code_key(program.origin), [(np.ascontiguousarray(program.code, dtype=np.int64),)])
+        caches.evict_lru(path.parent, "*.bin", limit)
+    except OSError as exc:
+        caches.warn(f"cannot write the program code in {path.parent} ({exc.strerror or exc}); running without "
+                    "it", ProgramCacheWarning)
+
+
+prepared_store.on_kept(keep_code)
+
+
+def load_code(origin: str) -> np.ndarray | None:
+    """The code kept for the program named ``origin`` (int64, bundles x units x fields, mapped
+    copy-on-write), or None if there is none or it is unusable (then with a :class:`ProgramCacheWarning`,
+    and deleted, so that the next functional run keeps it again). A copy read is marked as recently used."""
+    path = code_path(origin)
+    try:
+        groups = read_arrays(path, code_key(origin), mapped=True)[0]
+    except FileNotFoundError:
+        return None
+    except ArrayFileError as exc:
+        caches.warn(f"program code {exc}; deleted it, inflating the program's own", ProgramCacheWarning, stacklevel=4)
+        drop_code(origin)
+        return None
+    if len(groups) == 1 and groups[0] is not None and len(groups[0]) == 1 and groups[0][0].dtype == np.int64 \
+            and groups[0][0].ndim == 3:
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return groups[0][0]
+    caches.warn(f"program code {path}: not a program's code; deleted it, inflating the program's own",
+                ProgramCacheWarning, stacklevel=4)
+    drop_code(origin)
+    return None
+
+
+def drop_code(origin: str) -> None:
+    """Forget the code kept for the program named ``origin`` (it did not match the program)."""
+    try:
+        code_path(origin).unlink()
+    except OSError:
+        pass
 
 
 def _dump(key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
@@ -135,8 +209,9 @@ def _load(path: Path, key: str) -> Built:
         code = load_code(_key_hash(key))       # the copy a functional run keeps with its tables, mapped
         stored = _stored_shape(z.zip, "code.npy") if code is not None else None
         if code is not None and code.shape != stored:
-            warnings.warn(f"the code kept for {path.name} with the prepared tables has shape {code.shape}, the "
-                          f"program {stored}; inflating the program's own", ProgramCacheWarning, stacklevel=4)
+            caches.warn(f"the code kept for {path.name} in {code_path(_key_hash(key))} has shape {code.shape}, "
+                        f"the program {stored}; deleted it, inflating the program's own", ProgramCacheWarning,
+                        stacklevel=4)
             drop_code(_key_hash(key))
             code = None
         if code is None:

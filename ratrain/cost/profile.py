@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,11 +55,12 @@ from ratrain.spec.models import (
     list_models,
 )
 from ratrain.spec.platform import TrainingPlatform
-from rtcommon.cache import read_json_cache
-from rtcommon.fileio import atomic_write_json
+from rtcommon import caches
+from rtcommon.cache import read_json_cache, write_json_cache
 from rtcommon.progress import Progress
 
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = caches.cache("profiles").version          # bumped there when a profile's layout changes
+GEMM_FORMAT = caches.cache("gemm-latencies").version
 # tuned tiles are keyed by the rule that chose them (a new rule re-emulates, never reuses)
 TUNED_KEY = f"tuned-v{TILE_CHOICE_VERSION}"
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
@@ -76,7 +76,8 @@ def emulator_version(kernel: str = "all") -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RATRAIN_CACHE_DIR", Path.home() / ".cache" / "ratrain"))
+    """The folder of ratrain's caches (``RATRAIN_CACHE_DIR``, else under ``RTCACHE_DIR``: rtcommon.caches)."""
+    return caches.part_dir("ratrain")
 
 
 # ------------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ class GemmCache:
         tiles_key = TUNED_KEY if self.tuned else _tiles_key(self.tiles)
         self.prefix = f"{self.version}|{digest}|{self.variant.name}|{tiles_key}"
         self.attn_prefix = f"{emulator_version('attention')}|{digest}|attention"
-        self.path = path or cache_dir() / "gemm_cache.json"
+        self.path = path or caches.path("gemm-latencies") / caches.cache("gemm-latencies").entries
         self.progress = progress
         self.entries: dict[str, dict] = {}
         for source in (SHIPPED_DIR / "gemm_cache.json", self.path):
@@ -106,7 +107,7 @@ class GemmCache:
     def _read(self, path: Path) -> dict:
         # unreadable, corrupt or oversized files are warned about and skipped by rtcommon.cache
         data = read_json_cache(path)
-        if data is None or data.get("format") != PROFILE_FORMAT or not isinstance(data.get("entries"), dict):
+        if data is None or data.get("format") != GEMM_FORMAT or not isinstance(data.get("entries"), dict):
             return {}
         out, bad = {}, 0
         for key, val in data["entries"].items():
@@ -115,8 +116,8 @@ class GemmCache:
             else:
                 bad += 1
         if bad:
-            print(f"[profile] {path}: dropped {bad} impossible cache entr{'y' if bad == 1 else 'ies'} "
-                  "(they are re-emulated when needed)", file=sys.stderr)
+            caches.warn(f"{path}: dropped {bad} impossible cache entr{'y' if bad == 1 else 'ies'} "
+                        "(they are re-emulated when needed)")
         return out
 
     def key(self, m: int, k: int, n: int) -> str:
@@ -207,10 +208,8 @@ class GemmCache:
         own = self._read(self.path)
         own.update({k: v for k, v in self.entries.items()
                     if k.startswith(self.version) or k.startswith(self.attn_prefix)})
-        try:
-            atomic_write_json(self.path, {"format": PROFILE_FORMAT, "entries": own})
-        except OSError as exc:         # an unwritable cache costs re-emulation next time, nothing else
-            print(f"[profile] cannot write {self.path} ({exc.strerror}); latencies not cached", file=sys.stderr)
+        # an unwritable cache costs re-emulation next time (with a warning), nothing else
+        write_json_cache(self.path, {"format": GEMM_FORMAT, "entries": own})
 
 
 def emulate_kernel(job: tuple) -> dict:
@@ -506,11 +505,7 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
               f"{cache_dir()}", file=sys.stderr, flush=True)
     prof = build_profile(spec, micro_batch, seq, tp, source="emulated", platform=platform, progress=progress,
                          cache=cache)
-    try:
-        atomic_write_json(cache_dir() / "profiles" / name, prof.to_json())
-    except OSError as exc:             # an unwritable cache costs a rebuild next time, nothing else
-        print(f"[profile] cannot write {cache_dir() / 'profiles' / name} ({exc.strerror}); not cached",
-              file=sys.stderr)
+    write_json_cache(caches.path("profiles") / name, prof.to_json())   # unwritable: warned, rebuilt next time
     _MEMO[memo_key] = prof
     return prof
 
@@ -518,7 +513,7 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
 def _stored_profile(name: str, key: str) -> LayerProfile | None:
     """The shipped, else the cached, profile file ``name`` if it is current."""
     version = emulator_version("all")
-    for path in (SHIPPED_DIR / name, cache_dir() / "profiles" / name):
+    for path in (SHIPPED_DIR / name, caches.path("profiles") / name):
         prof = _load_if_current(path, version, key)
         if prof is not None:
             return prof
@@ -594,7 +589,7 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
 
 
 def _warn(path: Path, why: str) -> None:
-    print(f"[profile] {path} {why}: rebuilding", file=sys.stderr)
+    caches.warn(f"{path} {why}: ignored (it will be rebuilt)", stacklevel=3)
 
 
 def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:

@@ -1,0 +1,57 @@
+"""Numba's setting for the jitted machine, made on its first use (never by ``import mtemu``).
+
+Numba keys a function's on-disk cache on its own file's timestamp only, so a compiled machine that
+inlines code from another file (blocks, isa, fp16) can go stale and crash. Every state of the
+jitted sources therefore gets its own cache folder, ``<numba>/mtemu-jit-<hash>``, where ``<numba>`` is
+``NUMBA_CACHE_DIR`` if the user set it, else the mtemu cache's ``numba/`` (:mod:`rtcommon.caches`).
+
+Numba picks a function's cache folder when the function is defined, from ``numba.config.CACHE_DIR``
+(read from the environment when numba is imported). :func:`configure` sets both, so it must run
+before the first ``@njit(cache=True)``: the jitted modules that every other one imports first
+(:mod:`mtemu.fp16`, :mod:`mtemu.dma`) call it after their imports. It also sets the variable in
+``os.environ``, so that worker processes compile into (and read) the same folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from rtcommon import caches
+
+from ._version import __version__
+
+# the files whose code the compiled machine holds
+JIT_SOURCES = ("machine.py", "blocks.py", "fused.py", "simd.py", "dma.py", "fp16.py", "isa.py", "trace.py",
+               "accuracy.py")
+
+
+def _jit_state() -> str:
+    h = hashlib.sha256(__version__.encode())
+    for name in JIT_SOURCES:
+        path = Path(__file__).parent / name
+        if path.exists():
+            h.update(name.encode() + path.read_bytes())
+    return f"{caches.JIT_FOLDER_PREFIX}{h.hexdigest()[:12]}"
+
+
+# the state of the jitted sources, computed once: names Numba's cache folder and keys the machine's
+# prepared tables on disk (mtemu.prepared)
+JIT_STATE = _jit_state()
+
+
+def jit_cache_dir() -> str:
+    """The folder Numba caches the machine's compiled code in."""
+    return str(caches.numba_base() / JIT_STATE)
+
+
+def configure() -> None:
+    """Point Numba's cache at :func:`jit_cache_dir` (idempotent: the jitted modules each call it)."""
+    folder = jit_cache_dir()
+    os.environ[caches.NUMBA_VARIABLE] = folder
+    numba = sys.modules.get("numba")
+    if numba is not None:
+        # numba was imported first (it always is by the caller; or by a test, a user's script): its
+        # config read the variable then, but it picks the folder when each jitted function is defined
+        numba.config.CACHE_DIR = folder
