@@ -237,3 +237,27 @@ def test_diary_patterns_catch(pattern, line):
 ])
 def test_diary_patterns_spare(line):
     assert not any(p.search(line) for p, _ in DIARY)
+
+
+# ------------------------------------------------------------------------------- ARCHITECTURE.md
+
+def _subcommands(parser) -> list[str]:
+    import argparse
+
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out += list(action.choices)
+    return out
+
+
+def test_architecture_lists_every_command_and_experiment():
+    from mtemu.cli import build_parser as mtemu_parser
+    from ratrain.cli import build_parser as ratrain_parser
+    from ratrain.repro.report import EXPERIMENT_NAMES
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [f"{tool} {name}" for tool, parser in (("mtemu", mtemu_parser()), ("ratrain", ratrain_parser()))
+               for name in _subcommands(parser) if f"`{tool} {name}" not in text]
+    missing += [f"experiment {name}" for name in EXPERIMENT_NAMES if f"`{name}`" not in text]
+    assert not missing, "docs/ARCHITECTURE.md does not list: " + ", ".join(missing)
