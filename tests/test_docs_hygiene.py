@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mtemu", "ratrain", "rtcommon")
-TEXT_SUFFIXES = {".md", ".py", ".toml", ".yaml", ".s", ".txt", ""}
+TEXT_SUFFIXES = {".md", ".py", ".toml", ".yaml", ".json", ".s", ".txt", ""}
 SKIP = {"ratrain/data/corpus.txt"}          # shipped training text (standard-library docstrings)
 
 # What a diary or a tracker leaves behind. "issue" alone is the VLIW verb (a bundle issues), so only
