@@ -2,9 +2,11 @@
 
 (a) Tracked text files (docs, README, CHANGELOG, code, tests, platform files, CI) never speak of work
     periods, tracker numbers or dates of work: say what a thing is, not when or under which ticket
-    it was done. (b) Every module path the docs name (``mtemu/x.py``, ``ratrain/spec/y.py``, a bare
-    ``z.py``, a dotted ``mtemu.x.y``) exists in the tree as it is when the test runs, so the check
-    follows modules that move. (c) Versions agree across the package metadata and the changelog.
+    it was done. (b) Every module path the docs and the code's comments name (``mtemu/x.py``,
+    ``ratrain/spec/y.py``, a bare ``z.py``, a dotted ``mtemu.x.y``) exists in the tree as it is when
+    the test runs, so the check follows modules that move. (c) Versions agree across the package
+    metadata and the changelog; the README's test command is CI's; ARCHITECTURE.md lists every
+    command; references to CHOICES.md sections name existing headings.
 """
 from __future__ import annotations
 
@@ -93,8 +95,10 @@ def test_no_work_diary_or_tracker_numbers():
 # ------------------------------------------------------------------------- module paths in the docs
 
 def _docs() -> list[str]:
-    # The changelog names modules as they were when a release moved them, so it is left out.
-    return [f for f in _tracked() if f.endswith(".md") and f != "CHANGELOG.md"]
+    """The docs, and the comments and docstrings of the code (tests name missing modules on purpose).
+    The changelog names modules as they were when a release moved them, so it is left out."""
+    return [f for f in _tracked() if (f.endswith(".md") and f != "CHANGELOG.md")
+            or (f.endswith(".py") and not f.startswith("tests/"))]
 
 
 @lru_cache(maxsize=None)
@@ -155,7 +159,7 @@ def _stale_paths(rel: str) -> list[str]:
 
 def test_docs_name_only_modules_that_exist():
     stale = [s for rel in _docs() for s in _stale_paths(rel)]
-    assert not stale, "the docs name modules that are not in the tree:\n" + "\n".join(stale)
+    assert not stale, "the docs (or code comments) name modules that are not in the tree:\n" + "\n".join(stale)
 
 
 def test_dotted_names_resolve_statically():
