@@ -481,7 +481,7 @@ def platform_track(name: str, metric: str):
 
 
 class TrackPlatforms:
-    """The second-platform study (ratrain.repro.platforms, issue 15) on each simulated what-if
+    """The second-platform study (ratrain.repro.platforms) on each simulated what-if
     platform and the default: Table 2's TP-heavy and ZeRO-3 layouts' slowdown vs RATrain, the
     planner's best GPU-style pick over its RATrain pick, and what FSR and the lifecycle pipeline
     gain (step without / step with; below 1 they cost). One run of the study (about a minute
@@ -523,8 +523,8 @@ class TrackPlatforms:
 
 
 class TrackRanking:
-    """Does the planner rank RATrain's feasible configurations as the simulator does (issue 15,
-    ratrain.repro.ranking): the worst Kendall tau and top-1 regret over the Table 3 / Table 4 cases,
+    """Does the planner rank RATrain's feasible configurations as the simulator does
+    (ratrain.repro.ranking): the worst Kendall tau and top-1 regret over the Table 3 / Table 4 cases,
     the worst top-5 overlap, and the study's own wall time."""
 
     timeout = 900

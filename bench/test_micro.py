@@ -120,7 +120,7 @@ def test_small_gemm_functional(benchmark):
 
 
 def test_tuner_sweep_100_candidates(benchmark, tmp_path, monkeypatch):
-    """Issue target: a 100-candidate timing-mode sweep on 2048x4096x4096 in under 5 minutes."""
+    """Speed target: a 100-candidate timing-mode sweep on 2048x4096x4096 in under 5 minutes."""
     from mtemu.tune import tune_gemm
     monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path))
     grid = {"mg": (512, 768, 1024, 2048), "k2": (64, 96, 128, 192), "n2": (384, 576, 768, 960, 1152),
@@ -139,7 +139,7 @@ def _speed_info(benchmark, figures: dict) -> None:
 
 
 def test_table5_timing_set_against_numpy(benchmark):
-    """Issue target: each Table 5 set in timing mode in 5 s or less; ratio to NumPy and bundles/s in
+    """Speed target: each Table 5 set in timing mode in 5 s or less; ratio to NumPy and bundles/s in
     extra_info (bench/speed.py), for the A-resident (default) and the C-stationary loop order."""
     mtemu.gemm_timing(64, 64, 64)                          # Numba loaded outside the timing
     numpy_s = numpy_matmul_seconds(TABLE5_SHAPES)
@@ -155,7 +155,7 @@ def test_table5_timing_set_against_numpy(benchmark):
 
 
 def test_functional_gemm_1024_against_numpy(benchmark):
-    """Issue target: functional 1024^3 within 10x of NumPy's float32 matmul, first call included; ratios
+    """Speed target: functional 1024^3 within 10x of NumPy's float32 matmul, first call included; ratios
     and bundles/s per loop order (the default, A-resident, and C-stationary) in extra_info."""
     a = np.ones((64, 64), np.float16)
     mtemu.run_gemm(a, a)                                   # Numba loaded outside the timing

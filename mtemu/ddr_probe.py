@@ -96,9 +96,9 @@ class ProbePattern:
         return sum(s.bytes for s in self.writes)
 
 
-# Mixed-precision Adam per chunk of P parameters (ratrain.costmodel.ADAM_BYTES_PER_PARAM = 28):
+# Mixed-precision Adam per chunk of P parameters (ratrain.cost.terms.ADAM_BYTES_PER_PARAM = 28):
 # reads FP32 master, m, v and the FP16 gradient (the project keeps gradients in FP16,
-# ratrain.memory.GRAD_BYTES); writes FP32 master, m, v in place and the FP16 working weights.
+# ratrain.spec.memory.GRAD_BYTES); writes FP32 master, m, v in place and the FP16 working weights.
 ADAM_PARAMS_PER_CHUNK = 8192
 _P = ADAM_PARAMS_PER_CHUNK
 MATRIX_PITCH = 16 * KIB          # a row-major FP16 matrix 8192 columns wide

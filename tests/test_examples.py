@@ -10,7 +10,7 @@ from mtemu.platform import load_platform
 from mtemu.program_runner import load_kernel, run_kernel
 
 # The cycle counts in the examples' comments are derived by hand on the 30 GB/s platform with the
-# 2.1-cycle row overhead (the default when they were written): run them there.
+# 2.1-cycle row overhead (platforms/mt3000-30gbps.toml): run them there.
 DEFAULT = load_platform(Path(__file__).resolve().parent.parent / "platforms" / "mt3000-30gbps.toml")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

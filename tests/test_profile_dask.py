@@ -1,4 +1,4 @@
-"""Profiles built on a Dask cluster are the local profiles, bit for bit (issue 12, "One platform")."""
+"""Profiles built on a Dask cluster are the local profiles, bit for bit (docs/CHOICES.md, "Profiles on a Dask")."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Planner ranking study (issue 15): the ranking measures on hand cases, the steady-state
+"""Planner ranking study: the ranking measures on hand cases, the steady-state
 extrapolation against a full simulation, and one small real case end to end."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The second-platform study (issue 15): the what-if platform files, what each changes, the
+"""The second-platform study: the what-if platform files, what each changes, the
 infeasible-platform error, and the study's row builders on small cases."""
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""The pipeline schedule as a planner dimension (ratrain.plan.schedule_search, issue 14): memory per
+"""The pipeline schedule as a planner dimension (ratrain.plan.schedule_search): memory per
 schedule against the simulator's timeline, the analytic step per schedule, and the search."""
 from __future__ import annotations
 

@@ -367,7 +367,7 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
                          slot_ms=slot, bottleneck_stage=q)
 
 
-# ---------------------------------------------------------------- other pipeline schedules (issue 14)
+# ---------------------------------------------------------------- other pipeline schedules
 
 def interleaved_port_transfers(stages: int, virtual_stages: int) -> int:
     """Boundary transfers the busiest stage's port carries per micro-batch under interleaving (forward

@@ -1,4 +1,4 @@
-"""The pipeline schedule as one more dimension of the planner's search (issue 14).
+"""The pipeline schedule as one more dimension of the planner's search.
 
 A ``ScheduleChoice`` is a schedule of ``ratrain.sim.pipeline_order`` plus its chunks per stage
 (``interleaved`` only). For each, this module gives what the planner needs before timing anything:

@@ -71,7 +71,7 @@ class Settings:
     ratrain_tp_degrees: tuple[int, ...] = (1,)
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
-    # Planner ranking (issue 15): simulate every feasible configuration of a case, or a fixed-seed
+    # Planner ranking: simulate every feasible configuration of a case, or a fixed-seed
     # sample of this many (the planner's pick always included) where there are more.
     ranking_max_configs: int = 200
     ranking_seed: int = 15

@@ -1,4 +1,4 @@
-"""Fig. 9 of the paper (`ratrain reproduce fig9`, issue 15): training time and MAC-only utilization
+"""Fig. 9 of the paper (`ratrain reproduce fig9`): training time and MAC-only utilization
 of LLaMA-2-7B, Baichuan2-13B and Qwen2.5-32B at sequence lengths 512-4096 (256 clusters, global
 batch 4096 sequences).
 
@@ -6,7 +6,7 @@ For every (model, sequence length) the planner picks RATrain's configuration (it
 ``Settings.ratrain_*``, micro-batch ``Settings.micro_batch``) on the emulated micro-batch-1
 profile of that length, whose GEMM shapes (m = micro-batch x seq) and attention kernels (seq x
 seq) are emulated at that length; the event simulator then runs the chosen step. Definitions
-(docs/CHOICES.md, "Fig. 9 (issue 15)"):
+(docs/CHOICES.md, "Fig. 9"):
 
 - step: one optimizer step of the global batch (4096 sequences of ``seq`` tokens);
 - training time: the time to train on ``Settings.fig9_token_budget`` tokens, i.e. whole steps
@@ -202,7 +202,7 @@ def run_fig9(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -> E
     notes = [f"Training time = ceil({s.fig9_token_budget} tokens / ({paper.FIG9_GLOBAL_BATCH} x seq)) steps x the "
              "simulated step (a fixed token budget); MAC-only utilization = useful GEMM + attention MACs of a step "
              "(3 x forward, causal pairs only, no recomputation) / (step x clusters x peak). docs/CHOICES.md, "
-             "'Fig. 9 (issue 15)'.",
+             "'Fig. 9'.",
              "Why the shape: kernel_mac_utilization is the layer's GEMM + attention kernels alone at that length "
              "(the GEMM shape effect: m = micro-batch x seq); compute_busy_fraction the DSPs' busy share of the step "
              "(the rest: bubbles, exposed state and link work), recompute_fraction the share of the step they spend "

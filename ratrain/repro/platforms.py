@@ -1,4 +1,4 @@
-"""The second-platform study (`ratrain reproduce platforms`, issue 15): do RATrain's principles
+"""The second-platform study (`ratrain reproduce platforms`): do RATrain's principles
 transfer beyond MT-3000?
 
 Platforms: the settings' platform (MT-3000 by default) and the simulated what-ifs shipped in

@@ -1,4 +1,4 @@
-"""Does the planner rank right (issue 15, `ratrain reproduce ranking`)?
+"""Does the planner rank right (`ratrain reproduce ranking`)?
 
 Table 4 reports how far the planner's step time is from the measurement for the one
 configuration it picks. This study asks whether it picks the right one. For every Table 3 and
@@ -48,7 +48,7 @@ from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import TrainingPlatform
 from rtcommon.progress import Progress
 
-# the issue's targets (not the paper's: the paper does not report ranking quality)
+# the study's own targets (not the paper's: the paper does not report ranking quality)
 MIN_TAU = 0.9
 MAX_REGRET_PCT = 1.0
 TOP_K = 5
@@ -297,7 +297,7 @@ def run_ranking(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -
     for r in rows:
         label = f"{r['model']} @{r['clusters']} ({r['configs']} configs)"
         checks.append(Check(f"{label}: Kendall tau", r["kendall_tau"], None, f">= {MIN_TAU}",
-                            r["kendall_tau"] >= MIN_TAU, "issue 15 target"))
+                            r["kendall_tau"] >= MIN_TAU, "ranking target"))
         worst = max(r["discordant_by_term"], key=r["discordant_by_term"].get) if r["discordant_pairs"] else ""
         checks.append(Check(f"{label}: top-1 regret %", r["top1_regret_pct"], None, f"<= {MAX_REGRET_PCT}",
                             r["top1_regret_pct"] <= MAX_REGRET_PCT,
@@ -327,7 +327,7 @@ def run_ranking(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS) -
              "as a share of the simulated step. A uniform error does not reorder anything; the spread does.",
              f"Study time {total:.0f} s."]
     return Experiment("ranking", "Planner ranking: does the analytic model order configurations as the simulator "
-                      "does (issue 15)", rows, checks, [str(fig)], text, notes)
+                      "does", rows, checks, [str(fig)], text, notes)
 
 
 def ranking_figure(rows: list[dict], path: Path) -> None:

@@ -1,6 +1,6 @@
 """What the platform would have to look like: one-field sweeps for the rows an honest model misses.
 
-Issue #4 asks that a row the model cannot reach be reported with "which row, by how much, and what
+The reproduction asks that a row the model cannot reach be reported with "which row, by how much, and what
 the platform would have to look like to reach it". Each finding here re-simulates the paper's
 layout with one platform field (or one choice the paper leaves open) changed, and reports where
 the paper's figure would be met and what that change does to the other tables. Nothing found

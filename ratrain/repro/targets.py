@@ -68,7 +68,7 @@ ABLATION_FULL_TAIL_S = 14.69
 # Correctness run (Fig. 7).
 CORRECTNESS_MAX_REL_DEV = 0.00081
 
-# Targets of the reproduction (issue 4).
+# Targets of the reproduction.
 TOL_TABLE2_SLOWDOWN = 0.07
 TOL_TABLE2_PEAK_GB = 1.5
 TOL_TABLE2_STEP_REL = 0.25
@@ -77,7 +77,7 @@ TOL_TABLE4_ERROR = 0.03
 TOL_TABLE6_EFFICIENCY = 0.015
 TOL_ABLATION_FSR = 0.07
 
-# Fig. 9 (issue 15): sequence length. 256 clusters, global batch 4096 sequences. The caption gives
+# Fig. 9: sequence length. 256 clusters, global batch 4096 sequences. The caption gives
 # only the shape: MAC-only utilization rises from 512 to 2048 and dips slightly at 3072 and 4096;
 # training time of Baichuan2-13B and Qwen2.5-32B falls from 512 to 2048 and rises after; LLaMA-2-7B
 # "performs well around 1024 and 2048".
