@@ -3,7 +3,7 @@
 The root (``RTCACHE_DIR``) points at a fresh temporary folder, and the per-package variables
 (``MTEMU_CACHE_DIR``, ``RATRAIN_CACHE_DIR``) are cleared so that it holds every cache. Tests of a cache
 move it again (monkeypatch) into their own ``tmp_path``. The exception is Numba's compiled code: it
-stays where it was before the session (``NUMBA_CACHE_DIR`` if set, as ``.ci/run`` does; else the
+stays where it was before the test run (``NUMBA_CACHE_DIR`` if set, as ``.ci/run`` does; else the
 user's own mtemu cache), so the suite does not recompile the machine (minutes) on every run. It is
 keyed by the state of the jitted sources (mtemu.jit), so it cannot hand a test stale code. Shipped
 data (``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.

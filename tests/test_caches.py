@@ -27,7 +27,7 @@ def test_the_architecture_table_lists_exactly_the_registered_caches():
     rows = _table()
     assert [r[0].strip("`") for r in rows] == [c.name for c in caches.CACHES]
     for row, c in zip(rows, caches.CACHES, strict=True):
-        folder = re.match(r"`([^`]*)`", row[1]).group(1)
+        folder = re.match(r"`<root>/([^`]*)`", row[1]).group(1)
         assert folder == "/".join(x for x in (c.part, c.folder, c.entries) if x), row
         assert row[3] == ("-" if c.version is None else str(c.version)), row
         assert c.writer.split(" ")[0].lower() in row[4].lower(), row

@@ -283,7 +283,7 @@ def megatron_padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MEGATRON_
 def gpt_model(hidden: int, heads: int, layers: int, seq: int = GPT_DEFAULT_SEQ, vocab: int = GPT2_VOCAB, *,
               tp: int = 1, divisible_by: int = MEGATRON_VOCAB_DIVISIBLE_BY,
               dropout: float = GPT_DROPOUT) -> ModelSpec:
-    """Megatron's GPT (GPT-2 architecture) as its pretrain_gpt.py builds it for a run with TP size ``tp``.
+    """Megatron's GPT (GPT-2 architecture) as its GPT pretraining script builds it for a run with TP size ``tp``.
 
     LayerNorm, GeLU MLP of 4 x hidden, a bias on every projection, learned position embedding of
     ``seq`` rows (--max-position-embeddings = --seq-length), tied input/output embedding, attention
