@@ -8,7 +8,7 @@ Examples::
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
         --layers-per-stage 4 --schedule interleaved --virtual-stages 2
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
-        --schedule zb-h1 --t-backward-weight 0.8
+        --schedule zb-h1 --t-backward-weight 0.8 --grid
 """
 from __future__ import annotations
 
