@@ -1,4 +1,4 @@
-"""Emulated DDR probe: what bandwidth do training's memory-bound access patterns actually get?
+"""Emulated DDR probe: what bandwidth do memory-bound access patterns actually get?
 
 RATrain quotes "about 30 GB/s effective DDR bandwidth" per cluster. On the emulator that figure
 must be a measurement, not a constant: each :class:`ProbePattern` here is a small DMA-only
@@ -135,20 +135,6 @@ PATTERNS: tuple[ProbePattern, ...] = (
                  (contiguous("acc_out", 64 * KIB, am_source="acc"),), chunks=16),
 )
 PATTERNS_BY_NAME = {p.name: p for p in PATTERNS}
-
-# Training terms whose time is bytes / DDR rate, and the pattern that models each.
-TRAINING_PATTERNS: dict[str, str] = {
-    "optimizer_update": "adam",              # UpdateShard: 28 B per parameter of the local shard
-    "parameter_copy": "param_copy",          # a working-weight copy DDR -> DDR
-    "prefetch_write": "bulk_write",          # PrefetchW: gathered FP16 weights streamed into DDR
-    "elementwise": "read_write",             # norms, residuals, SwiGLU, rotary: stream in, stream out
-    "embedding": "read_write",               # gathered 8 KiB+ rows in, activations out
-    "loss": "read_write",                    # logits in, gradient out
-    "gradient_accumulate": "grad_accumulate",
-    "activation_store": "bulk_write",        # checkpoint / offload of activations
-    "activation_load": "bulk_read",          # recovery reload of saved activations
-}
-
 
 @dataclass(frozen=True)
 class ProbeResult:
@@ -334,11 +320,17 @@ def _pattern_bandwidth(platform: Platform, pattern: str) -> float:
     return run_pattern(PATTERNS_BY_NAME[pattern], platform).effective_bandwidth
 
 
-def effective_bandwidth(platform: Platform, term: str) -> float:
-    """Emulated effective DDR rate (bytes/s) of a training term on all DSPs of ``platform``."""
-    if term not in TRAINING_PATTERNS:
-        raise MtemuError(f"unknown training term {term!r} (known: {', '.join(sorted(TRAINING_PATTERNS))})")
-    return _pattern_bandwidth(platform, TRAINING_PATTERNS[term])
+def pattern_bandwidth(platform: Platform, pattern: str) -> float:
+    """Emulated effective DDR rate (bytes/s) of the probe pattern named ``pattern`` (``PATTERNS``) on
+    all DSPs of ``platform``; cached per (platform, pattern). Which pattern models which part of a
+    training step is the caller's business (ratrain: ``ratrain.cost.ddr_terms``)."""
+    if pattern not in PATTERNS_BY_NAME:
+        raise MtemuError(f"unknown DDR probe pattern {pattern!r} (known: {', '.join(PATTERNS_BY_NAME)})")
+    return _pattern_bandwidth(platform, pattern)
+
+
+# the package's public name for the same (``mtemu.effective_bandwidth``): by pattern name
+effective_bandwidth = pattern_bandwidth
 
 
 def format_probe(results: list[ProbeResult]) -> str:
@@ -366,5 +358,5 @@ def closed_form_single_transfer_cycles(nbytes: int, rows: int, platform: Platfor
 
 
 __all__ = ["ADAM_PARAMS_PER_CHUNK", "PAPER_EFFECTIVE_DDR", "PATTERNS", "PATTERNS_BY_NAME", "ProbePattern",
-           "ProbeResult", "Stream", "TRAINING_PATTERNS", "build_probe_program", "closed_form_single_transfer_cycles",
-           "contiguous", "effective_bandwidth", "format_probe", "probe", "run_pattern"]
+           "ProbeResult", "Stream", "build_probe_program", "closed_form_single_transfer_cycles",
+           "contiguous", "effective_bandwidth", "format_probe", "pattern_bandwidth", "probe", "run_pattern"]

@@ -1,10 +1,13 @@
+import dataclasses
 import json
 import warnings
 
 import pytest
 
 import ratrain.cost.profile as profile
-from mtemu.kernels.registry import DEFAULT_GEMM, gemm_variant
+from mtemu.kernels import registry
+from mtemu.kernels.registry import DEFAULT_GEMM, emulation_set, gemm_variant, tile_candidates
+from mtemu.platform import DEFAULT as DEFAULT_CLUSTER
 from ratrain.errors import ConfigError
 from ratrain.spec.models import ModelSpec, get_model, layer_operators
 from rtcommon.caches import CacheWarning
@@ -91,6 +94,29 @@ def test_gemm_cache_ignores_entries_of_another_emulator_version(cache):
     (cache / "gemm_cache.json").write_text(json.dumps(raw))
     fresh = profile.GemmCache()
     assert fresh.lookup(48, 64, 192)["seconds"] == entry["seconds"]
+
+
+def test_tuned_gemm_entry_reuses_the_choosers_run(monkeypatch):
+    # tuned tiles: the chooser emulates its candidates once each and the entry is the winner's run,
+    # not a second emulation of it
+    m, k, n = 96, 128, 192
+    runs = []
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs["tiles"])
+        return gemm_timing(*args, **kwargs)
+
+    timed = dataclasses.replace(DEFAULT_VARIANT, timing=counted)
+    monkeypatch.setitem(registry.GEMM_VARIANTS, DEFAULT_GEMM, timed)
+    registry.choose_tiles_measured.cache_clear()
+    entry = profile.emulate_kernel(("gemm", DEFAULT_GEMM, m, k, n, True, DEFAULT_CLUSTER))
+    registry.choose_tiles_measured.cache_clear()
+    ranked = [t for _, t in tile_candidates(DEFAULT_GEMM, m, k, n, DEFAULT_CLUSTER)]
+    default = DEFAULT_VARIANT.plan(m, k, n, DEFAULT_VARIANT.default_tiles, DEFAULT_CLUSTER).tiles
+    assert len(runs) == len(emulation_set(ranked, default, registry.CHOOSE_EMULATE_TOP))
+    best = DEFAULT_VARIANT.tiles(entry["tiles"])
+    assert entry["cycles"] == gemm_timing(m, k, n, tiles=best).cycles == min(gemm_timing(m, k, n, tiles=t).cycles
+                                                                                 for t in runs)
 
 
 def test_extrapolated_gemm_matches_full_emulation(cache, monkeypatch):

@@ -11,11 +11,18 @@ from ratrain.cost.profile import layer_profile
 from ratrain.cost.terms import pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.plan.estimator import interleaved_port_transfers
-from ratrain.plan.planner import Planner
-from ratrain.plan.schedule_search import ScheduleChoice, ScheduleMemory, parse_schedules, runnable, stage_chunks
-from ratrain.sim.pipeline_order import PipelineSchedule, build, interleaved_chunk_sizes
+from ratrain.plan.planner import Planner, layout_schedule
+from ratrain.plan.schedule_search import (
+    ScheduleChoice,
+    ScheduleMemory,
+    check_schedules,
+    parse_schedules,
+    runnable,
+    stage_chunks,
+)
+from ratrain.sim.pipeline_order import PipelineSchedule, build
 from ratrain.sim.simulator import Mechanisms, activation_residency, simulate
-from ratrain.sim.weight_split import layer_weight_gradient_bytes, weight_fractions
+from ratrain.sim.weight_split import layer_weight_gradient_bytes
 from ratrain.spec.memory import PeakMemory, recovery_bytes, stage_bytes_without_activations
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets
@@ -41,10 +48,7 @@ def _simulated_stage_peaks(cfg: ParallelConfig, choice: ScheduleChoice, drop_rec
     composition); under backward-time recompute the timeline already holds Eq. 9's recompute buffer."""
     prof = layer_profile(MODEL, cfg.micro_batch, cfg.seq, cfg.tp, source="roofline")
     costs = pipeline_costs(MODEL, cfg, prof)
-    v = choice.virtual_stages
-    order = PipelineSchedule(choice.name, virtual_stages=v,
-                             weight_fraction=weight_fractions(costs, prof) if choice.name == "zb-h1" else 0.5,
-                             chunk_sizes=interleaved_chunk_sizes(MODEL, cfg, v) if v > 1 else None)
+    order = layout_schedule(choice, MODEL, cfg, costs, prof)
     res = simulate(costs, schedule=order, mechanisms=Mechanisms.all_off(activation=cfg.activation))
     wb = layer_weight_gradient_bytes(MODEL, MODEL.layers, cfg.micro_batch, cfg.seq, cfg.tp)
     act = activation_residency(res, costs, weight_grad_bytes=wb)
@@ -109,6 +113,12 @@ def test_runnable_and_parsing():
         parse_schedules("1f1b,2f2b")
     with pytest.raises(ConfigError):
         ScheduleChoice("zb-h1", 2)
+    # the planner's choices are the simulator's schedule type, name and v only
+    assert ScheduleChoice is PipelineSchedule
+    assert check_schedules([PipelineSchedule("zb-h1", weight_fraction=0.3), "interleaved", "zb-h1"]) == \
+        (PipelineSchedule("zb-h1"), PipelineSchedule("interleaved", 2))
+    with pytest.raises(ConfigError, match="v = 1 is 1f1b"):
+        check_schedules([PipelineSchedule("interleaved", 1)])
     assert interleaved_port_transfers(4, 2) == 8 and interleaved_port_transfers(2, 2) == 6
 
 

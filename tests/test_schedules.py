@@ -493,6 +493,14 @@ def test_cli_interleaved_and_zb_h1(capsys, tmp_path):
     assert p["in_flight"]["measured"] == [3.0, 3.0, 3.0]
     assert cli_main(BASE + ["--schedule", "zb-h1"]) == 0
     assert "simulate zb-h1" in capsys.readouterr().out
+    # --grid: the text grid after the table, and in the payload only when asked
+    assert cli_main(BASE + ["--schedule", "zb-h1", "--grid"]) == 0
+    out = capsys.readouterr().out
+    assert "grid: one column per" in out and "S2 | " in out and " W3" in out
+    assert cli_main(BASE + ["--grid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["grid"].splitlines()[1].startswith("S0 | F0 ")
+    assert cli_main(BASE + ["--json"]) == 0
+    assert "grid" not in json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -1,9 +1,9 @@
-"""`mtemu probe`: emulated effective DDR bandwidth of training's access patterns (mtemu.ddr_probe)."""
+"""`mtemu probe`: emulated effective DDR bandwidth of streaming access patterns (mtemu.ddr_probe)."""
 from __future__ import annotations
 
 import argparse
 
-from ..ddr_probe import PAPER_EFFECTIVE_DDR, TRAINING_PATTERNS, format_probe, probe
+from ..ddr_probe import PAPER_EFFECTIVE_DDR, format_probe, probe
 from ..errors import MtemuError
 from ..platform import load_platform
 
@@ -19,7 +19,7 @@ def run_probe_command(args: argparse.Namespace) -> tuple[dict, str]:
     payload = {"platform": plat.name, "platform_hash": plat.digest(), "platform_file": args.platform,
                "nominal_ddr_bandwidth": plat.ddr_bandwidth, "dma_latency_cycles": plat.dma_latency_cycles,
                "dma_row_overhead_cycles": plat.dma_row_overhead_cycles,
-               "paper_effective_ddr_bandwidth": PAPER_EFFECTIVE_DDR, "training_patterns": dict(TRAINING_PATTERNS),
+               "paper_effective_ddr_bandwidth": PAPER_EFFECTIVE_DDR,
                "results": [r.to_json() for r in results]}
     source = args.platform or "default platform"
     text = (f"{source}: DMA latency {plat.dma_latency_cycles} cycles, row overhead "

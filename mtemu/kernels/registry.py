@@ -1,8 +1,9 @@
 """GEMM kernel variants by name: what the CLI, the tuner and the training profiles can ask for.
 
 A variant bundles a loop order's tile type and defaults, its timing and functional runners and
-its closed-form bound (used to rank candidates without emulating them). ``DEFAULT_GEMM`` is the
-project default: Fig. 4's loop order (A_g resident in GSM, FP16 partial sums between k-blocks),
+its closed-form bound (used to rank candidates without emulating them); ``choose_tiles_measured``
+(``GemmVariant.choose``) picks a shape's tiles and returns the timing run that picked them.
+``DEFAULT_GEMM`` is the project default: Fig. 4's loop order (A_g resident in GSM, FP16 partial sums between k-blocks),
 which meets Table 5 on the raw per-cluster DDR rate (docs/CHOICES.md, "one platform").
 
 Registering another loop order: write its generator (see docs/KERNELS.md), then add a
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable
 
 from ..errors import AssemblyError, CapacityError, MtemuError
@@ -59,6 +60,11 @@ class GemmVariant:
             raise MtemuError(f"GEMM loop order {self.name!r}: unknown tile field(s) {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(known))})")
         return self.tiles_type(**{**asdict(self.default_tiles), **values})
+
+    def choose(self, m: int, k: int, n: int, platform: Platform, emulate_top: int = CHOOSE_EMULATE_TOP
+               ) -> TileChoice:
+        """``choose_tiles_measured`` for this loop order: the best tiles and their timing run."""
+        return choose_tiles_measured(self.name, m, k, n, platform, emulate_top)
 
 
 GEMM_VARIANTS: dict[str, GemmVariant] = {
@@ -143,27 +149,45 @@ def emulation_set(ranked: list[Any], default: Any, top: int) -> list[tuple[int, 
     return chosen
 
 
+@dataclass(frozen=True)
+class TileChoice:
+    """The tiles ``choose_tiles`` picks for one shape and the timing run it measured them with
+    (``result``; None when the bound alone chose, ``emulate_top`` 0, or when nothing fits and the
+    defaults are returned unrun). The result carries no run counters (``stats``)."""
+
+    tiles: Any
+    result: GemmResult | None = None
+
+
 @functools.lru_cache(maxsize=4096)
-def choose_tiles(name: str, m: int, k: int, n: int, platform: Platform, emulate_top: int = CHOOSE_EMULATE_TOP
-                 ) -> Any:
+def choose_tiles_measured(name: str, m: int, k: int, n: int, platform: Platform,
+                          emulate_top: int = CHOOSE_EMULATE_TOP) -> TileChoice:
     """The best tiles of loop order ``name`` for one GEMM shape on ``platform``: rank the grid by the
     closed-form bound, emulate the ``emulate_top`` best and the default tiles, keep the fastest
-    (0: trust the bound, no emulation). Deterministic; never slower than the defaults when emulated."""
+    (0: trust the bound, no emulation). Deterministic; never slower than the defaults when emulated.
+    The winner's timing run comes back with it, so a caller that needs its cycles runs nothing again."""
     variant = gemm_variant(name)
     ranked = [t for _, t in tile_candidates(name, m, k, n, platform)]
     if emulate_top <= 0:
-        return ranked[0] if ranked else variant.default_tiles
+        return TileChoice(ranked[0] if ranked else variant.default_tiles)
     try:
         default = variant.plan(m, k, n, variant.default_tiles, platform).tiles
     except (CapacityError, AssemblyError):
         default = None                       # the defaults do not fit: only the grid competes
     if not ranked and default is None:
-        return variant.default_tiles         # its timing names the capacity that refuses it
-    timed = [(variant.timing(m, k, n, tiles=t, platform=platform).cycles, rank, t)
+        return TileChoice(variant.default_tiles)   # its timing names the capacity that refuses it
+    timed = [(variant.timing(m, k, n, tiles=t, platform=platform), rank, t)
              for rank, t in emulation_set(ranked, default, emulate_top)]
-    return min(timed, key=lambda c: (c[0], c[1]))[2]
+    best, _, tiles = min(timed, key=lambda c: (c[0].cycles, c[1]))
+    return TileChoice(tiles, replace(best, stats=None))
+
+
+def choose_tiles(name: str, m: int, k: int, n: int, platform: Platform, emulate_top: int = CHOOSE_EMULATE_TOP
+                 ) -> Any:
+    """The tiles of ``choose_tiles_measured`` (the same cached choice)."""
+    return choose_tiles_measured(name, m, k, n, platform, emulate_top).tiles
 
 
 __all__ = ["CHOOSE_EMULATE_TOP", "DEFAULT_GEMM", "GEMM_LOOP_ORDERS", "GEMM_VARIANTS", "TILE_CHOICE_VERSION",
-           "GemmVariant", "choose_tiles", "emulation_set", "gemm_variant", "screen_tiles", "tile_candidates",
-           "variant_of"]
+           "GemmVariant", "TileChoice", "choose_tiles", "choose_tiles_measured", "emulation_set", "gemm_variant",
+           "screen_tiles", "tile_candidates", "variant_of"]

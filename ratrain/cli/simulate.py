@@ -8,7 +8,7 @@ Examples::
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
         --layers-per-stage 4 --schedule interleaved --virtual-stages 2
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
-        --schedule zb-h1 --t-backward-weight 0.8
+        --schedule zb-h1 --t-backward-weight 0.8 --grid
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import argparse
 
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.cost.terms import load_profile
+from ratrain.cost.terms import load_profile, pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
-from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes
+from ratrain.sim.grid import format_grid
+from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes, interleaved_microbatches_ok
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
@@ -89,6 +90,8 @@ def register(subparsers) -> None:
                    help="uniform mode only; model-driven runs take resources from the cost model")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
+    p.add_argument("--grid", action="store_true",
+                   help="print the step's F/B/W ops per stage on a time grid (text; with --json: the 'grid' field)")
     p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
     p.set_defaults(handler=run)
 
@@ -127,7 +130,8 @@ def schedule_from_args(args: argparse.Namespace, costs: PipelineCosts | None = N
     if v > 1:
         P, A, flags = ((args.stages, args.microbatches, ("--stages", "--microbatches")) if args.uniform
                        else (args.pp, args.accum, ("--pp", "--accum")))
-        if P is not None and A is not None and A > P and A % P:
+        # (a count below 1 is refused where the costs are built)
+        if P is not None and A is not None and P >= 1 and A >= 1 and not interleaved_microbatches_ok(P, A):
             raise ConfigError(f"--schedule interleaved: {flags[1]} {A} must be a multiple of {flags[0]} {P} when "
                               "larger (Megatron's rule: a smaller last group of micro-batches can deadlock)")
     fraction: float | tuple[float, ...] = DEFAULT_WEIGHT_FRACTION
@@ -184,10 +188,9 @@ def _model_step(args: argparse.Namespace):
     platform = platform_from_args(args)
     profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile, platform=platform)
     sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
-    if sched.splits_backward:
-        plain = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
-                                recovery_resource=args.recovery_resource, mechanisms=mech, schedule="1f1b")
-        sched = schedule_from_args(args, plain.costs, profile)
+    if sched.splits_backward:         # W's share per layer: the costs alone, no simulation
+        costs = pipeline_costs(model, cfg, profile, platform, recovery_resource=args.recovery_resource)
+        sched = schedule_from_args(args, costs, profile)
     check = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
                             recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched)
     return model, cfg, check
@@ -227,6 +230,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if args.plot:
         plot_timeline(result, args.plot)
         payload["plot"] = args.plot
+    if args.grid:
+        payload["grid"] = format_grid(result)
     text = render_text(result, costs, payload)
     if extra:
         basis = "" if result.schedule == "1f1b" else " (analytic 1F1B model)"
@@ -250,6 +255,8 @@ def render_text(result, costs: PipelineCosts, payload: dict) -> str:
         lines.append(f"{s.stage:5d}  {s.compute_busy_ms:12.3f}  {s.compute_idle_ms:12.3f}  {s.ddr_busy_ms:8.3f}  "
                      f"{s.link_busy_ms:9.3f}  {s.peak_inflight:9d}  {s.peak_activation_sets:8.3g}  "
                      f"{s.hidden_recovery_ms:8.3f}  {s.exposed_recovery_ms:9.3f}")
+    if "grid" in payload:
+        lines.append(payload["grid"])
     for key in ("trace", "plot"):
         if key in payload:
             lines.append(f"wrote {payload[key]}")

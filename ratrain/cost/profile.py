@@ -15,7 +15,8 @@ Everything follows the training platform (``ratrain.spec.platform.TrainingPlatfo
 run on its cluster, the GEMM is its ``gemm_loop_order`` with the variant's default tiles or, with
 ``tiles = "tuned"``, the best tiles per shape (``mtemu.kernels.registry.choose_tiles``), and the
 bytes-bound terms use the DDR rate the emulator measures for their access pattern
-(``mtemu.ddr_probe.effective_bandwidth``), stored in the profile as ``ddr_rates``.
+(``ratrain.cost.ddr_terms`` names it, ``mtemu.ddr_probe`` measures it), stored in the profile as
+``ddr_rates``.
 
 Attention of a micro-batch above 1 or a TP degree above 1 is the micro-batch-1, T=1 kernel scaled by
 the (sequence, head) pairs a rank computes: the kernel deals those pairs over the 24 DSPs, and from
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
 from mtemu.kernels.names import TILE_CHOICE_VERSION
+from ratrain.cost.ddr_terms import term_pattern
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     ModelSpec,
@@ -67,7 +69,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
 PROFILE_SOURCES = ("emulated", "bound", "roofline")
-# Training terms whose bytes set the time of an operator kind (mtemu.ddr_probe.TRAINING_PATTERNS)
+# Training terms whose bytes set the time of an operator kind (their patterns: ratrain.cost.ddr_terms)
 DDR_TERMS = ("elementwise", "embedding", "loss", "optimizer_update", "prefetch_write", "parameter_copy")
 
 def emulator_version(kernel: str = "all") -> str:
@@ -220,8 +222,11 @@ def emulate_kernel(job: tuple) -> dict:
     if kind == "gemm":
         name, m, k, n, tuned, cluster = args
         variant = mtemu.gemm_variant(name)
-        tiles = mtemu.choose_tiles(name, m, k, n, cluster) if tuned else variant.default_tiles
-        r = variant.timing(m, k, n, tiles=tiles, platform=cluster)
+        # tuned: the chooser's own run of the winning tiles (the same deterministic emulation)
+        choice = variant.choose(m, k, n, cluster) if tuned else None
+        tiles = choice.tiles if tuned else variant.default_tiles
+        r = choice.result if tuned and choice.result is not None else \
+            variant.timing(m, k, n, tiles=tiles, platform=cluster)
     else:
         direction, heads, kv_heads, seq, head_dim, cluster = args
         fn = mtemu.attention_forward_timing if direction == "fwd" else mtemu.attention_backward_timing
@@ -357,7 +362,7 @@ def ddr_rates(platform: TrainingPlatform, source: str) -> dict[str, float]:
     nominal rate for the roofline stand-in (which emulates nothing)."""
     if source == "roofline":
         return {term: platform.cluster.ddr_bandwidth for term in DDR_TERMS}
-    return {term: mtemu.effective_bandwidth(platform.cluster, term) for term in DDR_TERMS}
+    return {term: mtemu.effective_bandwidth(platform.cluster, term_pattern(term)) for term in DDR_TERMS}
 
 
 class _Timer:

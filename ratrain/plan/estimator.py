@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 # ---------------------------------------------------------------- analytic step time (Eq. 11-12)
@@ -381,7 +382,7 @@ def interleaved_port_transfers(stages: int, virtual_stages: int) -> int:
 
 
 def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *,
-                            schedule: str = "1f1b", virtual_stages: int = 1, weight_ms: list[float] | None = None,
+                            schedule: str | PipelineSchedule = "1f1b", weight_ms: list[float] | None = None,
                             **kwargs) -> StepBreakdown:
     """Analytic T_step under a pipeline schedule: ``step_breakdown``'s 1F1B estimate of the same
     stages (``stages``: each stage's layers, all its chunks under interleaving), with the main path's
@@ -397,10 +398,9 @@ def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, a
                     micro-batch (``weight_ms``): the zero-bubble paper's H1 bubble (P-1)(F + B - 2W)
                     against 1F1B's (P-1)(F + B), B the whole backward.
     docs/CHOICES.md ("Schedules in the planner") states the error against the simulator."""
-    if schedule not in ("1f1b", "gpipe", "interleaved", "zb-h1"):
-        raise ConfigError(f"schedule_step_breakdown: unknown schedule {schedule!r}")
+    sched = PipelineSchedule.of(schedule)
     bd = step_breakdown(stages, transfer_ms, accum, **kwargs)
-    if schedule in ("1f1b", "gpipe"):
+    if sched.name in ("1f1b", "gpipe"):
         return bd
     P = len(stages)
     X = transfer_ms if P > 1 else 0.0
@@ -409,8 +409,8 @@ def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, a
     slot = bd.slot_ms
     fill = 2 * (P - 1) * X
     bubble = max(0.0, t_main - accum * slot - fill)
-    if schedule == "interleaved":
-        v = virtual_stages
+    if sched.name == "interleaved":
+        v = sched.virtual_stages
         slot = max(slot, interleaved_port_transfers(P, v) * X) if P > 1 else slot
         main = accum * slot + bubble / v + 2 * (P * v - 1) * X
     else:

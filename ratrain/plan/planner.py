@@ -38,7 +38,6 @@ from ratrain.errors import ConfigError
 from ratrain.plan.estimator import StepBreakdown, schedule_step_breakdown, step_breakdown
 from ratrain.plan.schedule_search import (
     ONE_F_ONE_B,
-    ScheduleChoice,
     ScheduleMemory,
     check_schedules,
     chunk_kinds,
@@ -97,7 +96,7 @@ class Candidate:
     stages: list | None = None          # per-stage StageMemory (filled for returned candidates)
     kernels: str = "emulated"           # latency source of step_ms: "emulated", "bound" or "roofline"
     fast_step_ms: float | None = None   # the fast model's estimate, for a confirmed finalist
-    schedule: ScheduleChoice = ONE_F_ONE_B   # the pipeline schedule (and v) the step and peak are for
+    schedule: PipelineSchedule = ONE_F_ONE_B   # the pipeline schedule (and v) the step and peak are for
     simulated_step_ms: float | None = None   # the simulator's step, for a finalist confirmed by simulation
 
     @property
@@ -113,7 +112,7 @@ class Candidate:
             "peak_bytes": self.peak_bytes, "peak_gb": self.peak_bytes / GIB,
             "breakdown": self.breakdown.to_json(), "kernels": self.kernels,
             "fast_step_s": None if self.fast_step_ms is None else self.fast_step_ms / 1e3,
-            "schedule": self.schedule.to_json(),
+            "schedule": {"name": self.schedule.name, "virtual_stages": self.schedule.virtual_stages},
             "simulated_step_s": None if self.simulated_step_ms is None else self.simulated_step_ms / 1e3,
         }
         if self.stages is not None:
@@ -291,7 +290,7 @@ class Planner:
 
     # -- one configuration
     def estimate(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None,
-                 schedule: ScheduleChoice = ONE_F_ONE_B) -> StepBreakdown:
+                 schedule: PipelineSchedule = ONE_F_ONE_B) -> StepBreakdown:
         """Analytic T_step of ``cfg`` under ``method``'s mechanisms in ``schedule`` order (no simulation)."""
         _check_method(method)
         terms = self.terms(cfg, source)
@@ -308,10 +307,9 @@ class Planner:
         if schedule.name == "zb-h1":
             layers_of = [[i for r in stage for i in r] for stage in chunks]
             weight = weight_shares(self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source), kinds, layers_of)
-        return schedule_step_breakdown(kinds, terms.transfer, cfg.accum, schedule=schedule.name,
-                                       virtual_stages=schedule.virtual_stages, weight_ms=weight, **mech)
+        return schedule_step_breakdown(kinds, terms.transfer, cfg.accum, schedule=schedule, weight_ms=weight, **mech)
 
-    def schedule_peak(self, cfg: ParallelConfig, schedule: ScheduleChoice) -> int:
+    def schedule_peak(self, cfg: ParallelConfig, schedule: PipelineSchedule) -> int:
         """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
         if schedule == ONE_F_ONE_B:
             return self.memory.peak(cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum, cfg.seq,
@@ -320,7 +318,7 @@ class Planner:
                                          cfg.seq, cfg.activation, cfg.prefetch)
 
     def evaluate(self, cfg: ParallelConfig, method: str = "ratrain",
-                 schedule: ScheduleChoice = ONE_F_ONE_B) -> Candidate:
+                 schedule: PipelineSchedule = ONE_F_ONE_B) -> Candidate:
         """Memory (stage_memory; other schedules: ScheduleMemory) and analytic time of one configuration;
         ``step_ms`` is inf if OOM."""
         if schedule == ONE_F_ONE_B:
@@ -337,13 +335,10 @@ class Planner:
 
     def simulate(self, cand: Candidate) -> float:
         """The simulator's step (ms) of a candidate under its schedule, on the planner's profiles."""
-        cfg, sched = cand.config, cand.schedule
+        cfg = cand.config
         prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp)
         costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource)
-        v = sched.virtual_stages
-        order = PipelineSchedule(sched.name, virtual_stages=v,
-                                 weight_fraction=weight_fractions(costs, prof) if sched.name == "zb-h1" else 0.5,
-                                 chunk_sizes=interleaved_chunk_sizes(self.model, cfg, v) if v > 1 else None)
+        order = layout_schedule(cand.schedule, self.model, cfg, costs, prof)
         mech = replace(mechanisms_for(cand.method, cfg.activation, cfg.prefetch),
                        fsr_buffer_layers=self.constants.fsr_buffer_layers)
         return simulate(costs, schedule=order, mechanisms=mech).step_time_ms
@@ -353,7 +348,7 @@ class Planner:
              top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None, confirm: int = 3,
              schedules=("1f1b",)) -> PlanResult:
         """Algorithm 2 with the pipeline schedule as one more dimension (``schedules``: names or
-        ScheduleChoice; interleaved by name has v = 2). Memory first per schedule; with more than 1F1B
+        PipelineSchedule, name and v; interleaved by name has v = 2). Memory first per schedule; with more than 1F1B
         the ``confirm`` finalists are also simulated under their schedule and re-ranked on that."""
         _check_method(method)
         choices = check_schedules(schedules)
@@ -457,6 +452,18 @@ def plan(model: ModelSpec, clusters: int, global_batch: int, seq: int = 2048, *,
                                                                 schedules=schedules)
 
 
+def layout_schedule(schedule: PipelineSchedule, model: ModelSpec, cfg: ParallelConfig, costs, profile
+                    ) -> PipelineSchedule:
+    """``schedule`` (name and v) as a model-driven step of layout ``cfg`` runs it: under zb-h1 each
+    layer's W share from the profile's dW GEMMs (``weight_fractions`` of ``costs``), under interleaved
+    (v > 1) the chunks cut by the layout's partition rule (``interleaved_chunk_sizes``)."""
+    v = schedule.chunks_per_stage
+    return PipelineSchedule(schedule.name, virtual_stages=schedule.virtual_stages,
+                            weight_fraction=weight_fractions(costs, profile) if schedule.splits_backward
+                            else schedule.weight_fraction,
+                            chunk_sizes=interleaved_chunk_sizes(model, cfg, v) if v > 1 else None)
+
+
 # ---------------------------------------------------------------- predicted vs simulated
 
 @dataclass
@@ -484,7 +491,7 @@ class SimCheck:
 def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
                     platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
                     profile_fn: Callable | None = None, recovery_resource: str = "compute",
-                    mechanisms=None, schedule: str = "1f1b") -> SimCheck:
+                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b") -> SimCheck:
     """Build PipelineCosts for ``cfg`` and run ``ratrain.sim.simulator.simulate`` with the method's
     Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction."""
     platform = platform or TrainingPlatform()
@@ -504,5 +511,5 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)
 
 
-__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "mechanisms_for", "plan",
+__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "layout_schedule", "mechanisms_for", "plan",
            "search_space", "simulate_config"]

@@ -1,9 +1,10 @@
 """The pipeline schedule as one more dimension of the planner's search.
 
-A ``ScheduleChoice`` is a schedule of ``ratrain.sim.pipeline_order`` plus its chunks per stage
-(``interleaved`` only). For each, this module gives what the planner needs before timing anything:
+A choice is a ``ratrain.sim.pipeline_order.PipelineSchedule`` by name and chunks per stage
+(``interleaved`` only; ``ScheduleChoice`` is the same type). For each, this module gives what the
+planner needs before timing anything:
 
-* whether the layout can run it (interleaved: P * v <= layers, and A a multiple of P when A > P);
+* whether the layout can run it (interleaved: P * v <= layers, and Megatron's micro-batch rule);
 * the stages' layers (interleaved: the layout's partition rule applied to P * v chunks, chunk g on
   stage g mod P, as ``ratrain.repro.schedules`` and the simulator place them);
 * the worst stage's peak memory (Eq. 10): Eq. 9's state and buffers for the layers the stage holds
@@ -18,8 +19,6 @@ A ``ScheduleChoice`` is a schedule of ``ratrain.sim.pipeline_order`` plus its ch
 The step time per schedule is ``ratrain.plan.estimator.schedule_step_breakdown``.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from ratrain.cost.terms import CostTerms, LayerKind
 from ratrain.errors import ConfigError
@@ -39,78 +38,66 @@ DEFAULT_VIRTUAL_STAGES = 2
 TOKEN_BYTES = 4                 # int32 ids (first chunk) and labels (last chunk) per token, as Eq. 9
 
 
-@dataclass(frozen=True)
-class ScheduleChoice:
-    """One schedule the planner may pick: a name of ``pipeline_order.SCHEDULES`` and v (interleaved)."""
-    name: str = "1f1b"
-    virtual_stages: int = 1
-
-    def __post_init__(self) -> None:
-        if self.name not in SCHEDULES:
-            raise ConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.name!r}")
-        v = self.virtual_stages
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"schedule {self.name}: virtual stages must be an integer >= 1, got {v!r}")
-        if self.name == "interleaved" and v < 2:
-            raise ConfigError("schedule interleaved needs virtual stages >= 2 (v = 1 is 1f1b)")
-        if self.name != "interleaved" and v != 1:
-            raise ConfigError(f"schedule {self.name} has one chunk per stage; virtual stages {v} need 'interleaved'")
-
-    def label(self) -> str:
-        return f"{self.name} v={self.virtual_stages}" if self.name == "interleaved" else self.name
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "virtual_stages": self.virtual_stages}
+# The planner's schedule choices are pipeline_order's one schedule type (name and v; the weight
+# share and chunk sizes are derived per layout when a finalist is simulated).
+ScheduleChoice = PipelineSchedule
+ONE_F_ONE_B = PipelineSchedule()
 
 
-ONE_F_ONE_B = ScheduleChoice()
+def _search_choice(name: str, virtual_stages: int, where: str) -> PipelineSchedule:
+    """A schedule the search may try: interleaved with v = 1 would only repeat 1f1b."""
+    choice = PipelineSchedule(name, virtual_stages=virtual_stages)
+    if name == "interleaved" and virtual_stages < 2:
+        raise ConfigError(f"{where}: schedule interleaved needs virtual stages >= 2 (v = 1 is 1f1b)")
+    return choice
 
 
 def parse_schedules(text: str, virtual_stages: tuple[int, ...] = (DEFAULT_VIRTUAL_STAGES,)
-                    ) -> tuple[ScheduleChoice, ...]:
+                    ) -> tuple[PipelineSchedule, ...]:
     """``1f1b,interleaved,zb-h1`` (or ``all``) -> choices; interleaved once per v in ``virtual_stages``."""
     names = list(SCHEDULES) if text.strip() == "all" else [t.strip() for t in text.split(",") if t.strip()]
     if not names:
         raise ConfigError(f"--schedules: expected comma-separated names of {', '.join(SCHEDULES)} or 'all', "
                           f"got {text!r}")
-    out: list[ScheduleChoice] = []
+    out: list[PipelineSchedule] = []
     for name in names:
         if name not in SCHEDULES:
             raise ConfigError(f"--schedules: unknown schedule {name!r} (choose from {', '.join(SCHEDULES)} or 'all')")
         for v in (virtual_stages if name == "interleaved" else (1,)):
-            choice = ScheduleChoice(name, v)
+            choice = _search_choice(name, v, "--virtual-stages")
             if choice not in out:
                 out.append(choice)
     return tuple(out)
 
 
-def check_schedules(schedules) -> tuple[ScheduleChoice, ...]:
-    """A tuple of ScheduleChoice from names and/or choices (a name alone: interleaved gets v = 2)."""
-    if isinstance(schedules, (str, ScheduleChoice)) or not schedules:
-        raise ConfigError(f"plan: schedules must be a non-empty sequence of schedule names or ScheduleChoice, "
+def check_schedules(schedules) -> tuple[PipelineSchedule, ...]:
+    """The search's choices from names and/or PipelineSchedules (a name alone: interleaved gets v = 2);
+    only name and v are kept (the planner derives the rest per layout)."""
+    if isinstance(schedules, (str, PipelineSchedule)) or not schedules:
+        raise ConfigError(f"plan: schedules must be a non-empty sequence of schedule names or PipelineSchedule, "
                           f"got {schedules!r}")
     out = []
     for s in schedules:
-        if isinstance(s, ScheduleChoice):
-            out.append(s)
+        if isinstance(s, PipelineSchedule):
+            out.append(_search_choice(s.name, s.virtual_stages, "plan"))
         elif isinstance(s, str):
-            out.append(ScheduleChoice(s, DEFAULT_VIRTUAL_STAGES if s == "interleaved" else 1))
+            out.append(_search_choice(s, DEFAULT_VIRTUAL_STAGES if s == "interleaved" else 1, "plan"))
         else:
-            raise ConfigError(f"plan: a schedule must be a name or a ScheduleChoice, got {s!r}")
+            raise ConfigError(f"plan: a schedule must be a name or a PipelineSchedule, got {s!r}")
     return tuple(dict.fromkeys(out))
 
 
-def runnable(choice: ScheduleChoice, layers: int, pp: int, accum: int) -> bool:
-    """Whether the schedule can run this layout (interleaved: P*v chunks with a layer each, and
-    Megatron's rule that A be a multiple of P when A > P)."""
+def runnable(choice: PipelineSchedule, layers: int, pp: int, accum: int) -> bool:
+    """Whether the schedule can run this layout (interleaved: more than one stage, P*v chunks with a
+    layer each, and the order's micro-batch rule, ``PipelineSchedule.runs``)."""
     if choice.name != "interleaved":
         return True
     if pp == 1 or pp * choice.virtual_stages > layers:
         return False
-    return accum <= pp or accum % pp == 0
+    return choice.runs(pp, accum)
 
 
-def stage_chunks(model: ModelSpec, pp: int, partition: str, choice: ScheduleChoice) -> list[list[range]]:
+def stage_chunks(model: ModelSpec, pp: int, partition: str, choice: PipelineSchedule) -> list[list[range]]:
     """Per stage, its chunks' layers in local chunk order (one chunk per stage except interleaved)."""
     if choice.name != "interleaved":
         return [[r] for r in partition_model(model, pp, partition)]
@@ -178,15 +165,14 @@ class ScheduleMemory:
         self._orders: dict[tuple, list] = {}
         self._wbytes: dict[tuple, list[int]] = {}
 
-    def _order(self, choice: ScheduleChoice, pp: int, accum: int) -> list:
-        key = (choice, pp, accum)
+    def _order(self, choice: PipelineSchedule, pp: int, accum: int) -> list:
+        key = (choice.name, choice.virtual_stages, pp, accum)
         got = self._orders.get(key)
         if got is None:
-            sched = PipelineSchedule(choice.name, virtual_stages=choice.virtual_stages)
-            got = self._orders[key] = build(sched, pp, accum)
+            got = self._orders[key] = build(choice, pp, accum)
         return got
 
-    def stage_peaks(self, choice: ScheduleChoice, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+    def stage_peaks(self, choice: PipelineSchedule, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
                     activation: str, prefetch: str) -> list[int]:
         """Per stage: Eq. 9 without activations + the peak of the order's live activation sets."""
         model, L = self.model, self.model.layers
@@ -227,7 +213,7 @@ class ScheduleMemory:
             out.append(base + peak)
         return out
 
-    def peak(self, choice: ScheduleChoice, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
+    def peak(self, choice: PipelineSchedule, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
              activation: str, prefetch: str) -> int:
         return max(self.stage_peaks(choice, pp, dp, tp, zero, b, accum, seq, activation, prefetch))
 

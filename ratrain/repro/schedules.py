@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ratrain.cost.terms import load_profile
-from ratrain.plan.planner import simulate_config
+from ratrain.cost.terms import load_profile, pipeline_costs
+from ratrain.plan.planner import layout_schedule, simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
-from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
+from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import Mechanisms, activation_residency
-from ratrain.sim.weight_split import layer_weight_gradient_bytes, weight_fractions
+from ratrain.sim.weight_split import layer_weight_gradient_bytes
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     GRAD_BYTES,
@@ -123,7 +123,8 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
         with_mech = s.mechanisms("ratrain", cfg)
         without = Mechanisms.all_off()
         wbytes = layer_weight_gradient_bytes(model, model.layers, cfg.micro_batch, cfg.seq, cfg.tp)
-        fractions = None
+        # the step's costs do not depend on the schedule (zb-h1 takes W's share from them)
+        costs = pipeline_costs(model, cfg, profile, s.platform, recovery_resource=s.recovery_resource)
         for name, v in schedules:
             row = {"source": source, "model": model_name, "config": cfg.describe(verbose=True), "schedule": name,
                    "virtual_stages": v, "pp": cfg.pp, "dp": cfg.dp, "accum": cfg.accum}
@@ -132,13 +133,7 @@ def schedule_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
                 rows.append(row)
                 continue
             progress(f"schedules: {model_name} {cfg.describe()} under {name}{f' v={v}' if v > 1 else ''}")
-            if name == "zb-h1" and fractions is None:
-                plain = simulate_config(model, cfg, platform=s.platform, profile=profile,
-                                        recovery_resource=s.recovery_resource, mechanisms=without)
-                fractions = weight_fractions(plain.costs, profile)
-            sched = PipelineSchedule(name, virtual_stages=v,
-                                     weight_fraction=fractions if name == "zb-h1" else 0.5,
-                                     chunk_sizes=interleaved_chunk_sizes(model, cfg, v) if v > 1 else None)
+            sched = layout_schedule(PipelineSchedule(name, virtual_stages=v), model, cfg, costs, profile)
             runs = {}
             for key, mech in (("with", with_mech), ("without", without)):
                 runs[key] = simulate_config(model, cfg, platform=s.platform, profile=profile,

@@ -18,15 +18,25 @@ Schedules:
   (forwards: chunks 0..v-1; backwards: chunks v-1..0). Stage p runs
   2(P-p-1) + (v-1)P warm-up forwards (all forwards first when A <= P), then
   alternates F and B, then the cool-down backwards. A must be a multiple of P
-  when A > P (Megatron's rule: with a smaller last group this warm-up can
-  deadlock, e.g. P=4, A=5, v=3). With v = 1 it is ``1f1b`` (Megatron runs its
-  non-interleaved schedule then).
+  when A > P (Megatron's rule, ``interleaved_microbatches_ok``: with a smaller
+  last group this warm-up can deadlock, e.g. P=4, A=5, v=3). With v = 1 it is
+  ``1f1b`` (Megatron runs its non-interleaved schedule then).
 * ``zb-h1`` (the zero-bubble paper's H1): the 1F1B order of F and B, where B is
   only the input gradient; stage p holds back its first p weight gradients W,
   then runs W of the oldest pending micro-batch after each B (1F-1B-1W) and the
   held-back ones at the end, filling the tail bubbles. Every stage then keeps at
   most min(P, A) micro-batches' activations (they live until W), as much as
   1F1B's first stage.
+
+A schedule is one value, :class:`PipelineSchedule` (name, v, W's share, chunk
+sizes), validated once when it is made; the planner, the simulator, the CLIs
+and the reproduction all pass it, and names are parsed into it at the edges
+(``PipelineSchedule.of``).
+
+Text form (debugging): ``format_order`` writes one line per stage,
+``S0: F0 F1 B0 F2 B1 W0 ...``, an op as kind + micro-batch, with ``.chunk``
+appended when some op of the order has a chunk above 0 (interleaved:
+``F0.1``); ``parse_order`` reads it back (round-trip).
 """
 from __future__ import annotations
 
@@ -53,6 +63,13 @@ def _check(stages: int, microbatches: int) -> None:
     _check_count("microbatches", microbatches)
 
 
+def interleaved_microbatches_ok(stages: int, microbatches: int) -> bool:
+    """Megatron's rule for interleaved 1F1B (v > 1): the micro-batches per step A are at most the
+    stages P (every forward runs first) or a multiple of P (full groups of P micro-batches). The one
+    place this rule is written; the order, the simulator's flags and the planner ask it."""
+    return microbatches <= stages or microbatches % stages == 0
+
+
 @dataclass(frozen=True)
 class PipelineSchedule:
     """A schedule by name plus what it needs beyond P and A.
@@ -64,6 +81,11 @@ class PipelineSchedule:
     chunk_sizes: ``interleaved`` only: layers per chunk in model order (P*v
     entries); None cuts the layers as evenly as possible (``interleaved_chunks``).
     Model-driven runs pass their partition rule applied to P*v parts.
+
+    Validation, here only: ``name`` in ``SCHEDULES``; ``virtual_stages`` an integer >= 1, above 1
+    only for ``interleaved`` (v = 1 orders as 1f1b); ``weight_fraction`` in [0, 1]; what depends on
+    P and A (Megatron's micro-batch rule) is ``check_layout``. Two schedules are equal when all four
+    fields are (the planner's choices carry the defaults: name and v say it all).
     """
     name: str = "1f1b"
     virtual_stages: int = 1
@@ -104,6 +126,27 @@ class PipelineSchedule:
     @property
     def splits_backward(self) -> bool:
         return self.name == "zb-h1"
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """Model chunks per stage: v under ``interleaved``, 1 otherwise."""
+        return self.virtual_stages if self.name == "interleaved" else 1
+
+    def label(self) -> str:
+        """``1f1b``, ``gpipe``, ``zb-h1`` or ``interleaved v=2`` (the planner's tables)."""
+        return f"{self.name} v={self.virtual_stages}" if self.name == "interleaved" else self.name
+
+    def runs(self, stages: int, microbatches: int) -> bool:
+        """Whether P stages and A micro-batches can run this order (interleaved with v > 1:
+        ``interleaved_microbatches_ok``; every other order runs any P, A)."""
+        return self.chunks_per_stage == 1 or interleaved_microbatches_ok(stages, microbatches)
+
+    def check_layout(self, stages: int, microbatches: int) -> None:
+        """Raise ConfigError when ``runs`` says no, naming P and A."""
+        if not self.runs(stages, microbatches):
+            raise ConfigError(f"interleaved schedule: the micro-batches per step (A={microbatches}) must be a "
+                              f"multiple of the stages (P={stages}) when A > P (Megatron's rule; A <= P runs every "
+                              "forward first)")
 
     def layer_weight_fraction(self, layer: int) -> float:
         """W's share of ``layer``'s backward (0 when the schedule does not split the backward)."""
@@ -233,13 +276,9 @@ def interleaved_warmup(stages: int, microbatches: int, virtual_stages: int, stag
 def interleaved(stages: int, microbatches: int, virtual_stages: int) -> list[list[Op]]:
     """Megatron's interleaved 1F1B (see the module docstring); v = 1 is 1F1B."""
     _check(stages, microbatches)
-    _check_count("virtual_stages", virtual_stages)
+    PipelineSchedule("interleaved", virtual_stages).check_layout(stages, microbatches)
     if virtual_stages == 1:
         return one_f_one_b(stages, microbatches)
-    if microbatches > stages and microbatches % stages:
-        raise ConfigError(f"interleaved schedule: the micro-batches per step (A={microbatches}) must be a multiple "
-                          f"of the stages (P={stages}) when A > P (Megatron's rule; A <= P runs every forward "
-                          "first)")
     fwd = interleaved_sequence(stages, microbatches, virtual_stages, backward=False)
     bwd = interleaved_sequence(stages, microbatches, virtual_stages, backward=True)
     total = len(fwd)
@@ -301,6 +340,43 @@ def held_activation_sets(ops: list[Op], virtual_stages: int = 1) -> float:
     return peak / virtual_stages
 
 
-__all__ = ["OP_KINDS", "Op", "PipelineSchedule", "SCHEDULES", "build", "chunk_layers", "gpipe",
+# ------------------------------------------------------------------ text form
+
+def op_token(op: Op, chunked: bool) -> str:
+    """``F3`` (micro-batch 3), or with ``chunked`` ``F3.1`` (local chunk 1)."""
+    kind, m, c = op
+    return f"{kind}{m}.{c}" if chunked else f"{kind}{m}"
+
+
+def format_order(orders: list[list[Op]]) -> str:
+    """Per stage one line ``S<p>: <op> <op> ...`` (see the module docstring); chunk indices appear on
+    every op when any op has a chunk above 0."""
+    chunked = any(c for ops in orders for _, _, c in ops)
+    return "\n".join(f"S{p}: " + " ".join(op_token(op, chunked) for op in ops) if ops else f"S{p}:"
+                      for p, ops in enumerate(orders))
+
+
+def parse_order(text: str) -> list[list[Op]]:
+    """The orders ``format_order`` wrote: lines ``S<p>: ...`` for p = 0, 1, ... in order (blank lines
+    skipped); a token is a kind of ``OP_KINDS``, a micro-batch and optionally ``.chunk``."""
+    orders: list[list[Op]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        head, sep, body = line.partition(":")
+        if not sep or head.strip() != f"S{len(orders)}":
+            raise ConfigError(f"order line {n}: expected 'S{len(orders)}: ...', got {line.strip()!r}")
+        ops: list[Op] = []
+        for tok in body.split():
+            m, dot, c = tok[1:].partition(".")
+            if tok[:1] not in OP_KINDS or not m.isdigit() or (dot and not c.isdigit()):
+                raise ConfigError(f"order line {n}: bad op {tok!r} (expected e.g. F0, B3, W2 or F0.1)")
+            ops.append((tok[0], int(m), int(c) if dot else 0))
+        orders.append(ops)
+    return orders
+
+
+__all__ = ["OP_KINDS", "Op", "PipelineSchedule", "SCHEDULES", "build", "chunk_layers", "format_order", "gpipe",
            "held_activation_sets", "interleaved", "interleaved_chunk_sizes", "interleaved_chunks",
-           "interleaved_sequence", "interleaved_warmup", "one_f_one_b", "warmup_forwards", "zb_h1"]
+           "interleaved_microbatches_ok", "interleaved_sequence", "interleaved_warmup", "one_f_one_b", "op_token",
+           "parse_order", "warmup_forwards", "zb_h1"]
