@@ -390,42 +390,12 @@ def _check_descriptor(d: Descriptor, name: str, platform: Platform) -> np.ndarra
 
 
 def _reg_effects(row: np.ndarray) -> tuple[list[tuple[str, int]], list[tuple[str, int]], str | None]:
-    """(reads, writes, latency field) of one encoded instruction."""
-    op = int(row[isa.F_OP])
-    r0, r1, r2, r3 = (int(x) for x in row[isa.F_R0:isa.F_R3 + 1])
-    if op == isa.OP_VFMA:
-        return [("v", r1), ("v", r2), ("v", r0)], [("v", r0)], "vmac"
-    if op in (isa.OP_VEXP, isa.OP_VLOG):
-        return [("v", r1)], [("v", r0)], "vmac"
-    if op == isa.OP_VMAX:
-        return [("v", r1), ("v", r2)], [("v", r0)], "vmac"
-    if op in (isa.OP_SVBCAST, isa.OP_SVBCASTW):
-        return [("s", r1)], [("v", r0)], "broadcast"
-    if op == isa.OP_SADDI:
-        return [("s", r1)], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SADD:
-        return [("s", r1), ("s", r2)], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SMOVI:
-        return [], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SLDH:
-        return [("s", r1)], [("s", r0)], "scalar_load"
-    if op == isa.OP_SSTH:
-        return [("s", r1), ("s", r2)], [], None
-    if op in (isa.OP_VLDH, isa.OP_VLDW):
-        return [("s", r1)], [("v", r0)], "vector_load"
-    if op in (isa.OP_VSTW, isa.OP_VSTH):
-        return [("s", r1), ("v", r2)], [], None
-    if op == isa.OP_DMA:
-        return [("s", r2), ("s", r3)], [], None
-    if op == isa.OP_BNZ:
-        return [("s", r1)], [], None
-    if op == isa.OP_BDEC:
-        return [("s", r1)], [("s", r1)], "scalar_alu"
-    if op == isa.OP_CALL:
-        return [], [("s", r0)], "scalar_alu"
-    if op == isa.OP_RET:
-        return [("s", r1)], [], None
-    return [], [], None
+    """(reads, writes, latency field) of one encoded instruction (:meth:`~mtemu.isa.OpSpec.register_effects`)."""
+    spec = isa.OP_BY_CODE.get(int(row[isa.F_OP]))
+    return spec.register_effects(row) if spec is not None else ([], [], None)
+
+
+_TARGET_OPS = isa.op_table(has_target=True)
 
 
 def check_latency_hazards(prog: Program, platform: Platform) -> None:
@@ -440,8 +410,7 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
     n = code.shape[0]
     for t in range(n):
         for u in range(isa.N_UNITS):
-            op = code[t, u, isa.F_OP]
-            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+            if _TARGET_OPS[code[t, u, isa.F_OP]]:
                 targets.add(int(code[t, u, isa.F_IMM0]))
     ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
     cycle = 0
@@ -543,8 +512,7 @@ def disassemble(prog: Program) -> str:
         label_of.setdefault(pc, name)
     for b in range(prog.bundles):
         for u in range(isa.N_UNITS):
-            op = prog.code[b, u, isa.F_OP]
-            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+            if _TARGET_OPS[prog.code[b, u, isa.F_OP]]:
                 pc = int(prog.code[b, u, isa.F_IMM0])
                 label_of.setdefault(pc, f"L{pc}")
     lines = []
