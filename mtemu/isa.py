@@ -3,7 +3,7 @@
 The units are those of the paper's Table 1. A program is an int64 array of shape
 (bundles, UNITS, FIELDS); slot u of a bundle holds the instruction for unit u, or opcode 0
 (empty). Fields are ``[op, r0, r1, r2, r3, imm0, imm1]``; what each means is given by the
-operand signature of the opcode below.
+opcode's operand fields and syntax below.
 
 Memory spaces: SM and AM are private to each DSP, GSM is shared by the cluster, DDR is
 off-chip. Scalar loads/stores address SM, vector loads/stores address AM; DMA moves data

