@@ -21,6 +21,7 @@ A unit may be pinned with ``op@UNIT``; otherwise the first free unit that can ru
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -250,107 +251,70 @@ def _label(value, where: str, labels: dict[str, int], n: int) -> int:
     return pc
 
 
+@functools.lru_cache(maxsize=None)
+def operand_layout(spec: isa.OpSpec) -> tuple[tuple[str, int, int], ...]:
+    """Per operand of ``spec.syntax``: (kind, register field, immediate field), -1 where none. Kinds:
+    ``reg`` (a register of the field's kind), ``addr`` (a scalar register + offset), ``imm``, ``label``,
+    ``reason``, ``ch``, ``desc``. Operands fill the register fields (r0..r3, the link register left to
+    the assembler) and the immediates (imm0, imm1) in order."""
+    regs = iter(f for f, tok in enumerate(spec.fields) if tok and tok[0] != "l")
+    imms = iter((isa.F_IMM0, isa.F_IMM1))
+    out = []
+    for tok in (t.strip() for t in spec.syntax.split(",") if t.strip()):
+        if tok.startswith("["):
+            out.append(("addr", isa.F_R0 + next(regs), next(imms)))
+        elif tok in ("imm", "label", "reason"):
+            out.append((tok, -1, next(imms)))
+        else:
+            out.append(("reg" if tok[0] in "sv" else tok, isa.F_R0 + next(regs), -1))
+    return tuple(out)
+
+
 def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:
+    """The encoded row of one instruction, its operands checked in order (:func:`operand_layout`)."""
     row = np.zeros(isa.N_FIELDS, dtype=np.int64)
     row[isa.F_OP] = spec.code
     a = instr.args
-    name = spec.name
-
-    def need(count: int) -> None:
-        if len(a) != count:
-            raise AssemblyError(f"{where}: expects {count} operands ({spec.syntax}), got {len(a)}")
-
-    def wreg(kind, idx, slot):  # a written scalar register may not be s0
-        r = _reg(kind, a[idx], f"{where}, operand {idx + 1}", ns if kind == "s" else nv)
-        if kind == "s" and r == isa.ZERO_REG:
-            raise AssemblyError(f"{where}, operand {idx + 1}: s0 is the zero register and cannot be written")
-        row[slot] = r
-
-    if name == "vfma":
-        need(3)
-        for i, slot in enumerate((isa.F_R0, isa.F_R1, isa.F_R2)):
-            row[slot] = _reg("v", a[i], f"{where}, operand {i + 1}", nv)
-    elif name in ("vexp", "vlog"):
-        need(2)
-        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
-        row[isa.F_R1] = _reg("v", a[1], f"{where}, operand 2", nv)
-    elif name == "vmax":
-        need(3)
-        for i, slot in enumerate((isa.F_R0, isa.F_R1, isa.F_R2)):
-            row[slot] = _reg("v", a[i], f"{where}, operand {i + 1}", nv)
-    elif name in ("svbcast", "svbcastw"):
-        need(2)
-        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
-        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
-    elif name in ("saddi",):
-        need(3)
-        wreg("s", 0, isa.F_R0)
-        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
-        row[isa.F_IMM0] = _imm(a[2], f"{where}, operand 3")
-    elif name == "sadd":
-        need(3)
-        wreg("s", 0, isa.F_R0)
-        row[isa.F_R1] = _reg("s", a[1], f"{where}, operand 2", ns)
-        row[isa.F_R2] = _reg("s", a[2], f"{where}, operand 3", ns)
-    elif name == "smovi":
-        need(2)
-        wreg("s", 0, isa.F_R0)
-        row[isa.F_IMM0] = _imm(a[1], f"{where}, operand 2")
-    elif name == "sldh":
-        need(2)
-        wreg("s", 0, isa.F_R0)
-        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[1], f"{where}, operand 2", spec.space, ns)
-    elif name == "ssth":
-        need(2)
-        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[0], f"{where}, operand 1", spec.space, ns)
-        row[isa.F_R2] = _reg("s", a[1], f"{where}, operand 2", ns)
-    elif name in ("vldh", "vldw"):
-        need(2)
-        row[isa.F_R0] = _reg("v", a[0], f"{where}, operand 1", nv)
-        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[1], f"{where}, operand 2", spec.space, ns)
-    elif name in ("vstw", "vsth"):
-        need(2)
-        row[isa.F_R1], row[isa.F_IMM0] = _addr(a[0], f"{where}, operand 1", spec.space, ns)
-        row[isa.F_R2] = _reg("v", a[1], f"{where}, operand 2", nv)
-    elif name == "dma":
-        need(4)
-        ch = _imm(a[0], f"{where}, operand 1 (channel)")
-        if not 0 <= ch < platform.dma_channels:
-            raise AssemblyError(f"{where}, operand 1: DMA channel {ch} out of range 0..{platform.dma_channels - 1}")
-        row[isa.F_R0] = ch
-        d = _imm(a[1], f"{where}, operand 2 (descriptor)")
-        if not 0 <= d < ndesc:
-            raise AssemblyError(f"{where}, operand 2: DMA descriptor {d} not defined ({ndesc} defined)")
-        row[isa.F_R1] = d
-        row[isa.F_R2], row[isa.F_IMM0] = _dma_addr(a[2], f"{where}, operand 3 (source)", ns)
-        row[isa.F_R3], row[isa.F_IMM1] = _dma_addr(a[3], f"{where}, operand 4 (destination)", ns)
-    elif name == "dmawait":
-        need(1)
-        ch = _imm(a[0], f"{where}, operand 1 (channel)")
-        if not 0 <= ch < platform.dma_channels:
-            raise AssemblyError(f"{where}, operand 1: DMA channel {ch} out of range 0..{platform.dma_channels - 1}")
-        row[isa.F_R0] = ch
-    elif name in ("barrier", "ret", "halt"):
-        need(0)
-        if name == "ret":
-            row[isa.F_R1] = ns - 1
-    elif name in ("br", "call"):
-        need(1)
-        row[isa.F_IMM0] = _label(a[0], f"{where}, operand 1", labels, n)
-        if name == "call":
-            row[isa.F_R0] = ns - 1
-    elif name in ("bnz", "bdec"):
-        need(2)
-        if name == "bdec":
-            wreg("s", 0, isa.F_R1)
-        else:
-            row[isa.F_R1] = _reg("s", a[0], f"{where}, operand 1", ns)
-        row[isa.F_IMM0] = _label(a[1], f"{where}, operand 2", labels, n)
-    elif name == "nop":
+    layout = operand_layout(spec)
+    for f, tok in enumerate(spec.fields):
+        if tok[:1] == "l":                  # the link register: the platform's last scalar register
+            row[isa.F_R0 + f] = ns - 1
+    if spec.syntax == "reason":             # nop: the reason is optional
         reason = a[0] if a else "latency"
         if reason not in ("latency", "branch"):
             raise AssemblyError(f"{where}: nop reason must be 'latency' or 'branch', got {reason!r}")
         row[isa.F_IMM0] = isa.STALLS.index(reason)
+        return row
+    if len(a) != len(layout):
+        raise AssemblyError(f"{where}: expects {len(layout)} operands ({spec.syntax}), got {len(a)}")
+    addresses = 0
+    for i, (kind, slot, imm) in enumerate(layout):
+        at = f"{where}, operand {i + 1}"
+        if kind == "reg":
+            tok = spec.fields[slot - isa.F_R0]
+            r = _reg(tok[0], a[i], at, ns if tok[0] == "s" else nv)
+            if tok[0] == "s" and tok[1:] in ("=", "+") and r == isa.ZERO_REG:
+                raise AssemblyError(f"{at}: s0 is the zero register and cannot be written")
+            row[slot] = r
+        elif kind == "addr" and spec.space is not None:
+            row[slot], row[imm] = _addr(a[i], at, spec.space, ns)
+        elif kind == "addr":                # a DMA's: source, then destination, in any space
+            row[slot], row[imm] = _dma_addr(a[i], f"{at} ({('source', 'destination')[addresses]})", ns)
+            addresses += 1
+        elif kind == "imm":
+            row[imm] = _imm(a[i], at)
+        elif kind == "label":
+            row[imm] = _label(a[i], at, labels, n)
+        elif kind == "ch":
+            ch = _imm(a[i], f"{at} (channel)")
+            if not 0 <= ch < platform.dma_channels:
+                raise AssemblyError(f"{at}: DMA channel {ch} out of range 0..{platform.dma_channels - 1}")
+            row[slot] = ch
+        elif kind == "desc":
+            d = _imm(a[i], f"{at} (descriptor)")
+            if not 0 <= d < ndesc:
+                raise AssemblyError(f"{at}: DMA descriptor {d} not defined ({ndesc} defined)")
+            row[slot] = d
     return row
 
 
@@ -390,42 +354,12 @@ def _check_descriptor(d: Descriptor, name: str, platform: Platform) -> np.ndarra
 
 
 def _reg_effects(row: np.ndarray) -> tuple[list[tuple[str, int]], list[tuple[str, int]], str | None]:
-    """(reads, writes, latency field) of one encoded instruction."""
-    op = int(row[isa.F_OP])
-    r0, r1, r2, r3 = (int(x) for x in row[isa.F_R0:isa.F_R3 + 1])
-    if op == isa.OP_VFMA:
-        return [("v", r1), ("v", r2), ("v", r0)], [("v", r0)], "vmac"
-    if op in (isa.OP_VEXP, isa.OP_VLOG):
-        return [("v", r1)], [("v", r0)], "vmac"
-    if op == isa.OP_VMAX:
-        return [("v", r1), ("v", r2)], [("v", r0)], "vmac"
-    if op in (isa.OP_SVBCAST, isa.OP_SVBCASTW):
-        return [("s", r1)], [("v", r0)], "broadcast"
-    if op == isa.OP_SADDI:
-        return [("s", r1)], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SADD:
-        return [("s", r1), ("s", r2)], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SMOVI:
-        return [], [("s", r0)], "scalar_alu"
-    if op == isa.OP_SLDH:
-        return [("s", r1)], [("s", r0)], "scalar_load"
-    if op == isa.OP_SSTH:
-        return [("s", r1), ("s", r2)], [], None
-    if op in (isa.OP_VLDH, isa.OP_VLDW):
-        return [("s", r1)], [("v", r0)], "vector_load"
-    if op in (isa.OP_VSTW, isa.OP_VSTH):
-        return [("s", r1), ("v", r2)], [], None
-    if op == isa.OP_DMA:
-        return [("s", r2), ("s", r3)], [], None
-    if op == isa.OP_BNZ:
-        return [("s", r1)], [], None
-    if op == isa.OP_BDEC:
-        return [("s", r1)], [("s", r1)], "scalar_alu"
-    if op == isa.OP_CALL:
-        return [], [("s", r0)], "scalar_alu"
-    if op == isa.OP_RET:
-        return [("s", r1)], [], None
-    return [], [], None
+    """(reads, writes, latency field) of one encoded instruction (:meth:`~mtemu.isa.OpSpec.register_effects`)."""
+    spec = isa.OP_BY_CODE.get(int(row[isa.F_OP]))
+    return spec.register_effects(row) if spec is not None else ([], [], None)
+
+
+_TARGET_OPS = isa.op_table(has_target=True)
 
 
 def check_latency_hazards(prog: Program, platform: Platform) -> None:
@@ -440,8 +374,7 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
     n = code.shape[0]
     for t in range(n):
         for u in range(isa.N_UNITS):
-            op = code[t, u, isa.F_OP]
-            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+            if _TARGET_OPS[code[t, u, isa.F_OP]]:
                 targets.add(int(code[t, u, isa.F_IMM0]))
     ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
     cycle = 0
@@ -499,41 +432,23 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
 # Text form
 # ------------------------------------------------------------------------------------------
 def _fmt_args(spec: isa.OpSpec, row: np.ndarray, prog: Program, label_of: dict[int, str]) -> str:
-    r0, r1, r2, r3, i0, i1 = (int(x) for x in row[1:])
-    n = spec.name
-    if n == "vfma":
-        return f"v{r0}, v{r1}, v{r2}"
-    if n in ("vexp", "vlog"):
-        return f"v{r0}, v{r1}"
-    if n == "vmax":
-        return f"v{r0}, v{r1}, v{r2}"
-    if n in ("svbcast", "svbcastw"):
-        return f"v{r0}, s{r1}"
-    if n == "saddi":
-        return f"s{r0}, s{r1}, {i0}"
-    if n == "sadd":
-        return f"s{r0}, s{r1}, s{r2}"
-    if n == "smovi":
-        return f"s{r0}, {i0}"
-    if n == "sldh":
-        return f"s{r0}, [s{r1}+{i0}]"
-    if n == "ssth":
-        return f"[s{r1}+{i0}], s{r2}"
-    if n in ("vldh", "vldw"):
-        return f"v{r0}, [s{r1}+{i0}]"
-    if n in ("vstw", "vsth"):
-        return f"[s{r1}+{i0}], v{r2}"
-    if n == "dma":
-        return f"{r0}, {prog.descriptor_names[r1]}, [s{r2}+{i0}], [s{r3}+{i1}]"
-    if n == "dmawait":
-        return f"{r0}"
-    if n in ("br", "call"):
-        return label_of[i0]
-    if n in ("bnz", "bdec"):
-        return f"s{r1}, {label_of[i0]}"
-    if n == "nop":
-        return isa.STALLS[i0]
-    return ""
+    out = []
+    for kind, slot, imm in operand_layout(spec):
+        if kind == "reg":
+            out.append(f"{spec.fields[slot - isa.F_R0][0]}{int(row[slot])}")
+        elif kind == "addr":
+            out.append(f"[s{int(row[slot])}+{int(row[imm])}]")
+        elif kind == "imm":
+            out.append(str(int(row[imm])))
+        elif kind == "label":
+            out.append(label_of[int(row[imm])])
+        elif kind == "reason":
+            out.append(isa.STALLS[int(row[imm])])
+        elif kind == "ch":
+            out.append(str(int(row[slot])))
+        else:
+            out.append(prog.descriptor_names[int(row[slot])])
+    return ", ".join(out)
 
 
 def disassemble(prog: Program) -> str:
@@ -543,8 +458,7 @@ def disassemble(prog: Program) -> str:
         label_of.setdefault(pc, name)
     for b in range(prog.bundles):
         for u in range(isa.N_UNITS):
-            op = prog.code[b, u, isa.F_OP]
-            if op in (isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL):
+            if _TARGET_OPS[prog.code[b, u, isa.F_OP]]:
                 pc = int(prog.code[b, u, isa.F_IMM0])
                 label_of.setdefault(pc, f"L{pc}")
     lines = []

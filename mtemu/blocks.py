@@ -35,9 +35,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import isa
+from . import isa, semantics
 from .dma import move
-from .fp16 import f32_to_f16_array, f32_to_f16_bits, widen_f16
+from .fp16 import f32_to_f16_bits, widen_f16
 from .fused import MIN_FUSED_TERMS, N_OPCOLS, O_FUSE_AT, O_FUSE_END, O_IMM, O_R0, mark_stretches, run_fused
 
 MAX_CLASSES = 8             # (register, memory, alignment) classes per run
@@ -51,15 +51,11 @@ N_BCOLS = B_SSTH + 1
 C_SM, C_AM = 0, 1
 _FAR = np.int64(1) << 50    # empty range sentinel: lo = FAR, hi = -FAR
 
-PLAIN_OPS = np.zeros(isa.N_OPCODES, np.bool_)
-for _op in (0, isa.OP_NOP, isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
-            isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW):
-    PLAIN_OPS[_op] = True
+PLAIN_OPS = isa.op_table(is_plain=True)
+PLAIN_OPS[0] = True         # an empty slot
 # functional mode: exp and log stay with the bundle-by-bundle path (one libm call per lane there;
 # a vectorised math library here could round differently)
-PLAIN_OPS_FUNCTIONAL = PLAIN_OPS.copy()
-PLAIN_OPS_FUNCTIONAL[isa.OP_VEXP] = False
-PLAIN_OPS_FUNCTIONAL[isa.OP_VLOG] = False
+PLAIN_OPS_FUNCTIONAL = PLAIN_OPS & ~isa.op_table(libm=True)
 
 
 @njit(cache=True)
@@ -761,8 +757,7 @@ def must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange):
 
 # bundles that touch what waiting work holds: vector registers, AM, and SM stores (a waiting DMA may
 # read SM); scalar loads read SM, which waiting work never writes
-_TOUCH_OPS = np.array([isa.OP_VFMA, isa.OP_SVBCAST, isa.OP_SVBCASTW, isa.OP_VEXP, isa.OP_VLOG, isa.OP_VMAX,
-                       isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH])
+_TOUCH_OPS = isa.ops_where(touches_am=True)
 
 
 def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_registers: int | None = None
@@ -828,50 +823,35 @@ def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers:
 # ------------------------------------------------------------------------------------------
 # pure-Python reference (tests)
 # ------------------------------------------------------------------------------------------
-_MEMORY_OPS = (isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VSTH, isa.OP_VLDW, isa.OP_VSTW)
-
-
 def run_plain_reference(d: int, p: int, e: int, code: np.ndarray, sr: np.ndarray, vregs: np.ndarray,
                         mem16: np.ndarray, f16tab: np.ndarray, bases: np.ndarray, caps: np.ndarray,
                         lanes: int) -> None:
-    """:func:`run_plain` written plainly: bundles [p, e) of ``code``, unit by unit, in NumPy FP32
-    (broadcasts write their lanes, FP16 widens by table, narrows by :func:`~mtemu.fp16.f32_to_f16_array`)."""
-    with np.errstate(all="ignore"):          # overflow to inf and inf - inf are part of the semantics
-        _reference_bundles(d, p, e, code, sr, vregs[d], mem16, f16tab, bases, caps, lanes)
-
-
-def _reference_bundles(d, p, e, code, sr, v, mem16, f16tab, bases, caps, lanes) -> None:
-    mem32 = mem16.view(np.float32)
-    sm = (int(bases[0]) + d * int(caps[0])) // 2
-    am = int(bases[1]) + d * int(caps[1])
+    """:func:`run_plain` written plainly: bundles [p, e) of ``code`` as :mod:`mtemu.semantics` states them,
+    on DSP d's scalar registers ``sr`` and its vector registers, SM and AM in the machine's arrays
+    (``f16tab``, the machine's FP16 table, is not needed: semantics widens exactly)."""
+    u8 = mem16.view(np.uint8)
+    sm0 = int(bases[0]) + d * int(caps[0])
+    am0 = int(bases[1]) + d * int(caps[1])
+    own = semantics.DspState(sr, vregs[d][:, :lanes], u8[sm0:sm0 + int(caps[0])], u8[am0:am0 + int(caps[1])])
+    state = semantics.ClusterState([own], np.zeros(0, np.uint8), np.zeros(0, np.uint8))
     for q in range(p, e):
-        for u in range(code.shape[1]):
-            op, r0, r1, r2, imm = (int(x) for x in code[q, u, [0, 1, 2, 3, 5]])
-            if op == isa.OP_VFMA:
-                v[r0] = v[r0] + v[r1] * v[r2]
-            elif op == isa.OP_SVBCAST:
-                v[r0] = f16tab[int(sr[r1]) & 0xFFFF]
-            elif op == isa.OP_SVBCASTW:
-                v[r0] = np.array([int(sr[r1]) & 0xFFFFFFFF], np.uint32).view(np.float32)[0]
-            elif op == isa.OP_VMAX:
-                a, b = v[r1].copy(), v[r2].copy()
-                v[r0] = np.where((a > b) | (a != a), a, b)
-            elif op == isa.OP_SLDH:
-                sr[r0] = mem16[sm + (int(sr[r1]) + imm) // 2]
-            elif op == isa.OP_SSTH:
-                mem16[sm + (int(sr[r1]) + imm) // 2] = int(sr[r2]) & 0xFFFF
-            elif op in (isa.OP_VLDH, isa.OP_VSTH):
-                i0 = (am + int(sr[r1]) + imm) // 2
-                if op == isa.OP_VLDH:
-                    v[r0] = f16tab[mem16[i0:i0 + lanes]]
-                else:
-                    mem16[i0:i0 + lanes] = f32_to_f16_array(v[r2].copy())
-            elif op in (isa.OP_VLDW, isa.OP_VSTW):
-                i0 = (am + int(sr[r1]) + imm) // 4
-                if op == isa.OP_VLDW:
-                    v[r0] = mem32[i0:i0 + lanes]
-                else:
-                    mem32[i0:i0 + lanes] = v[r2]
+        semantics.step(state, 0, code[q])
+
+
+def _accesses(code: np.ndarray, p: int, lanes: int) -> list[tuple[int, int, int, int, int]]:
+    """(base register, memory class, alignment, offset, bytes) of bundle p's SM/AM accesses, in unit order."""
+    out = []
+    for u in range(code.shape[1]):
+        spec = isa.OP_BY_CODE.get(int(code[p, u, 0]))
+        if spec is None or spec.space not in (isa.SP_SM, isa.SP_AM):
+            continue
+        size = spec.access_bytes * (lanes if spec.vector else 1)
+        out.append((int(code[p, u, 2]), C_SM if spec.space == isa.SP_SM else C_AM, spec.access_bytes,
+                    int(code[p, u, 5]), size))
+    return out
+
+
+_SM_AM_OPS = set(isa.ops_where(lambda spec: spec.space in (isa.SP_SM, isa.SP_AM)).tolist())
 
 
 def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: bool = False
@@ -886,23 +866,14 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
         if functional:      # an sldh, then an access based on the register it loads
             units = [(int(code[p, u, 0]), int(code[p, u, 1]), int(code[p, u, 2])) for u in range(code.shape[1])]
             for i, (op, r0, _) in enumerate(units):
-                if op == isa.OP_SLDH and any(o in _MEMORY_OPS and base == r0 for o, _, base in units[i + 1:]):
+                if op == isa.OP_SLDH and any(o in _SM_AM_OPS and base == r0 for o, _, base in units[i + 1:]):
                     return False
         return True
 
     plain = [is_plain(p) for p in range(n)]
 
     def accesses(p):
-        out = []
-        for u in range(code.shape[1]):
-            op = int(code[p, u, 0])
-            if op in (isa.OP_SLDH, isa.OP_SSTH):
-                out.append((int(code[p, u, 2]), C_SM, 2, int(code[p, u, 5]), 2))
-            elif op in (isa.OP_VLDH, isa.OP_VSTH):
-                out.append((int(code[p, u, 2]), C_AM, 2, int(code[p, u, 5]), 2 * lanes))
-            elif op in (isa.OP_VLDW, isa.OP_VSTW):
-                out.append((int(code[p, u, 2]), C_AM, 4, int(code[p, u, 5]), 4 * lanes))
-        return out
+        return _accesses(code, p, lanes)
 
     end = np.arange(n, dtype=np.int64)
     classes: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
@@ -946,12 +917,13 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
             creg[p, j], cmem[p, j], calign[p, j] = r, mem, align
         ops = [int(op) for op in code[p, :, 0]]
         own[p, B_BUNDLES] = 1
-        own[p, B_VFMA] = ops.count(isa.OP_VFMA)
+        specs = [isa.OP_BY_CODE.get(op) for op in ops]
+        own[p, B_VFMA] = sum(1 for spec in specs if spec is not None and spec.is_mac)
         own[p, B_SSTH] = ops.count(isa.OP_SSTH)
-        for u, op in enumerate(ops):
-            if op not in (0, isa.OP_NOP):
-                own[p, B_BUSY0 + u] = 1
-        if all(op in (0, isa.OP_NOP) for op in ops):
+        busy = [spec is not None and spec.busy for spec in specs]
+        for u in range(len(ops)):
+            own[p, B_BUSY0 + u] = int(busy[u])
+        if not any(busy):
             nops = [int(code[p, u, 5]) for u, op in enumerate(ops) if op == isa.OP_NOP]
             reason = nops[0] if nops else isa.ST_LATENCY
             own[p, B_BRANCH if reason == isa.ST_BRANCH else B_LATENCY] = 1

@@ -885,16 +885,10 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: b
     return np.ascontiguousarray(code), np.ascontiguousarray(descs), lo, hi, doff
 
 
-def _opcode_set(*codes: int) -> np.ndarray:
-    """Membership table over opcodes (indexing it with a code array is a fast ``np.isin``)."""
-    table = np.zeros(isa.N_OPCODES, np.bool_)
-    table[list(codes)] = True
-    return table
-
-
-_ADDRESSING_OPS = _opcode_set(isa.OP_SLDH, isa.OP_SSTH, isa.OP_VLDH, isa.OP_VLDW, isa.OP_VSTW, isa.OP_VSTH, isa.OP_DMA)
-_TARGET_OPS = _opcode_set(isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL)
-_SCALAR_WRITE_OPS = _opcode_set(isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH)
+# membership tables over opcodes (isa.op_table): address operands, branch targets, named scalar destinations
+_ADDRESSING_OPS = isa.op_table(addresses_memory=True)
+_TARGET_OPS = isa.op_table(has_target=True)
+_SCALAR_WRITE_OPS = isa.op_table(names_scalar_dest=True)
 
 
 @njit(cache=True)
