@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -25,7 +24,7 @@ import mtemu
 from mtemu.kernels.gemm import build_gemm
 from mtemu.validate import TABLE5, TABLE5_M, table5
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.repro.measured import read_runs, validate
+from ratrain.repro.measured import CALIBRATION_PLATFORM, CALIBRATION_RUNS, read_runs, validate
 from ratrain.sim.simulator import simulate
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
@@ -595,12 +594,8 @@ class TimeValidateMeasured:
     timeout = 300.0
 
     def setup(self):
-        root = Path(__file__).resolve().parents[1]
-        runs_file = root.parent / "shared" / "measured" / "a100-single-node-runs.csv"
-        if not runs_file.exists():
-            raise NotImplementedError("the calibration set is not beside the checkout")
-        self.runs = read_runs(runs_file)
-        self.platform = load_platform(root / "platforms" / "a100-measured-cluster.toml")
+        self.runs = read_runs(CALIBRATION_RUNS)
+        self.platform = load_platform(CALIBRATION_PLATFORM)
 
     def time_validate_1440_runs(self):
         validate(self.runs, self.platform)

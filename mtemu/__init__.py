@@ -29,7 +29,7 @@ _LAZY = {
     "GEMM_VARIANTS": "mtemu.kernels.registry",
     "gemm_variant": "mtemu.kernels.registry",
     "choose_tiles": "mtemu.kernels.registry",
-    "effective_bandwidth": "mtemu.ddr_probe",
+    "pattern_bandwidth": "mtemu.ddr_probe",
     "emulator_version": "mtemu.version",
     "connect_scheduler": "mtemu.tune",
     "map_jobs": "mtemu.tune",
@@ -41,7 +41,7 @@ __all__ = ["AssemblyError", "CapacityError", "MachineError", "MtemuError", "Plat
            "DEFAULT_TILES", "GemmResult", "GemmTiles", "gemm_timing", "reference_gemm", "run_gemm",
            "DEFAULT_PLATFORM", "Platform", "load_platform", "run_attention", "run_attention_backward",
            "attention_forward_timing", "attention_backward_timing", "GEMM_VARIANTS", "gemm_variant", "choose_tiles",
-           "effective_bandwidth", "emulator_version", "connect_scheduler", "map_jobs", "warm_numba_cache"]
+           "pattern_bandwidth", "emulator_version", "connect_scheduler", "map_jobs", "warm_numba_cache"]
 
 
 def __getattr__(name: str):

@@ -329,10 +329,6 @@ def pattern_bandwidth(platform: Platform, pattern: str) -> float:
     return _pattern_bandwidth(platform, pattern)
 
 
-# the package's public name for the same (``mtemu.effective_bandwidth``): by pattern name
-effective_bandwidth = pattern_bandwidth
-
-
 def format_probe(results: list[ProbeResult]) -> str:
     """A table of effective rates beside the nominal rate and the paper's 30 GB/s (GB = 1e9 bytes)."""
     if not results:
@@ -359,4 +355,4 @@ def closed_form_single_transfer_cycles(nbytes: int, rows: int, platform: Platfor
 
 __all__ = ["ADAM_PARAMS_PER_CHUNK", "PAPER_EFFECTIVE_DDR", "PATTERNS", "PATTERNS_BY_NAME", "ProbePattern",
            "ProbeResult", "Stream", "build_probe_program", "closed_form_single_transfer_cycles",
-           "contiguous", "effective_bandwidth", "format_probe", "pattern_bandwidth", "probe", "run_pattern"]
+           "contiguous", "format_probe", "pattern_bandwidth", "probe", "run_pattern"]

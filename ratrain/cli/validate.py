@@ -30,7 +30,7 @@ def register(subparsers) -> None:
                    help="folder of nccl-tests all-reduce CSVs named allreduce-<N>gpu.csv")
     f.add_argument("--fit-gpus", type=int, nargs="+", default=[2, 4],
                    help="GPU counts whose runs are fitted on; the others are held out (default 2 4)")
-    f.add_argument("--rounds", type=int, default=6, help="coordinate-search rounds")
+    f.add_argument("--evaluations", type=int, default=120, help="simulations of the fit rows the search may spend")
     _common(f)
     f.set_defaults(handler=run_fit)
 
@@ -64,7 +64,7 @@ def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
     platform = _gpu_platform(args)
     runs = read_runs(args.runs)
     samples = read_allreduce(args.allreduce)
-    fitted, fit = fit_gpu_platform(platform, runs, samples, fit_gpus=tuple(args.fit_gpus), rounds=args.rounds,
+    fitted, fit = fit_gpu_platform(platform, runs, samples, fit_gpus=tuple(args.fit_gpus), evaluations=args.evaluations,
                                    progress=not args.json)
     payload = {"fit": fit.to_json(), "platform": fitted.to_json()}
     lines = [f"fitted on {fit.fit_rows} runs ({', '.join(map(str, args.fit_gpus))} GPUs), "

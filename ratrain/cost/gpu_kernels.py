@@ -6,18 +6,19 @@ Nothing here is emulated; every latency is a closed form over the platform's dat
 which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says on which).
 
 - GEMM ``C[m, n] = A[m, k] B[k, n]`` (FP16 in, FP32 accumulate), ``batch`` independent problems:
-  the output is cut into ``tile_m x tile_n`` tiles, one thread block each, and the blocks run in
-  waves of one block per SM; a wave lasts one tile's 2 * tile_m * tile_n * k FLOPs at the SM's
-  share of ``gemm_efficiency * peak``. This is the tile and wave quantization that makes a GEMM of
-  n = 384 over 108 SMs cost as much as one of n = 512. A memory floor: the operands and the result
+  the output is cut into tiles, one thread block each, and the blocks run in waves of one block
+  per SM; a wave lasts one tile's 2 * tile_m * tile_n * k FLOPs at the SM's share of
+  ``gemm_efficiency * peak`` (times the tile's share, :func:`gemm_tiles`). The library picks the
+  tile with the fewest-wave time among a few around the platform's reference tile. This is the
+  tile and wave quantization that makes a GEMM of n = 384 over 108 SMs cost as much as one of
+  n = 512. A memory floor: the operands and the result
   cross HBM once, at ``hbm_efficiency`` of the bandwidth.
 - Elementwise, normalisation, dropout, softmax, embedding, loss: bytes moved / (HBM bandwidth x
   ``hbm_efficiency``); backward moves twice the forward's bytes (the incoming gradient and the
   saved input are read, the outgoing gradient written).
-- Every kernel lasts at least ``launch_s``: the host's cost of issuing it (PyTorch's eager
-  dispatch and autograd bookkeeping, the CUDA launch). The host issues kernels ahead of the GPU
-  while they are long and falls behind when they are short, so a kernel costs the larger of its
-  GPU time and the host's, not their sum.
+- The host issues every kernel at ``launch_s`` each (PyTorch's eager dispatch and autograd
+  bookkeeping, the CUDA launch): an operator lasts at least its kernels' issue time
+  (:func:`operator_kernels` counts them; ``ratrain.cost.megatron.issue_bound_ms`` applies it).
 - Attention as Megatron runs it unfused: a batched GEMM Q K^T (seq x head_dim x seq per head),
   the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16), and a batched GEMM
   of the probabilities with V; backward: four batched GEMMs (dV, dP, dQ, dK) and the softmax's
@@ -43,21 +44,56 @@ from ratrain.spec.models import FP16, ModelSpec, Operator, embedding_and_head_op
 GPU_SOURCE = "gpu-model"
 
 
+def gemm_tiles(platform: GpuPlatform) -> list[tuple[int, int, float]]:
+    """The output tiles a GEMM library picks among, with each one's share of the peak rate.
+
+    Around the platform's reference tile (tm, tn): (2 tm, tn), (tm, 2 tn), (tm, tn), (tm, tn / 2),
+    (tm / 2, tn), (tm / 2, tn / 2). A tile's rate is the reference's times min(1, its arithmetic
+    intensity tm tn / (tm + tn) over the reference's): a smaller tile re-reads more operand bytes
+    per FLOP from shared memory and L2, a larger one gains nothing past the peak. No constant is
+    added: the reference tile and ``gemm_efficiency`` are the platform's.
+    """
+    tm, tn = platform.kernels.gemm_tile_m, platform.kernels.gemm_tile_n
+    ref = tm * tn / (tm + tn)
+    shapes = [(2 * tm, tn), (tm, 2 * tn), (tm, tn), (tm, max(tn // 2, 1)), (max(tm // 2, 1), tn),
+              (max(tm // 2, 1), max(tn // 2, 1))]
+    out = []
+    for a, b in shapes:
+        if (a, b) not in [(x, y) for x, y, _ in out]:
+            out.append((a, b, min(1.0, a * b / (a + b) / ref)))
+    return out
+
+
 def gemm_seconds(m: int, k: int, n: int, platform: GpuPlatform, batch: int = 1) -> float:
-    """One (batched) GEMM on the GPU: wave-quantized compute or the HBM floor, plus one launch."""
+    """One (batched) GEMM on the GPU: the fastest tile's wave-quantized compute, or the HBM floor."""
     dev, km = platform.device, platform.kernels
-    tiles = math.ceil(m / km.gemm_tile_m) * math.ceil(n / km.gemm_tile_n) * batch
-    waves = math.ceil(tiles / dev.sm_count)
     per_sm_flops = dev.peak_fp16_flops * km.gemm_efficiency / dev.sm_count
-    compute = waves * 2.0 * km.gemm_tile_m * km.gemm_tile_n * k / per_sm_flops
+    compute = math.inf
+    for tm, tn, share in gemm_tiles(platform):
+        tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
+        waves = math.ceil(tiles / dev.sm_count)
+        compute = min(compute, waves * 2.0 * tm * tn * k / (per_sm_flops * share))
     memory = batch * FP16 * (m * k + k * n + m * n) / (dev.hbm_bandwidth * km.hbm_efficiency)
-    return max(compute, memory, km.launch_s)
+    return max(compute, memory)
 
 
-def bytes_seconds(nbytes: float, platform: GpuPlatform, kernels: int = 1) -> float:
-    """A bandwidth-bound kernel (or ``kernels`` of them) moving ``nbytes`` through HBM."""
-    rate = platform.device.hbm_bandwidth * platform.kernels.hbm_efficiency
-    return max(nbytes / rate, kernels * platform.kernels.launch_s)
+def bytes_seconds(nbytes: float, platform: GpuPlatform) -> float:
+    """GPU time of bandwidth-bound kernels moving ``nbytes`` through HBM."""
+    return nbytes / (platform.device.hbm_bandwidth * platform.kernels.hbm_efficiency)
+
+
+def host_seconds(kernels: int, platform: GpuPlatform) -> float:
+    """The host's time to issue ``kernels`` kernels."""
+    return kernels * platform.kernels.launch_s
+
+
+def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
+    """Kernels the host issues for one operator: forward, backward (a collective counts as one)."""
+    if op.kind == "gemm":
+        return 1, 3 if op.bias else 2          # dgrad, wgrad (and the bias gradient's reduction)
+    if op.kind == "attention":
+        return (1, 1) if platform.kernels.attention == "flash" else (3, 5)
+    return 1, 1
 
 
 def hbm_rate(platform: GpuPlatform) -> float:
@@ -72,8 +108,7 @@ def attention_seconds(op: Operator, platform: GpuPlatform) -> tuple[float, float
     if platform.kernels.attention == "flash":
         flops = 4.0 * heads * s * s * d * (0.5 if op.causal else 1.0)
         rate = platform.device.peak_fp16_flops * platform.kernels.flash_efficiency
-        fwd = max(flops / rate, platform.kernels.launch_s)
-        bwd = max(2.5 * flops / rate, platform.kernels.launch_s)
+        fwd, bwd = flops / rate, 2.5 * flops / rate
         return fwd, bwd, [["flash-fwd", heads, s, d, fwd], ["flash-bwd", heads, s, d, bwd]]
     scores = heads * s * s * FP16
     qk = gemm_seconds(s, d, s, platform, batch=heads)
@@ -126,5 +161,5 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
                         GPU_SOURCE, rates)
 
 
-__all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gpu_layer_profile", "hbm_rate",
-           "operator_profile", "platform_key"]
+__all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
+           "hbm_rate", "host_seconds", "operator_kernels", "operator_profile", "platform_key"]

@@ -38,11 +38,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.cost.collectives import GpuCollectives, Placement
-from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile
+from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile, host_seconds, operator_kernels
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
-from ratrain.spec.models import FP16, FP32, ModelSpec, check_tp, layer_tp_parameter_count, stage_edge_parameters
+from ratrain.spec.models import (
+    FP16,
+    FP32,
+    ModelSpec,
+    Operator,
+    check_tp,
+    embedding_and_head_operators,
+    layer_operators,
+    layer_tp_parameter_count,
+    stage_edge_parameters,
+)
 from ratrain.spec.parallel import ParallelConfig
 
 # Megatron's FP16 optimizer step per parameter, as passes over memory: copy the FP16 gradient into
@@ -51,9 +61,12 @@ from ratrain.spec.parallel import ParallelConfig
 # master weight back to the FP16 weight (read 4, write 2); zero the FP16 gradient (write 2).
 OPTIMIZER_BYTES_PER_PARAM = 6 + 8 + 4 + 28 + 6 + 2
 # ZeRO-1 (distributed optimizer): the same passes over the 1/D shard, the FP16 copy of the full
-# weights written by the all-gather
+# weights written by the all-gather. The passes are multi-tensor kernels, one launch each.
+OPTIMIZER_KERNELS = 6
 ACTIVATION_MODES = ("full", "ckpt", "selective")
 ATTENTION_CORE = ("attention", "attn_probs_dropout")
+# dropout then residual add, fused by Megatron (--bias-dropout-fusion, its default) into one kernel
+FUSED_DROPOUT_ADD = {("attn_dropout", "attn_residual"), ("mlp_dropout", "mlp_residual")}
 
 
 @dataclass
@@ -75,6 +88,14 @@ def _group_ms(coll: GpuCollectives, nbytes: float, kind: str, sequence_parallel:
     return coll.allreduce_ms(nbytes, kind)
 
 
+def issue_bound_ms(stream: list[tuple[float, int]], launch_ms: float) -> float:
+    """A pass's time: each operator lasts the longer of its GPU time and the host's time to issue
+    its k kernels (k x ``launch_ms``), and the operators follow one another. (Letting the host
+    run ahead of the GPU across operators, so that short operators hide behind long ones, fits
+    the measured runs worse: docs/VALIDATION.md.)"""
+    return sum(max(g, k * launch_ms) for g, k in stream)
+
+
 def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, *, activation: str = "ckpt",
                   sequence_parallel: bool = False, grad_bytes: int = FP16) -> MegatronStep:
     """The costs of ``cfg`` on ``platform`` (see the module docstring for every term)."""
@@ -91,35 +112,65 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     m = cfg.micro_batch * cfg.seq
     act = m * model.hidden * FP16
     tp_ar = _group_ms(coll, act, "tp", sequence_parallel)
-    f_layer = 1e3 * prof.forward_s + 2 * tp_ar
-    b_layer = 1e3 * prof.backward_s + 2 * tp_ar
-    if activation == "ckpt":
-        r_layer = f_layer
-    elif activation == "selective":
-        r_layer = 1e3 * sum(o.forward_s for o in prof.ops if o.name in ATTENTION_CORE)
-    else:
-        r_layer = 0.0
     n = model.layers // P
     emb_params, head_params = stage_edge_parameters(model, P, T)
     layer_params = layer_tp_parameter_count(model, T)
-    loss_ar = 2 * coll.allreduce_ms(m * FP32, "tp")
-    tp_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
-    stages, dp_sync, gather, opt, tp_comm = [], [], [], [], []
+    loss_ar = coll.allreduce_ms(m * FP32, "tp")
+
+    # each pass as the stream of kernels it issues: (GPU ms, kernels) per operator, a collective
+    # one kernel on the stream (Megatron's tensor-parallel all-reduces run on the compute stream)
+    def stream(profiles: list, ops: list[Operator], backward: bool) -> list[tuple[float, int]]:
+        out, i = [], 0
+        while i < len(ops):
+            op, o = ops[i], profiles[i]
+            if op.kind == "allreduce":
+                out.append((tp_ar, 1))
+            elif i + 1 < len(ops) and (op.name, ops[i + 1].name) in FUSED_DROPOUT_ADD:
+                # Megatron's bias-dropout-add: one kernel reads x and the residual, writes the sum
+                # and the mask (7 bytes per element); backward reads the gradient and the mask and
+                # writes the input gradient (5); the residual's gradient passes through
+                elements = op.bytes_moved // 5
+                out.append((1e3 * bytes_seconds((5 if backward else 7) * elements, platform), 1))
+                i += 1
+            else:
+                seconds = o.backward_s if backward else o.forward_s
+                out.append((1e3 * seconds, operator_kernels(op, platform)[backward]))
+            i += 1
+        return out[::-1] if backward else out
+
+    layer_ops = layer_operators(model, cfg.micro_batch, cfg.seq, T)
+    edge_ops = embedding_and_head_operators(model, cfg.micro_batch, cfg.seq, T)
+    fwd = stream(prof.ops, layer_ops, False)
+    bwd = stream(prof.ops, layer_ops, True)
+    if activation == "ckpt":
+        rec = fwd
+    elif activation == "selective":
+        core = [i for i, op in enumerate(layer_ops) if op.name in ATTENTION_CORE]
+        rec = stream([prof.ops[i] for i in core], [layer_ops[i] for i in core], False)
+    else:
+        rec = []
+    first_f, first_b = stream(prof.first_ops, edge_ops["first"], False), stream(prof.first_ops, edge_ops["first"], True)
+    last_f = stream(prof.last_ops, edge_ops["last"], False) + ([(loss_ar, 1)] * 2 if T > 1 else [])
+    last_b = ([(tp_ar, 1)] if T > 1 else []) + stream(prof.last_ops, edge_ops["last"], True)
+    launch_ms = 1e3 * platform.kernels.launch_s
+    ar_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
+    stages, dp_sync, gather, opt, tp_comm, host_bound = [], [], [], [], [], []
     for p in range(P):
-        f, b, r = n * f_layer, n * b_layer, n * r_layer
-        params, comm = n * layer_params, n * tp_per_layer
+        f_seq, b_seq, r_seq = fwd * n, bwd * n, rec * n
+        params, comm = n * layer_params, n * ar_per_layer
         if p == 0:
-            f += 1e3 * prof.first_forward_s + tp_ar
-            b += 1e3 * prof.first_backward_s
+            f_seq, b_seq = first_f + f_seq, b_seq + first_b
             params += emb_params
             comm += tp_ar
         if p == P - 1:
-            f += 1e3 * prof.last_forward_s + loss_ar
-            b += 1e3 * prof.last_backward_s + tp_ar
+            f_seq, b_seq = f_seq + last_f, last_b + b_seq
             params += head_params
-            comm += loss_ar + tp_ar
+            comm += (2 * loss_ar + tp_ar) if T > 1 else 0.0
+        passes = [issue_bound_ms(seq, launch_ms) for seq in (f_seq, b_seq, r_seq)]
+        host_bound.append([t > sum(g for g, _ in seq) + 1e-12
+                           for t, seq in zip(passes, (f_seq, b_seq, r_seq), strict=True)])
         tp_comm.append(comm)
-        stages.append([LayerCosts(forward_ms=f, backward_ms=b, recompute_ms=r)])
+        stages.append([LayerCosts(forward_ms=passes[0], backward_ms=passes[1], recompute_ms=passes[2])])
         if cfg.zero >= 1 and D > 1:
             dp_sync.append(coll.reduce_scatter_ms(params * grad_bytes, "dp"))
             gather.append(coll.all_gather_ms(params * FP16, "dp"))
@@ -128,16 +179,19 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
             dp_sync.append(coll.allreduce_ms(params * grad_bytes, "dp"))
             gather.append(0.0)
             local = params
-        opt.append(1e3 * bytes_seconds(local * OPTIMIZER_BYTES_PER_PARAM, platform, kernels=6))
+        opt.append(1e3 * max(bytes_seconds(local * OPTIMIZER_BYTES_PER_PARAM, platform),
+                             host_seconds(OPTIMIZER_KERNELS, platform)))
     emb_sync = coll.allreduce_ms(emb_params * grad_bytes, "embedding") if P > 1 else 0.0
     barrier = 1e3 * platform.collectives.launch_s * 2 if P * T > 1 else 0.0
     costs = PipelineCosts(stages=stages, transfer_ms=coll.p2p_ms(act), microbatches=cfg.accum, dp=D)
     parts = {"tp_allreduce_ms": tp_ar, "compute_forward_ms": 1e3 * prof.forward_s,
-             "compute_backward_ms": 1e3 * prof.backward_s, "recompute_ms": r_layer,
+             "compute_backward_ms": 1e3 * prof.backward_s,
              "transfer_ms": costs.transfer_ms, "layers_per_stage": n, "tp_comm_per_microbatch_ms": tp_comm,
+             "host_bound_forward_backward_recompute": host_bound,
              "tp_crosses_nodes": coll.crosses_nodes("tp"), "dp_crosses_nodes": coll.crosses_nodes("dp")}
     return MegatronStep(costs, dp_sync, emb_sync, opt, gather, barrier,
                         1e3 * platform.kernels.step_overhead_s, parts)
 
 
-__all__ = ["ACTIVATION_MODES", "OPTIMIZER_BYTES_PER_PARAM", "MegatronStep", "megatron_step"]
+__all__ = ["ACTIVATION_MODES", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_KERNELS", "MegatronStep", "issue_bound_ms",
+           "megatron_step"]

@@ -362,7 +362,7 @@ def ddr_rates(platform: TrainingPlatform, source: str) -> dict[str, float]:
     nominal rate for the roofline stand-in (which emulates nothing)."""
     if source == "roofline":
         return {term: platform.cluster.ddr_bandwidth for term in DDR_TERMS}
-    return {term: mtemu.effective_bandwidth(platform.cluster, term_pattern(term)) for term in DDR_TERMS}
+    return {term: mtemu.pattern_bandwidth(platform.cluster, term_pattern(term)) for term in DDR_TERMS}
 
 
 class _Timer:

@@ -7,8 +7,8 @@ What is fitted, and how (docs/VALIDATION.md gives the values and the errors they
   (``ratrain.cost.collectives.fit_allreduce``);
 - the kernel model (``kernels.gemm_efficiency``, ``hbm_efficiency``, ``launch_s``,
   ``step_overhead_s``): the mean absolute relative error of the simulated iterations over the fit
-  rows, minimised by a deterministic coordinate search (each constant in turn tried at a factor
-  above and below its value, the factor halved when no move helps), from the platform's values.
+  rows, minimised by a deterministic Nelder-Mead search over their logarithms, from the
+  platform's values.
 
 The fit rows are a subset of the runs (by default those on 2 and 4 GPUs); the rest are held out
 and reported apart, so the error on runs the fit did not see is stated beside the fit's own.
@@ -54,36 +54,64 @@ def _objective(platform: GpuPlatform, runs: list[MeasuredRun]) -> float:
     return validate(runs, platform).summary["mean_abs_error"]
 
 
-def fit_kernel_constants(platform: GpuPlatform, runs: list[MeasuredRun], *, rounds: int = 6,
+def _clip(name: str, value: float) -> float:
+    lo, hi = BOUNDS[name]
+    return min(max(value, lo), hi)
+
+
+def fit_kernel_constants(platform: GpuPlatform, runs: list[MeasuredRun], *, evaluations: int = 120,
                          progress: bool | None = None) -> tuple[GpuPlatform, int]:
-    """Coordinate search over KERNEL_CONSTANTS minimising the mean |error| on ``runs``."""
+    """Nelder-Mead over the logarithms of KERNEL_CONSTANTS (each clipped to BOUNDS), minimising the
+    mean |error| on ``runs``: deterministic (fixed start simplex, fixed coefficients), no gradients
+    (the error is piecewise smooth: waves and host floors switch)."""
     say = Progress(bool(progress))
-    best = _objective(platform, runs)
-    evals, step = 1, 1.5
-    for r in range(rounds):
-        moved = False
-        for name in KERNEL_CONSTANTS:
-            lo, hi = BOUNDS[name]
-            value = _get(platform, name)
-            candidates = [value * step, value / step] if value > 0 else [1e-3, 1e-2]
-            for cand in candidates:
-                cand = min(max(cand, lo), hi)
-                if cand == value:
-                    continue
-                trial = platform.with_overrides(**{name: cand})
-                err = _objective(trial, runs)
-                evals += 1
-                if err < best - 1e-12:
-                    best, platform, moved = err, trial, True
-                    value = cand
-        say(f"fit round {r + 1}: mean |error| {100 * best:.2f} % after {evals} simulations of the fit rows")
-        if not moved:
-            step = math.sqrt(step)
-    return platform, evals
+    names = KERNEL_CONSTANTS
+    start = [math.log(max(_get(platform, n), 1e-6)) for n in names]
+
+    def build(x: list[float]) -> GpuPlatform:
+        return platform.with_overrides(**{n: _clip(n, math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+    cache: dict[tuple, float] = {}
+
+    def f(x: list[float]) -> float:
+        key = tuple(round(v, 12) for v in x)
+        if key not in cache:
+            cache[key] = _objective(build(x), runs)
+        return cache[key]
+
+    simplex = [start] + [[v + (0.3 if i == j else 0.0) for j, v in enumerate(start)] for i in range(len(names))]
+    values = [f(x) for x in simplex]
+    while len(cache) < evaluations:
+        order = sorted(range(len(simplex)), key=lambda i: values[i])
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        best, worst = simplex[0], simplex[-1]
+        centre = [sum(x[j] for x in simplex[:-1]) / (len(simplex) - 1) for j in range(len(names))]
+        reflect = [c + (c - w) for c, w in zip(centre, worst, strict=True)]
+        fr = f(reflect)
+        if fr < values[0]:
+            expand = [c + 2 * (c - w) for c, w in zip(centre, worst, strict=True)]
+            fe = f(expand)
+            simplex[-1], values[-1] = (expand, fe) if fe < fr else (reflect, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflect, fr
+        else:
+            contract = [c + 0.5 * (w - c) for c, w in zip(centre, worst, strict=True)]
+            fc = f(contract)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contract, fc
+            else:
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, xs, strict=True)] for xs in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+        if len(cache) % 20 < 2:
+            say(f"fit: mean |error| {100 * min(values):.2f} % after {len(cache)} simulations of the fit rows")
+        if max(values) - min(values) < 1e-5:
+            break
+    i = min(range(len(simplex)), key=lambda k: values[k])
+    return build(simplex[i]), len(cache)
 
 
 def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: list[tuple[int, float, float]],
-                     *, fit_gpus: tuple[int, ...] = (2, 4), rounds: int = 6,
+                     *, fit_gpus: tuple[int, ...] = (2, 4), evaluations: int = 120,
                      progress: bool | None = None) -> tuple[GpuPlatform, GpuFit]:
     """Fit the collectives on ``allreduce``, then the kernel constants on the runs on ``fit_gpus``."""
     ar = fit_allreduce(allreduce, platform.node.intra_bandwidth)
@@ -94,7 +122,7 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
     held = [r for r in runs if r.gpus not in fit_gpus]
     if not fit_rows:
         raise ConfigError(f"no runs on {fit_gpus} GPUs to fit on")
-    platform, evals = fit_kernel_constants(platform, fit_rows, rounds=rounds, progress=progress)
+    platform, evals = fit_kernel_constants(platform, fit_rows, evaluations=evaluations, progress=progress)
 
     def errors(rows):
         if not rows:

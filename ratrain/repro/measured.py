@@ -28,12 +28,14 @@ from pathlib import Path
 from ratrain.cost.collectives import fit_allreduce
 from ratrain.cost.megatron import megatron_step
 from ratrain.errors import ConfigError
+from ratrain.repro.experiment import Check, Experiment
 from ratrain.repro.figures import plt, save_figure
 from ratrain.repro.ranking import kendall_tau_b
 from ratrain.sim.megatron_step import MegatronResult, simulate_megatron
 from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.models import gpt_model
 from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platforms import load_platform
 from rtcommon.progress import Progress
 
 # the calibration file's columns, in order, and the field each one fills
@@ -306,6 +308,7 @@ def format_validation(validation: Validation, limit: int = 20) -> str:
 
 
 __all__ = ["COLUMNS", "MeasuredRun", "Validation", "error_table", "fit_allreduce", "format_validation",
+           "residual_table", "residuals", "run_measured",
            "plot_validation", "predict", "read_allreduce", "read_runs", "validate"]
 
 
@@ -323,4 +326,84 @@ def error_table(runs: list[MeasuredRun], platform: GpuPlatform, fit_gpus: tuple[
                      f"{100 * s['max_abs_error']:.2f} % | "
                      f"{s['mean_group_tau']:.3f} / {s['min_group_tau']:.3f} | "
                      f"{s['mean_top1_regret_pct']:.2f} % / {s['max_top1_regret_pct']:.2f} % |")
+    return lines
+
+
+# ---------------------------------------------------------------- the reproduction's experiment
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "measured"
+CALIBRATION_RUNS = DATA_DIR / "a100-single-node-runs.csv"
+CALIBRATION_ALLREDUCE = DATA_DIR / "a100-allreduce"
+# the shipped platform of the calibration cluster, in the source checkout's platforms/ folder
+CALIBRATION_PLATFORM = Path(__file__).resolve().parents[2] / "platforms" / "a100-measured-cluster.toml"
+FIT_GPUS = (2, 4)
+TARGET_MEAN_ERROR = 0.05           # the aim: mean |error| at most 5 %
+TARGET_TAU = 0.8                   # and Kendall tau at least 0.8 in every group
+RESIDUAL_KEYS = ("tp", "pp", "dp", "micro_batch")
+
+
+def residuals(validation: Validation) -> dict:
+    """Signed mean error by tensor, pipeline and data parallelism and micro-batch, and the share of
+    the predicted time each part of the iteration takes: what the residual error is made of."""
+    out: dict = {}
+    for key in RESIDUAL_KEYS:
+        by: dict = {}
+        for r in validation.runs:
+            by.setdefault(r[key], []).append(r["error"])
+        out[key] = {str(k): {"runs": len(e), "mean_error": sum(e) / len(e),
+                             "mean_abs_error": sum(abs(x) for x in e) / len(e)} for k, e in sorted(by.items())}
+    totals: dict = {}
+    for r in validation.runs:
+        for part, ms in r["breakdown_ms"].items():
+            totals[part] = totals.get(part, 0.0) + ms
+    whole = sum(totals.values())
+    out["share_of_predicted_time"] = {part: ms / whole for part, ms in totals.items()}
+    return out
+
+
+def run_measured(out: Path, prog, settings) -> Experiment:
+    """`ratrain reproduce measured`: the shipped A100 platform against its calibration set."""
+    platform = load_platform(CALIBRATION_PLATFORM)
+    runs = read_runs(CALIBRATION_RUNS)
+    prog(f"measured: {len(runs)} runs on {platform.name}")
+    whole = validate(runs, platform)
+    fit = validate([r for r in runs if r.gpus in FIT_GPUS], platform).summary
+    held = validate([r for r in runs if r.gpus not in FIT_GPUS], platform).summary
+    figure = Path(out) / "measured_validation.png"
+    plot_validation(whole, figure)
+    s = whole.summary
+    checks = [Check("mean |error|, all runs", s["mean_abs_error"], None, f"<= {TARGET_MEAN_ERROR:.0%}",
+                    s["mean_abs_error"] <= TARGET_MEAN_ERROR, "the aim for a simulator with fitted kernels"),
+              Check("mean |error|, held-out runs (8 GPUs)", held["mean_abs_error"], None,
+                    f"<= {TARGET_MEAN_ERROR:.0%}", held["mean_abs_error"] <= TARGET_MEAN_ERROR,
+                    "runs the fit did not see"),
+              Check("min Kendall tau per model and GPU count", s["min_group_tau"], None, f">= {TARGET_TAU}",
+                    s["min_group_tau"] is not None and s["min_group_tau"] >= TARGET_TAU,
+                    f"{s['groups']} groups")]
+    rows = [dict(g) for g in whole.groups]
+    res = residuals(whole)
+    lines = [format_validation(whole, 10), "",
+             f"fit rows ({', '.join(map(str, FIT_GPUS))} GPUs): mean |error| {100 * fit['mean_abs_error']:.2f} %; "
+             f"held-out rows: {100 * held['mean_abs_error']:.2f} %", "",
+             "signed mean error by " + "; ".join(
+                 f"{key}: " + ", ".join(f"{k} {100 * v['mean_error']:+.1f} %" for k, v in res[key].items())
+                 for key in RESIDUAL_KEYS),
+             "share of the predicted time: " + ", ".join(
+                 f"{k} {100 * v:.1f} %" for k, v in res["share_of_predicted_time"].items())]
+    return Experiment("measured", "Measured runs: the simulator on an A100 node (1,440 runs)", rows, checks,
+                      [str(figure)], "\n".join(lines),
+                      ["Constants fitted on the 2- and 4-GPU runs and the all-reduce measurements; the 8-GPU runs "
+                       "are held out. What was fitted and what the residual error is made of: docs/VALIDATION.md."])
+
+
+def residual_table(validation: Validation) -> list[str]:
+    """The markdown rows of docs/VALIDATION.md's residual table: signed mean error per value of
+    T, P, D and b, and the share of the predicted time each part takes."""
+    res = residuals(validation)
+    lines = []
+    for key, label in zip(RESIDUAL_KEYS, ("T", "P", "D", "b"), strict=True):
+        cells = ", ".join(f"{k}: {100 * v['mean_error']:+.1f} %" for k, v in res[key].items())
+        lines.append(f"| {label} | {cells} |")
+    share = ", ".join(f"{k.replace('_', ' ')} {100 * v:.1f} %" for k, v in res["share_of_predicted_time"].items())
+    lines.append(f"| share of the predicted time | {share} |")
     return lines

@@ -17,6 +17,7 @@ from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
+from ratrain.repro.measured import run_measured
 from ratrain.repro.platforms import run_platforms
 from ratrain.repro.ranking import run_ranking
 from ratrain.repro.schedules import run_schedules
@@ -37,12 +38,12 @@ def registry() -> dict[str, Callable[..., Experiment]]:
             "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
             "stragglers": run_stragglers, "platforms": run_platforms, "ranking": run_ranking,
             "fig9": run_fig9,
-            "correctness": run_correctness_experiment}
+            "correctness": run_correctness_experiment, "measured": run_measured}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
                     "schedules", "budget", "sensitivity", "stragglers", "platforms",
-                    "ranking", "fig9", "correctness")
+                    "ranking", "fig9", "correctness", "measured")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
