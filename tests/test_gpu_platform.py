@@ -74,7 +74,7 @@ def test_mt3000_json_names_its_kind_and_round_trips(tmp_path):
 
 # --- derived figures -------------------------------------------------------------------------
 @pytest.mark.parametrize("name, budget_gib, hbm_gib, peak, intra, node_nic", [
-    ("a100-measured-cluster.toml", 38, 40, 312e12, 150e9, 100e9),     # 800 Gbit/s per node
+    ("a100-measured-cluster.toml", 38, 40, 312e12, 300e9, 100e9),     # 800 Gbit/s per node; NVLink per the datasheet
     ("dgx-a100.toml", 78, 80, 312e12, 300e9, 200e9),                  # 8 x 200 Gbit/s
     ("dgx-h100.toml", 78, 80, 989e12, 450e9, 400e9),                  # 8 x 400 Gbit/s
     ("rtx4090-pcie.toml", 22, 24, 165.2e12, 32e9, 200e9),             # 8 x 200 Gbit/s
@@ -97,8 +97,10 @@ def test_the_pcie_platform_has_no_peer_to_peer_and_the_others_do():
     assert all(_gpu(n).node.peer_to_peer for n in GPU_FILES if n != "rtx4090-pcie.toml")
 
 
-def test_the_dataclass_defaults_stand_in_for_the_fit():
-    assert _gpu("a100-measured-cluster.toml").kernels == GpuKernelModel()
+def test_dgx_a100_carries_the_calibration_clusters_fit():
+    fitted, dgx = _gpu("a100-measured-cluster.toml"), _gpu("dgx-a100.toml")
+    assert dgx.kernels == fitted.kernels and dgx.collectives == fitted.collectives
+    assert fitted.kernels != GpuKernelModel()                       # the fit moved them off the defaults
 
 
 # --- overrides -------------------------------------------------------------------------------
@@ -255,10 +257,6 @@ def test_platform_command_prints_a_gpu_platform(capsys):
 @pytest.mark.parametrize("argv", [
     ["profile", "--model", "llama2-7b", "--source", "roofline"],
     ["reproduce", "fig9"],
-    ["memory", "--model", "llama2-7b"],
-    ["simulate", "--model", "llama2-7b"],
-    ["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "8", "--profile", "roofline"],
-    ["time-to-train", "--model", "llama2-7b", "--clusters", "8", "--mtbf-hours", "10", "--steps", "10"],
 ])
 def test_mt3000_commands_refuse_a_gpu_platform_in_one_line(capsys, tmp_path, argv):
     path = str(PLATFORMS / "rtx4090-pcie.toml")
@@ -266,6 +264,19 @@ def test_mt3000_commands_refuse_a_gpu_platform_in_one_line(capsys, tmp_path, arg
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, err
     assert f"{path} is a GPU-cluster platform; ratrain {argv[0]} needs an MT-3000 platform" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "--model", "llama2-7b", "--pp", "4", "--dp", "2"],
+    ["simulate", "--model", "llama2-7b", "--pp", "2", "--dp", "4", "--accum", "4"],
+    ["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "8"],
+    ["time-to-train", "--model", "llama2-7b", "--clusters", "8", "--mtbf-hours", "10", "--steps", "10",
+     "--checkpoint-s", "30", "--pp", "4", "--dp", "2"],
+])
+def test_training_commands_run_on_a_gpu_platform(capsys, argv):
+    assert ratrain_main(argv + ["--platform", str(PLATFORMS / "rtx4090-pcie.toml"), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload
 
 
 def test_tiles_and_the_emulator_refuse_a_gpu_platform(capsys):
@@ -286,7 +297,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 10 ** 40
 FIELDS = [(t, f) for t, part in _gpu().to_json().items() if isinstance(part, dict) and t != "derived" for f in part]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.sampled_from(FIELDS), JSON_VALUES)
 def test_any_value_in_any_field_of_a_file_loads_sane_or_names_file_and_field(tmp_path_factory, where, value):
     table, field = where
@@ -298,7 +309,9 @@ def test_any_value_in_any_field_of_a_file_loads_sane_or_names_file_and_field(tmp
         plat = load_platform(path)
     except ConfigError as exc:
         msg = str(exc)
-        assert msg.startswith(f"{path}: ") and "\n" not in msg and field in msg, msg
+        # the JSON reader refuses a non-finite number before any field is read: it names the file
+        assert msg.startswith(f"{path}: ") and "\n" not in msg, msg
+        assert field in msg or "Infinity" in msg, msg
     else:
         assert getattr(getattr(plat, table), field) == value
         assert GpuPlatform.from_dict(plat.to_json()) == plat

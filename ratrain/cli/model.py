@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import add_platform_args, platform_from_args
+from ratrain.cli.args import add_platform_args, any_platform_from_args
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
@@ -96,7 +96,7 @@ def run_memory(args) -> tuple[dict, str]:
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=args.activation,
                          prefetch=args.prefetch, partition=args.partition)
-    platform = platform_from_args(args)
+    platform = any_platform_from_args(args)
     stages = stage_memory(spec, cfg, platform)
     peak = max_peak(stages)
     fits = peak <= platform.memory_budget_bytes

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import add_platform_args, platform_from_args
+from ratrain.cli.args import add_platform_args, any_platform_from_args
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
 from ratrain.plan.schedule_search import DEFAULT_VIRTUAL_STAGES, parse_schedules
+from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
 from ratrain.spec.parallel import ZERO_STAGES
 from ratrain.spec.platform import GIB
@@ -74,9 +75,9 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run)
 
 
-def _row(c, schedules: bool = False) -> str:
+def _row(c, schedules: bool = False, gpu: bool = False) -> str:
     bd = c.breakdown
-    mark = "" if c.kernels == "emulated" else f"  ({c.kernels} kernel model)"
+    mark = "" if c.kernels == "emulated" or gpu else f"  ({c.kernels} kernel model)"
     if c.simulated_step_ms is not None:
         mark += f"  simulated {c.simulated_step_ms / 1e3:.2f} s"
     sched = "" if c.schedule.name == "1f1b" and not schedules else f"{c.schedule.label():<16} "
@@ -123,7 +124,7 @@ def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
     model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
-    platform = platform_from_args(args)
+    platform = any_platform_from_args(args)
     for name in ("clusters", "global_batch", "seq", "top"):
         value = getattr(args, name)
         if value < 1:
@@ -138,11 +139,14 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
                           zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)
     payload = result.to_json()
-    lines = [f"{model.name}: {args.clusters} clusters, global batch {args.global_batch} x {args.seq}, "
-             f"method {args.method}, profile {args.profile}",
+    gpu = isinstance(platform, GpuPlatform)
+    units = "GPUs" if gpu else "clusters"
+    source = "the GPU kernel model" if gpu else args.profile
+    lines = [f"{model.name}: {args.clusters} {units} of {platform.name}, global batch {args.global_batch} "
+             f"x {args.seq}, method {args.method}, profile {source}",
              f"enumerated {result.enumerated}, pruned by memory {result.pruned_by_memory}, timed {result.timed} "
              f"({result.configs_per_s:.0f} configurations/s; {result.profile_s:.1f} s building profiles)"]
-    if result.confirmed:
+    if result.confirmed and not gpu:
         lines.append(f"ranked on the fast kernel model ({result.kernel_model}); the {result.confirmed} best confirmed "
                      f"on emulated kernels: fast model within {100 * result.fast_error:.2f}%, "
                      + ("emulation REORDERED them" if result.reordered else "same order"))
@@ -159,6 +163,6 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if result.best is None:
         lines.append("no configuration fits the memory budget (OOM)")
     else:
-        lines.append("best: " + _row(result.best, many))
-        lines += [f"{i + 1:>3}. " + _row(c, many) for i, c in enumerate(result.ranked)]
+        lines.append("best: " + _row(result.best, many, gpu))
+        lines += [f"{i + 1:>3}. " + _row(c, many, gpu) for i, c in enumerate(result.ranked)]
     return payload, "\n".join(lines)

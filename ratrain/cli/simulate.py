@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import add_platform_args, platform_from_args
+from ratrain.cli.args import add_platform_args, any_platform_from_args
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.cost.terms import load_profile, pipeline_costs
 from ratrain.errors import ConfigError
@@ -185,7 +185,7 @@ def _model_step(args: argparse.Namespace):
     mech = mechanisms_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
-    platform = platform_from_args(args)
+    platform = any_platform_from_args(args)
     profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile, platform=platform)
     sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
     if sched.splits_backward:         # W's share per layer: the costs alone, no simulation

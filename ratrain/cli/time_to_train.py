@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ratrain.cli.args import add_platform_args, platform_from_args
+from ratrain.cli.args import add_platform_args, any_platform_from_args
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import plan, simulate_config
 from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
 def step_from_model(args: argparse.Namespace) -> tuple[float, ParallelConfig]:
     """--model mode: the simulated step (s) of the given configuration, or of the planner's pick."""
     model = get_model(args.model)
-    platform = platform_from_args(args)
+    platform = any_platform_from_args(args)
     seq = args.seq or 2048
     if args.pp is not None:
         cfg = ParallelConfig(pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,

@@ -1,4 +1,12 @@
-"""Collectives on a GPU cluster, on the link each one would use under Megatron's rank placement.
+"""Collectives on the link each one uses: MT-3000's one inter-cluster link, or a GPU cluster's
+links under Megatron's rank placement.
+
+MT-3000 (:class:`LinkCollectives`): every collective is a ring over the inter-cluster link
+(``TrainingPlatform.link_bandwidth``, ``link_latency_s`` per message), whatever its group:
+all-reduce 2 (n - 1) / n * S / bw + 2 (n - 1) latency, reduce-scatter and all-gather half of that,
+point to point S / bw + latency (``ratrain.cost.terms`` states why).
+
+GPU clusters (:class:`GpuCollectives`), as follows.
 
 Placement (Megatron's order): global rank = pp_rank * T * D + dp_rank * T + tp_rank, and ranks
 fill nodes in order (``gpus_per_node`` per node). So a tensor-parallel group is T adjacent ranks,
@@ -32,6 +40,7 @@ import numpy as np
 
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.platform import TrainingPlatform
 
 GROUPS = ("tp", "dp", "pp", "embedding")
 
@@ -61,6 +70,50 @@ class Placement:
         if kind == "embedding":       # first and last stage hold the tied embedding
             return sorted({self.rank(0, 0, 0), self.rank(0, 0, self.pp - 1)})
         raise ConfigError(f"collective group must be one of {', '.join(GROUPS)}, got {kind!r}")
+
+
+def ring_allreduce_ms(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> float:
+    """Ring all-reduce: 2(n-1) steps each moving bytes/n per rank, one latency per step."""
+    if ranks <= 1:
+        return 0.0
+    return 1e3 * (2 * (ranks - 1) / ranks * nbytes / bandwidth + 2 * (ranks - 1) * latency_s)
+
+
+def ring_reduce_scatter_ms(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> float:
+    """Ring reduce-scatter (and, by symmetry, all-gather): (n-1) steps of bytes/n."""
+    if ranks <= 1:
+        return 0.0
+    return 1e3 * ((ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency_s)
+
+
+def _group_size(placement: Placement, kind: str) -> int:
+    return {"tp": placement.tp, "dp": placement.dp, "pp": min(placement.pp, 2),
+            "embedding": 2 if placement.pp > 1 else 1}[kind]
+
+
+class LinkCollectives:
+    """MT-3000: every collective on the one inter-cluster link (times in milliseconds)."""
+
+    def __init__(self, platform: TrainingPlatform, placement: Placement):
+        self.platform = platform
+        self.placement = placement
+
+    def allreduce_ms(self, nbytes: float, kind: str) -> float:
+        p = self.platform
+        return ring_allreduce_ms(nbytes, _group_size(self.placement, kind), p.link_bandwidth, p.link_latency_s)
+
+    def reduce_scatter_ms(self, nbytes: float, kind: str) -> float:
+        p = self.platform
+        return ring_reduce_scatter_ms(nbytes, _group_size(self.placement, kind), p.link_bandwidth, p.link_latency_s)
+
+    all_gather_ms = reduce_scatter_ms
+
+    def p2p_ms(self, nbytes: float) -> float:
+        return 1e3 * (nbytes / self.platform.link_bandwidth + self.platform.link_latency_s)
+
+    def shares_link(self, a: str, b: str) -> bool:
+        """Whether two groups' collectives compete for one link: on MT-3000 always."""
+        return True
 
 
 class GpuCollectives:
@@ -99,8 +152,12 @@ class GpuCollectives:
         return len(self._nodes(self.placement.group(kind))) > 1
 
     def _size(self, kind: str) -> int:
-        return {"tp": self.placement.tp, "dp": self.placement.dp, "pp": min(self.placement.pp, 2),
-                "embedding": 2 if self.placement.pp > 1 else 1}[kind]
+        return _group_size(self.placement, kind)
+
+    def shares_link(self, a: str, b: str) -> bool:
+        """Two groups compete for a link when both stay inside the node (the NVLink/PCIe fabric) or
+        both cross nodes (the NICs)."""
+        return self.crosses_nodes(a) == self.crosses_nodes(b)
 
     # -- the collectives
     def allreduce_ms(self, nbytes: float, kind: str) -> float:
@@ -123,9 +180,7 @@ class GpuCollectives:
     all_gather_ms = reduce_scatter_ms
 
     def p2p_ms(self, nbytes: float) -> float:
-        """One pipeline-stage boundary message (the neighbour T * D ranks away)."""
-        if self.placement.pp <= 1:
-            return 0.0
+        """One pipeline-stage boundary message (to the neighbour T * D ranks away)."""
         coll = self.platform.collectives
         if self.crosses_nodes("pp"):
             net = self.platform.network
@@ -179,4 +234,14 @@ def fit_allreduce(samples: list[tuple[int, float, float]], intra_bandwidth: floa
                         float(err.max()), per)
 
 
-__all__ = ["GROUPS", "AllreduceFit", "GpuCollectives", "Placement", "fit_allreduce"]
+def collectives_for(platform: TrainingPlatform | GpuPlatform, tp: int, dp: int, pp: int
+                    ) -> LinkCollectives | GpuCollectives:
+    """The collectives of a T x D x P layout on either kind of platform."""
+    placement = Placement(tp, dp, pp)
+    if isinstance(platform, GpuPlatform):
+        return GpuCollectives(platform, placement)
+    return LinkCollectives(platform, placement)
+
+
+__all__ = ["GROUPS", "AllreduceFit", "GpuCollectives", "LinkCollectives", "Placement", "collectives_for",
+           "fit_allreduce", "ring_allreduce_ms", "ring_reduce_scatter_ms"]

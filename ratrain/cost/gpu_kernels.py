@@ -18,7 +18,9 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
   saved input are read, the outgoing gradient written).
 - The host issues every kernel at ``launch_s`` each (PyTorch's eager dispatch and autograd
   bookkeeping, the CUDA launch): an operator lasts at least its kernels' issue time
-  (:func:`operator_kernels` counts them; ``ratrain.cost.megatron.issue_bound_ms`` applies it).
+  (:func:`operator_kernels` counts them).
+- Megatron's fused kernels: the dropout and residual add after the attention projection and after
+  the MLP run as one kernel (:data:`FUSED_DROPOUT_ADD`).
 - Attention as Megatron runs it unfused: a batched GEMM Q K^T (seq x head_dim x seq per head),
   the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16), and a batched GEMM
   of the probabilities with V; backward: four batched GEMMs (dV, dP, dQ, dK) and the softmax's
@@ -131,17 +133,54 @@ def _gemm_op(op: Operator, platform: GpuPlatform) -> OpProfile:
                      gemms=[list(t) for t in timed])
 
 
-def operator_profile(op: Operator, platform: GpuPlatform) -> OpProfile:
-    """Latencies of one forward operator and its backward on the GPU."""
+def _gpu_times(op: Operator, platform: GpuPlatform) -> OpProfile:
     if op.kind == "gemm":
         return _gemm_op(op, platform)
     if op.kind == "attention":
         fwd, bwd, kernels = attention_seconds(op, platform)
         return OpProfile(op.name, op.kind, fwd, bwd, gemms=kernels)
-    if op.kind == "allreduce":          # communication: the cost terms put it on its link
-        return OpProfile(op.name, op.kind, 0.0, 0.0, op.bytes_moved)
     return OpProfile(op.name, op.kind, bytes_seconds(op.bytes_moved, platform),
                      bytes_seconds(2 * op.bytes_moved, platform), op.bytes_moved)
+
+
+def operator_profile(op: Operator, platform: GpuPlatform) -> OpProfile:
+    """Latencies of one forward operator and its backward on the GPU: each direction the longer of
+    its GPU time and the host's time to issue its kernels (``operator_kernels`` x ``launch_s``).
+    (Letting the host run ahead of the GPU across operators, so that short ones hide behind long
+    ones, fits the measured runs worse: docs/VALIDATION.md.) A collective is 0 here: the cost terms
+    put it on its link."""
+    if op.kind == "allreduce":
+        return OpProfile(op.name, op.kind, 0.0, 0.0, op.bytes_moved)
+    prof = _gpu_times(op, platform)
+    kf, kb = operator_kernels(op, platform)
+    prof.forward_s = max(prof.forward_s, host_seconds(kf, platform))
+    prof.backward_s = max(prof.backward_s, host_seconds(kb, platform))
+    return prof
+
+
+# dropout then residual add, which Megatron fuses (--bias-dropout-fusion, its default) into one kernel
+FUSED_DROPOUT_ADD = {("attn_dropout", "attn_residual"), ("mlp_dropout", "mlp_residual")}
+
+
+def _fused(ops: list[Operator], platform: GpuPlatform) -> list[OpProfile]:
+    """Profiles of a layer's operators with each fused dropout-add pair as one kernel on the first
+    of the two (the second takes no time): forward reads x and the residual and writes the sum and
+    the 1-byte mask (7 bytes per element), backward reads the gradient and the mask and writes the
+    input gradient (5); the residual's gradient passes through."""
+    out, i = [], 0
+    while i < len(ops):
+        op = ops[i]
+        if i + 1 < len(ops) and (op.name, ops[i + 1].name) in FUSED_DROPOUT_ADD:
+            elements = op.bytes_moved // 5          # the dropout's bytes: read 2, write 2, mask 1
+            floor = host_seconds(1, platform)
+            out.append(OpProfile(op.name, op.kind, max(bytes_seconds(7 * elements, platform), floor),
+                                 max(bytes_seconds(5 * elements, platform), floor), 7 * elements))
+            out.append(OpProfile(ops[i + 1].name, ops[i + 1].kind, 0.0, 0.0, 0))
+            i += 2
+        else:
+            out.append(operator_profile(op, platform))
+            i += 1
+    return out
 
 
 def platform_key(platform: GpuPlatform) -> str:
@@ -152,7 +191,7 @@ def platform_key(platform: GpuPlatform) -> str:
 
 def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, platform: GpuPlatform) -> LayerProfile:
     """Per-layer forward/backward latencies of ``spec`` on one TP rank of the GPU platform."""
-    ops = [operator_profile(o, platform) for o in layer_operators(spec, micro_batch, seq, tp)]
+    ops = _fused(layer_operators(spec, micro_batch, seq, tp), platform)
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
     first = [operator_profile(o, platform) for o in extra["first"]]
     last = [operator_profile(o, platform) for o in extra["last"]]
@@ -162,4 +201,4 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
 
 
 __all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
-           "hbm_rate", "host_seconds", "operator_kernels", "operator_profile", "platform_key"]
+           "FUSED_DROPOUT_ADD", "hbm_rate", "host_seconds", "operator_kernels", "operator_profile", "platform_key"]

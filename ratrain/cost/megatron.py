@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.cost.collectives import GpuCollectives, Placement
-from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile, host_seconds, operator_kernels
+from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile, host_seconds
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
@@ -65,8 +65,7 @@ OPTIMIZER_BYTES_PER_PARAM = 6 + 8 + 4 + 28 + 6 + 2
 OPTIMIZER_KERNELS = 6
 ACTIVATION_MODES = ("full", "ckpt", "selective")
 ATTENTION_CORE = ("attention", "attn_probs_dropout")
-# dropout then residual add, fused by Megatron (--bias-dropout-fusion, its default) into one kernel
-FUSED_DROPOUT_ADD = {("attn_dropout", "attn_residual"), ("mlp_dropout", "mlp_residual")}
+
 
 
 @dataclass
@@ -86,14 +85,6 @@ def _group_ms(coll: GpuCollectives, nbytes: float, kind: str, sequence_parallel:
     if sequence_parallel:
         return coll.reduce_scatter_ms(nbytes, kind) + coll.all_gather_ms(nbytes, kind)
     return coll.allreduce_ms(nbytes, kind)
-
-
-def issue_bound_ms(stream: list[tuple[float, int]], launch_ms: float) -> float:
-    """A pass's time: each operator lasts the longer of its GPU time and the host's time to issue
-    its k kernels (k x ``launch_ms``), and the operators follow one another. (Letting the host
-    run ahead of the GPU across operators, so that short operators hide behind long ones, fits
-    the measured runs worse: docs/VALIDATION.md.)"""
-    return sum(max(g, k * launch_ms) for g, k in stream)
 
 
 def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, *, activation: str = "ckpt",
@@ -119,24 +110,11 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
 
     # each pass as the stream of kernels it issues: (GPU ms, kernels) per operator, a collective
     # one kernel on the stream (Megatron's tensor-parallel all-reduces run on the compute stream)
-    def stream(profiles: list, ops: list[Operator], backward: bool) -> list[tuple[float, int]]:
-        out, i = [], 0
-        while i < len(ops):
-            op, o = ops[i], profiles[i]
-            if op.kind == "allreduce":
-                out.append((tp_ar, 1))
-            elif i + 1 < len(ops) and (op.name, ops[i + 1].name) in FUSED_DROPOUT_ADD:
-                # Megatron's bias-dropout-add: one kernel reads x and the residual, writes the sum
-                # and the mask (7 bytes per element); backward reads the gradient and the mask and
-                # writes the input gradient (5); the residual's gradient passes through
-                elements = op.bytes_moved // 5
-                out.append((1e3 * bytes_seconds((5 if backward else 7) * elements, platform), 1))
-                i += 1
-            else:
-                seconds = o.backward_s if backward else o.forward_s
-                out.append((1e3 * seconds, operator_kernels(op, platform)[backward]))
-            i += 1
-        return out[::-1] if backward else out
+    # each pass as its operators' times, a collective on its link (Megatron's tensor-parallel
+    # all-reduces run on the compute stream, so the pass waits for them)
+    def stream(profiles: list, ops: list[Operator], backward: bool) -> list[float]:
+        return [tp_ar if op.kind == "allreduce" else 1e3 * (o.backward_s if backward else o.forward_s)
+                for o, op in zip(profiles, ops, strict=True)]
 
     layer_ops = layer_operators(model, cfg.micro_batch, cfg.seq, T)
     edge_ops = embedding_and_head_operators(model, cfg.micro_batch, cfg.seq, T)
@@ -150,11 +128,10 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     else:
         rec = []
     first_f, first_b = stream(prof.first_ops, edge_ops["first"], False), stream(prof.first_ops, edge_ops["first"], True)
-    last_f = stream(prof.last_ops, edge_ops["last"], False) + ([(loss_ar, 1)] * 2 if T > 1 else [])
-    last_b = ([(tp_ar, 1)] if T > 1 else []) + stream(prof.last_ops, edge_ops["last"], True)
-    launch_ms = 1e3 * platform.kernels.launch_s
+    last_f = stream(prof.last_ops, edge_ops["last"], False) + ([loss_ar] * 2 if T > 1 else [])
+    last_b = ([tp_ar] if T > 1 else []) + stream(prof.last_ops, edge_ops["last"], True)
     ar_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
-    stages, dp_sync, gather, opt, tp_comm, host_bound = [], [], [], [], [], []
+    stages, dp_sync, gather, opt, tp_comm = [], [], [], [], []
     for p in range(P):
         f_seq, b_seq, r_seq = fwd * n, bwd * n, rec * n
         params, comm = n * layer_params, n * ar_per_layer
@@ -166,9 +143,7 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
             f_seq, b_seq = f_seq + last_f, last_b + b_seq
             params += head_params
             comm += (2 * loss_ar + tp_ar) if T > 1 else 0.0
-        passes = [issue_bound_ms(seq, launch_ms) for seq in (f_seq, b_seq, r_seq)]
-        host_bound.append([t > sum(g for g, _ in seq) + 1e-12
-                           for t, seq in zip(passes, (f_seq, b_seq, r_seq), strict=True)])
+        passes = [sum(seq) for seq in (f_seq, b_seq, r_seq)]
         tp_comm.append(comm)
         stages.append([LayerCosts(forward_ms=passes[0], backward_ms=passes[1], recompute_ms=passes[2])])
         if cfg.zero >= 1 and D > 1:
@@ -187,11 +162,9 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     parts = {"tp_allreduce_ms": tp_ar, "compute_forward_ms": 1e3 * prof.forward_s,
              "compute_backward_ms": 1e3 * prof.backward_s,
              "transfer_ms": costs.transfer_ms, "layers_per_stage": n, "tp_comm_per_microbatch_ms": tp_comm,
-             "host_bound_forward_backward_recompute": host_bound,
              "tp_crosses_nodes": coll.crosses_nodes("tp"), "dp_crosses_nodes": coll.crosses_nodes("dp")}
     return MegatronStep(costs, dp_sync, emb_sync, opt, gather, barrier,
                         1e3 * platform.kernels.step_overhead_s, parts)
 
 
-__all__ = ["ACTIVATION_MODES", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_KERNELS", "MegatronStep", "issue_bound_ms",
-           "megatron_step"]
+__all__ = ["ACTIVATION_MODES", "OPTIMIZER_BYTES_PER_PARAM", "OPTIMIZER_KERNELS", "MegatronStep", "megatron_step"]

@@ -45,15 +45,24 @@ and planner"):
   transfers, so GradSync's duration includes that displaced link time (conservative: it
   assumes every such collective falls inside the sync's window).
 * Stage-boundary transfer per micro-batch and direction: b*seq*hidden FP16 / link_bw + latency.
+
+On a GPU cluster (``ratrain.spec.gpu.GpuPlatform``) the same terms hold with the GPU kernel
+model's profile (``ratrain.cost.gpu_kernels``), HBM rates for the bandwidth-bound terms, and each
+collective on the link its group uses under Megatron's rank placement (``ratrain.cost.collectives``:
+tensor groups inside a node, data and pipeline groups inside or across nodes); GradSync holds its
+link for the tensor-parallel all-reduces only where both share a link.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from ratrain.cost.collectives import collectives_for, ring_allreduce_ms, ring_reduce_scatter_ms
+from ratrain.cost.gpu_kernels import gpu_layer_profile
 from ratrain.cost.profile import PROFILE_SOURCES, LayerProfile, layer_profile
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
+from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.memory import layer_checkpoint_bytes, layer_full_bytes
 from ratrain.spec.models import (
     FP16,
@@ -80,19 +89,13 @@ def p2p_ms(nbytes: float, platform: TrainingPlatform) -> float:
 
 
 def allreduce_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
-    """Ring all-reduce: 2(n-1) steps each moving bytes/n per rank."""
-    if ranks <= 1:
-        return 0.0
-    return 1e3 * (2 * (ranks - 1) / ranks * nbytes / platform.link_bandwidth
-                  + 2 * (ranks - 1) * platform.link_latency_s)
+    """Ring all-reduce on the inter-cluster link: 2(n-1) steps each moving bytes/n per rank."""
+    return ring_allreduce_ms(nbytes, ranks, platform.link_bandwidth, platform.link_latency_s)
 
 
 def reduce_scatter_ms(nbytes: float, ranks: int, platform: TrainingPlatform) -> float:
-    """Ring reduce-scatter (and, by symmetry, all-gather): (n-1) steps of bytes/n."""
-    if ranks <= 1:
-        return 0.0
-    return 1e3 * ((ranks - 1) / ranks * nbytes / platform.link_bandwidth
-                  + (ranks - 1) * platform.link_latency_s)
+    """Ring reduce-scatter (and, by symmetry, all-gather) on the inter-cluster link: (n-1) steps of bytes/n."""
+    return ring_reduce_scatter_ms(nbytes, ranks, platform.link_bandwidth, platform.link_latency_s)
 
 
 all_gather_ms = reduce_scatter_ms
@@ -134,15 +137,17 @@ def _profile_ms(profile, name: str) -> float:
     return 1e3 * float(value)
 
 
-def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform) -> CostTerms:
-    """The per-layer costs of ``cfg`` (see the module docstring for every term)."""
+def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform | GpuPlatform) -> CostTerms:
+    """The per-layer costs of ``cfg`` (see the module docstring for every term); each collective on
+    the link its group uses (``ratrain.cost.collectives``: on MT-3000 all on the one link)."""
     check_tp(model, cfg.tp)
     if model.vocab % cfg.tp:
         raise ConfigError(f"model {model.name}: vocab={model.vocab} not divisible by tp={cfg.tp}")
     T, D, Z = cfg.tp, cfg.dp, cfg.zero
     m = cfg.micro_batch * cfg.seq
     act = m * model.hidden * FP16
-    ar = allreduce_ms(act, T, platform)
+    net = collectives_for(platform, T, D, cfg.pp)
+    ar = net.allreduce_ms(act, "tp")
     f_core, b_core = _profile_ms(profile, "forward_s"), _profile_ms(profile, "backward_s")
     fx_first, bx_first = _profile_ms(profile, "first_forward_s"), _profile_ms(profile, "first_backward_s")
     fx_last, bx_last = _profile_ms(profile, "last_forward_s"), _profile_ms(profile, "last_backward_s")
@@ -153,7 +158,7 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
     # TP traffic of the embedding / head (vocab-parallel): embedding output all-reduce (F),
     # LM-head input-gradient all-reduce (B), loss max + sum-exp all-reduces of m FP32 values (F).
     first_f_comm = ar
-    last_f_comm = 2 * allreduce_ms(m * 4, T, platform)
+    last_f_comm = 2 * net.allreduce_ms(m * 4, "tp")
     last_b_comm = ar
 
     update_rate, prefetch_rate = profile.ddr_rate("optimizer_update"), profile.ddr_rate("prefetch_write")
@@ -166,7 +171,7 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
         rec = f_core + 2 * ar
         gather = 0.0
         if per_use_gather:
-            g = gather = all_gather_ms(params * FP16, D, platform)
+            g = gather = net.all_gather_ms(params * FP16, "dp")
             fwd = max(fwd, g)
             if cfg.activation == "ckpt":
                 bwd = max(bwd + rec, g) - rec     # one gather serves recompute + backward
@@ -178,10 +183,10 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
             rec = 0.0
         grad_bytes = params * FP16
         if D > 1:
-            sync = reduce_scatter_ms(grad_bytes, D, platform) if Z >= 2 else allreduce_ms(grad_bytes, D, platform)
+            sync = net.reduce_scatter_ms(grad_bytes, "dp") if Z >= 2 else net.allreduce_ms(grad_bytes, "dp")
         else:
             sync = 0.0
-        if sync > 0:
+        if sync > 0 and net.shares_link("tp", "dp"):
             # The link also carries the layer's main-path collectives during the backward window
             # GradSync runs in (its TP all-reduces, its ZeRO-3 gather); the simulator's link only
             # sees GradSync, so GradSync holds the link for that time too (conservative).
@@ -189,7 +194,7 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
         shard = math.ceil(params / D) if Z >= 1 else params
         upd = 1e3 * shard * ADAM_BYTES_PER_PARAM / update_rate
         # the all-gather streams into DDR as it arrives: the slower of the two sets the time
-        pre = max(all_gather_ms(params * FP16, D, platform), 1e3 * params * FP16 / prefetch_rate) \
+        pre = max(net.all_gather_ms(params * FP16, "dp"), 1e3 * params * FP16 / prefetch_rate) \
             if prefetch_gather else 0.0
         return LayerKind(fwd, bwd, rec, sync, upd, pre)
 
@@ -201,8 +206,8 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
     parts = {
         "compute_forward_ms": f_core, "compute_backward_ms": b_core,
         "tp_allreduce_ms": ar, "tp_comm_per_layer_mb_ms": 4 * ar,
-        "zero3_gather_ms": all_gather_ms(layer_params * FP16, D, platform) if per_use_gather else 0.0,
-        "transfer_ms": p2p_ms(act, platform),      # used only between stages (P > 1)
+        "zero3_gather_ms": net.all_gather_ms(layer_params * FP16, "dp") if per_use_gather else 0.0,
+        "transfer_ms": net.p2p_ms(act),      # used only between stages (P > 1)
     }
     return CostTerms(mid, first, last, only, parts["transfer_ms"], parts)
 
@@ -225,7 +230,8 @@ def stage_kinds(terms: CostTerms, parts: list[range]) -> list[list[LayerKind]]:
     return out
 
 
-def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform | None = None,
+def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile,
+                   platform: TrainingPlatform | GpuPlatform | None = None,
                    *, recovery_resource: str = "compute") -> PipelineCosts:
     """The simulator's input for one data-parallel replica of ``cfg``."""
     platform = platform or TrainingPlatform()
@@ -252,8 +258,12 @@ def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile, platform: Tra
 
 
 def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated",
-                 platform: TrainingPlatform | None = None, progress: bool | None = None) -> LayerProfile:
-    """The per-layer latency profile on ``platform`` (``ratrain.cost.profile.layer_profile``)."""
+                 platform: TrainingPlatform | GpuPlatform | None = None, progress: bool | None = None) -> LayerProfile:
+    """The per-layer latency profile on ``platform``: emulated on MT-3000
+    (``ratrain.cost.profile.layer_profile``, ``source`` as it says), or the GPU kernel model's
+    (``ratrain.cost.gpu_kernels``, whatever ``source``)."""
+    if isinstance(platform, GpuPlatform):
+        return gpu_layer_profile(model, micro_batch, seq, tp, platform)
     return layer_profile(model, micro_batch, seq, tp, source=source, platform=platform, progress=progress)
 
 
