@@ -14,6 +14,7 @@ from ratrain.repro.budget import run_budget
 from ratrain.repro.compare import DEFAULT_EXPERIMENTS as COMPARED
 from ratrain.repro.compare import compare_markdown, load_baseline
 from ratrain.repro.correctness import run_correctness_experiment
+from ratrain.repro.cross_platform import run_cross_platform
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
 from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
@@ -38,12 +39,12 @@ def registry() -> dict[str, Callable[..., Experiment]]:
             "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
             "stragglers": run_stragglers, "platforms": run_platforms, "ranking": run_ranking,
             "fig9": run_fig9,
-            "correctness": run_correctness_experiment, "measured": run_measured}
+            "correctness": run_correctness_experiment, "measured": run_measured, "cross_platform": run_cross_platform}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
                     "schedules", "budget", "sensitivity", "stragglers", "platforms",
-                    "ranking", "fig9", "correctness", "measured")
+                    "ranking", "fig9", "correctness", "measured", "cross_platform")
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
