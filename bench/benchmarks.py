@@ -605,5 +605,5 @@ class TimeValidateMeasured:
     def track_mean_abs_error_pct(self):
         return 100 * validate(self.runs, self.platform).summary["mean_abs_error"]
 
-    track_mean_abs_error_pct.version = 1
+    track_mean_abs_error_pct.version = "1"
     track_mean_abs_error_pct.unit = "%"

@@ -55,8 +55,8 @@ def test_two_worker_local_cluster_gives_the_local_profiles(fresh, monkeypatch):
     local = [profile.layer_profile(*r, progress=False) for r in REQUESTS]
     remote_dir = fresh("dask")
     writes = []
-    real_write = profile.atomic_write_json
-    monkeypatch.setattr(profile, "atomic_write_json", lambda path, data: writes.append(path) or real_write(path, data))
+    real_write = profile.write_json_cache
+    monkeypatch.setattr(profile, "write_json_cache", lambda path, data: writes.append(path) or real_write(path, data))
     # worker processes, as on a real cluster: jobs and results cross a pickle boundary
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
         with distributed.Client(c) as client:
