@@ -6,6 +6,7 @@ from pathlib import Path
 from ratrain.repro.measured import (
     CALIBRATION_PLATFORM,
     CALIBRATION_RUNS,
+    FIT_GPUS,
     error_table,
     read_runs,
     residual_table,
@@ -23,3 +24,14 @@ def test_validation_doc_tables_match_a_fresh_run():
     assert len(rows) == 8
     for row in rows:
         assert row in doc, f"docs/VALIDATION.md does not have the row a fresh run gives: {row}"
+
+
+def test_readme_quotes_the_errors_a_fresh_run_gives():
+    runs, platform = read_runs(CALIBRATION_RUNS), load_platform(CALIBRATION_PLATFORM)
+    whole = validate(runs, platform).summary
+    held = validate([r for r in runs if r.gpus not in FIT_GPUS], platform).summary
+    text = " ".join((ROOT / "README.md").read_text().split())
+    quoted = (f"mean absolute error of {100 * whole['mean_abs_error']:.1f} % on all runs and "
+              f"{100 * held['mean_abs_error']:.1f} % on the 720 held-out 8-GPU runs")
+    assert quoted in text
+    assert f"Kendall tau of at least {whole['min_group_tau']:.2f}" in text
