@@ -220,6 +220,7 @@ def test_calibration_set_reads_whole_and_validates_in_input_order(a100):
     for out, run in zip(v.runs, sample, strict=True):
         assert out["measured_ms"] == run.measured_ms and out["predicted_ms"] > 0
         assert math.isclose(sum(out["breakdown_ms"].values()), out["predicted_ms"], rel_tol=1e-9)
+        assert out["memory"]["fits"]           # the runs ran: Megatron's state fits the A100's 38 GiB
     samples = read_allreduce(MEASURED / "a100-allreduce")
     assert {s[0] for s in samples} == set(range(2, 9))
 

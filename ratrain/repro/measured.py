@@ -33,8 +33,10 @@ from ratrain.repro.figures import plt, save_figure
 from ratrain.repro.ranking import kendall_tau_b
 from ratrain.sim.megatron_step import MegatronResult, simulate_megatron
 from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.memory import MemoryConstants, stage_memory
 from ratrain.spec.models import gpt_model
 from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platform import GIB
 from ratrain.spec.platforms import load_platform
 from rtcommon.progress import Progress
 
@@ -171,14 +173,31 @@ def read_allreduce(folder: str | os.PathLike) -> list[tuple[int, float, float]]:
 
 # ---------------------------------------------------------------- prediction
 
+def _layout(run: MeasuredRun, activation: str):
+    model = gpt_model(run.hidden, run.heads, run.layers, run.seq, tp=run.tp)
+    cfg = ParallelConfig(pp=run.pp, dp=run.dp, tp=run.tp, zero=0, micro_batch=run.micro_batch,
+                         accum=run.accum, seq=run.seq, activation=activation, partition="uniform")
+    return model, cfg
+
+
 def predict(run: MeasuredRun, platform: GpuPlatform, *, activation: str = "ckpt",
             sequence_parallel: bool = False) -> MegatronResult:
     """The simulated iteration of one measured run."""
-    model = gpt_model(run.hidden, run.heads, run.layers, run.seq, tp=run.tp)
-    cfg = ParallelConfig(pp=run.pp, dp=run.dp, tp=run.tp, zero=0, micro_batch=run.micro_batch,
-                         accum=run.accum, seq=run.seq, activation="ckpt", partition="uniform")
+    model, cfg = _layout(run, activation)
     return simulate_megatron(megatron_step(model, cfg, platform, activation=activation,
                                            sequence_parallel=sequence_parallel))
+
+
+def peak_memory(run: MeasuredRun, platform: GpuPlatform, *, activation: str = "ckpt",
+                sequence_parallel: bool = False) -> dict:
+    """The worst stage's peak under Megatron's mixed-precision state, by part (GiB), and whether
+    it fits the platform's memory budget."""
+    model, cfg = _layout(run, activation)
+    stages = stage_memory(model, cfg, constants=MemoryConstants.megatron(), sequence_parallel=sequence_parallel)
+    worst = max(stages, key=lambda m: m.peak_bytes)
+    return {"stage": worst.stage, "peak_gib": worst.peak_bytes / GIB, "fits": worst.peak_bytes
+            <= platform.memory_budget_bytes, "state_gib": worst.state_bytes / GIB,
+            "activations_gib": worst.activation_bytes / GIB, "buffers_gib": worst.buffer_bytes / GIB}
 
 
 @dataclass
@@ -210,7 +229,8 @@ def validate(runs: list[MeasuredRun], platform: GpuPlatform, *, activation: str 
                     "layout": run.layout(), "tp": run.tp, "dp": run.dp, "pp": run.pp,
                     "micro_batch": run.micro_batch, "predicted_ms": result.iteration_ms,
                     "measured_ms": run.measured_ms, "error": result.iteration_ms / run.measured_ms - 1.0,
-                    "breakdown_ms": result.breakdown_ms})
+                    "breakdown_ms": result.breakdown_ms,
+                    "memory": peak_memory(run, platform, activation=activation, sequence_parallel=sequence_parallel)})
     mean, worst = _errors(out)
     groups, batch_groups = [], []
     keyed: dict = {}
