@@ -24,6 +24,7 @@ import mtemu
 from mtemu.kernels.gemm import build_gemm
 from mtemu.validate import TABLE5, TABLE5_M, table5
 from ratrain.cost.tasks import PipelineCosts
+from ratrain.repro.cross_platform import cross_platform_rows
 from ratrain.repro.measured import CALIBRATION_PLATFORM, CALIBRATION_RUNS, read_runs, validate
 from ratrain.sim.simulator import simulate
 from ratrain.spec.memory import stage_memory
@@ -607,3 +608,23 @@ class TimeValidateMeasured:
 
     track_mean_abs_error_pct.version = "1"
     track_mean_abs_error_pct.unit = "%"
+
+
+class TrackCrossPlatform:
+    """`ratrain reproduce cross_platform`: the best GPU-style planner pick's step over RATrain's, per
+    platform and model (above 1: lifecycle scheduling wins there)."""
+
+    params = [["mt3000", "dgx-a100", "rtx4090-pcie"], ["llama2-13b", "qwen2.5-32b"]]
+    param_names = ["platform", "model"]
+    timeout = 300
+
+    def setup_cache(self):
+        _, summaries = cross_platform_rows()
+        return {(s["platform"], s["model"]): s["gpu_style_vs_ratrain"] for s in summaries}
+
+    def track_gpu_style_over_ratrain(self, cache, platform, model):
+        value = cache[(platform, model)]
+        return float("nan") if value is None else value
+
+    track_gpu_style_over_ratrain.unit = "x"
+    track_gpu_style_over_ratrain.version = "1"
