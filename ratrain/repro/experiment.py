@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from ratrain.plan.planner import Planner, mechanisms_for
+from ratrain.plan.space import PAPER_SPACE
 from ratrain.sim.simulator import Mechanisms
 from ratrain.spec.memory import FSR_BUFFER_LAYERS, MemoryConstants
 from ratrain.spec.models import ModelSpec
@@ -66,9 +67,10 @@ class Settings:
     # Table 3: cluster counts tried (the paper does not say): 2^k and 3 x 2^k.
     table3_grid: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     # RATrain's own search space (paper Fig. 2: PP + DP + lightweight ZeRO, no intra-layer
-    # collectives). TP and ZeRO-3 are the baselines of Table 2, not RATrain plans.
-    ratrain_zero_stages: tuple[int, ...] = (0, 1, 2)
-    ratrain_tp_degrees: tuple[int, ...] = (1,)
+    # collectives; `ratrain plan --space paper`). TP and ZeRO-3 are the baselines of Table 2, not
+    # RATrain plans.
+    ratrain_zero_stages: tuple[int, ...] = PAPER_SPACE.zero_stages
+    ratrain_tp_degrees: tuple[int, ...] = PAPER_SPACE.tp_degrees
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
     # Planner ranking: simulate every feasible configuration of a case, or a fixed-seed
