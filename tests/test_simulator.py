@@ -652,3 +652,30 @@ def test_recovery_buffer_capacity_hand_case():
     assert steps[2] == approx(steps[None])
     with pytest.raises(ConfigError, match="fsr_buffer_layers"):
         Mechanisms(fsr_buffer_layers=0)
+
+
+def test_cli_text_writes_times_in_the_unit_that_suits_them(capsys):
+    """A 36.75 ms step reads in ms; the same step with stage times x 1000 in seconds, never as ms."""
+    from rtcommon.durations import format_ms
+    assert [format_ms(x) for x in (0.5, 999.4, 1500.0, 963013.496, 1.5e6)] == [
+        "0.500 ms", "999.40 ms", "1.500 s", "963.01 s", "1500.0 s"]
+    assert cli_main(BASE_ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["step", "time", "36.75", "ms"] and lines[4].endswith("(times in ms)")
+    slow = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "--t-forward", "1500",
+            "--t-backward", "2500", "--t-update", "750"]
+    assert cli_main(slow) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["step", "time", "36.75", "s"] and lines[4].endswith("(times in s)")
+    assert lines[5].split()[1] == "24.00"          # stage 0 computes 6 x (1.5 + 2.5) s
+
+
+def test_cli_every_simulate_flag_has_help():
+    import argparse
+
+    from ratrain.cli.simulate import register
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    parser = sub.choices["simulate"]
+    bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert bare == []
