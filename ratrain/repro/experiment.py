@@ -112,11 +112,30 @@ class Settings:
 DEFAULT_SETTINGS = Settings()
 
 
+def format_check_value(v) -> str:
+    """A check's ours or paper cell: "-" when there is no value (the paper gives none, or we found none)."""
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def settings_markdown(settings: Settings | None) -> list[str]:
+    """The settings as a small table: lists joined, the platform by name (its every field is under
+    ``settings`` in each experiment's JSON)."""
+    lines = ["| setting | value |", "| --- | --- |"]
+    for name, value in (settings.to_json() if settings else {}).items():
+        if isinstance(value, dict):
+            value = f"{value.get('name', '?')} (every field: `settings.{name}` in each experiment's JSON)"
+        elif isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value))
+        lines.append(f"| {name} | {value} |")
+    return lines
+
+
 def format_checks(exp: Experiment) -> str:
     lines = [f"{'check':52s} {'ours':>12s} {'paper':>12s}  tolerance        mark"]
     for c in exp.checks:
-        ours = f"{c.ours:.4g}" if isinstance(c.ours, float) else str(c.ours)
-        ref = f"{c.paper:.4g}" if isinstance(c.paper, float) else str(c.paper)
+        ours, ref = format_check_value(c.ours), format_check_value(c.paper)
         lines.append(f"{c.name[:52]:52s} {ours:>12s} {ref:>12s}  {c.tolerance:15s}  {'pass' if c.ok else 'MISS'}"
                      + (f"  ({c.note})" if c.note else ""))
     return "\n".join(lines)
