@@ -679,3 +679,24 @@ def test_cli_every_simulate_flag_has_help():
     parser = sub.choices["simulate"]
     bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
     assert bare == []
+
+
+def test_cli_plot_window_in_seconds(capsys, tmp_path, monkeypatch):
+    """--window START:END (s) reaches the plot as a ms range; the axis reads in the span's unit."""
+    import ratrain.cli.simulate as cli_simulate
+    seen = {}
+    real = cli_simulate.plot_timeline
+    monkeypatch.setattr(cli_simulate, "plot_timeline",
+                        lambda result, path, **kw: (seen.update(kw), real(result, path, **kw)))
+    png = tmp_path / "w.png"
+    slow = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "--t-forward", "1500",
+            "--t-backward", "2500", "--plot", str(png)]
+    assert cli_main(slow + ["--window", "10:20"]) == 0
+    assert seen["t_range"] == (10_000.0, 20_000.0) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert cli_main(slow + ["--window", "20:10"]) == 2
+    assert "START < END" in capsys.readouterr().err
+    assert cli_main(BASE_ARGS + ["--window", "0:1"]) == 2
+    assert "--window applies to --plot" in capsys.readouterr().err
+    from rtcommon.durations import time_unit
+    assert time_unit(10_000.0) == ("s", 1e3) and time_unit(999.0) == ("ms", 1.0)

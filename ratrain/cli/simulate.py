@@ -40,6 +40,17 @@ _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", Non
           ("t_prefetch", "--t-prefetch", 0.0))
 
 
+def _window(text: str) -> tuple[float, float]:
+    """START:END in seconds, 0 <= START < END."""
+    try:
+        start, end = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
+    if not (0 <= start < end < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < END (seconds), got {text!r}")
+    return start, end
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate one 1F1B/GPipe/interleaved/ZB-H1 step with training-state lifecycle tasks",
@@ -97,6 +108,8 @@ def register(subparsers) -> None:
                    help="uniform mode only; model-driven runs take resources from the cost model")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
+    p.add_argument("--window", type=_window, metavar="START:END",
+                   help="with --plot: draw only this time window of the step, in seconds (e.g. 900:963)")
     p.add_argument("--grid", action="store_true",
                    help="print the step's F/B/W ops per stage on a time grid (text; with --json: the 'grid' field)")
     p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
@@ -234,8 +247,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if args.trace:
         write_chrome_trace(args.trace, result)
         payload["trace"] = args.trace
+    if args.window and not args.plot:
+        raise ConfigError("--window applies to --plot: give the PNG to draw the window into")
     if args.plot:
-        plot_timeline(result, args.plot)
+        plot_timeline(result, args.plot, t_range=None if args.window is None else
+                      (args.window[0] * 1e3, args.window[1] * 1e3))
         payload["plot"] = args.plot
     if args.grid:
         payload["grid"] = format_grid(result)
