@@ -11,7 +11,7 @@ from mtemu.calibrate import (
     format_study,
     plot_study,
 )
-from mtemu.kernels.names import CHOOSE_EMULATE_TOP, DEFAULT_GEMM
+from mtemu.kernels.names import CHOOSE_EMULATE_TOP, DEFAULT_GEMM, format_tiles
 from mtemu.tune import tune_gemm
 from mtemu.validate import (
     TABLE5,
@@ -146,7 +146,7 @@ def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
                      "candidates": [{"tiles": c.tiles, "utilization": c.utilization,
                                      "bound_utilization": c.bound_utilization} for c in r.candidates]})
         checks.append(Check(f"{TABLE5_M}x{k}x{n}: tuned over default", round(gain, 2), ">= 0", ">= 0 pp", gain >= 0,
-                            "best " + _tiles_text(r.best.tiles)))
+                            "best " + format_tiles(r.best.tiles, r.loop_order)))
         # Eq. 1's rule for the GEMM's buffers: a tile set is emulated only if it fits; each pruned one
         # names the on-chip memory (or register file) it overflows
         named = all(c.reason.split(":")[0] in ("SM", "AM", "GSM", "registers") for c in r.pruned)
@@ -156,8 +156,8 @@ def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
             figs.append(r.heatmap)
     text = "\n".join(f"{r['shape']} ({r['loop_order']}): default {100 * r['default_utilization']:.2f}% -> best "
                      f"{100 * r['best_utilization']:.2f}% ({r['gain_pp']:+.2f} pp) with "
-                     f"{_tiles_text(r['best_tiles'])}; "
-                     + ", ".join(f"{_tiles_text(c['tiles'])} {100 * c['utilization']:.2f}% (bound "
+                     f"{format_tiles(r['best_tiles'], r['loop_order'])}; "
+                     + ", ".join(f"{format_tiles(c['tiles'], r['loop_order'])} {100 * c['utilization']:.2f}% (bound "
                                  f"{100 * c['bound_utilization']:.1f}%)" for c in r["candidates"][1:])
                      for r in rows)
     return Experiment("tune", f"Tile tuner on the Table 5 shapes, {DEFAULT_GEMM} GEMM (prediction beyond the paper)",
@@ -169,6 +169,3 @@ def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
                              "heatmap). The defaults always compete, so 'tuned over default' cannot be negative; "
                              "it measures what the bound's picks gain. Full grids: `mtemu tune gemm`."])
 
-
-def _tiles_text(t: dict) -> str:
-    return " ".join(f"{key}={t[key]}" for key in ("mg", "kg", "k2", "n2") if key in t)
