@@ -47,8 +47,9 @@ def run_table5(out: Path, progress: Progress, settings=None) -> Experiment:
     return Experiment("table5", "Table 5: FP16 GEMM MAC utilization (M = 2048)", [r.to_json() for r in rows], checks,
                       [str(fig)], format_table5_tiles() + "\n" + format_table5(rows) + "\n\n"
                       + format_variants(variants),
-                      notes=["One fitted platform constant (DMA per-row overhead) on the two fit rows; see "
-                             "docs/CHOICES.md."])
+                      notes=["No platform constant fitted: the default cluster's raw DDR rate and no DMA per-row "
+                             "overhead; the default tiles (mg, kg) were chosen on the two fit rows, the other three "
+                             "rows are held out. See docs/CHOICES.md, 'One platform'."])
 
 
 # ------------------------------------------------------------------------------------------
@@ -78,8 +79,8 @@ def run_attention(out: Path, progress: Progress, settings=None) -> Experiment:
     return Experiment("attention", "Fig. 10: memory-resident attention backward vs DDR-staged (head dim 128)", rows,
                       checks, [str(fig)], text,
                       notes=["The staged baseline round-trips GP, GS, P and the partial gradients through DDR; with "
-                             "24 DSPs sharing 30 GB/s it moves 5-9x the resident kernel's bytes, so our speedups "
-                             "exceed the paper's 1.24-1.54x. The paper does not give its baseline's traffic; "
+                             "24 DSPs sharing one DDR server it moves 5-9x the resident kernel's bytes, so our "
+                             "speedups exceed the paper's 1.24-1.54x. The paper does not give its baseline's traffic; "
                              "see docs/CHOICES.md, 'mtemu attention kernels'.",
                              f"At the DDR rate our staged kernel achieves, the paper's 1.24-1.54x corresponds to a "
                              f"baseline moving {min(implied):.1f}-{max(implied):.1f}x the resident kernel's bytes: "
