@@ -34,8 +34,9 @@ from rtcommon.progress import Progress
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Entry:
-    """One experiment of the main job: what runs it, one line on what it shows, and its typical cost
-    on 2 cores once the emulated profiles are cached (the first run also compiles Numba code)."""
+    """One experiment of the main job: what runs it, one line on what it shows, and its rough cost on
+    2 cores with the shipped profiles (the first run also compiles Numba code). A run records each
+    experiment's measured cost as ``seconds`` in ``results/<key>.json``: update ``cost`` from it."""
 
     run: Callable[..., Experiment]
     summary: str
@@ -84,7 +85,7 @@ def experiments_help() -> str:
     """One line per experiment, with its typical cost (``ratrain reproduce --help``)."""
     entries = catalog()
     width = max(map(len, entries))
-    return "experiments (typical cost on 2 cores, profiles cached):\n" + "\n".join(
+    return "experiments (rough cost on 2 cores with the shipped profiles, after the first compile):\n" + "\n".join(
         f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
