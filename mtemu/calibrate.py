@@ -291,6 +291,11 @@ def bandwidth_study(bandwidths: Sequence[float] = DEFAULT_BANDWIDTHS, base: Plat
     return out
 
 
+def _fields(tiles) -> str:
+    """The tiles without their loop order's name (the study's column headers name it)."""
+    return tiles.describe().split(" ", 1)[1]
+
+
 def format_study(rows: Sequence[StudyRow], emulated: Sequence[Table5Fit] = ()) -> str:
     lines = ["Table 5 calibration study (closed-form bound; worst |delta| in pp, tolerance "
              f"{TABLE5_TOLERANCE_PP} pp; fit rows {sorted(FIT_ROWS)})",
@@ -299,9 +304,9 @@ def format_study(rows: Sequence[StudyRow], emulated: Sequence[Table5Fit] = ()) -
     for r in rows:
         f, p, o, a = r.fixed, r.protocol, r.oracle, r.a_resident
         lines.append(f"{r.ddr_bandwidth / 1e9:8.1f}  {f.row_overhead_cycles:15.2f} {f.held_out_error_pp:8.2f} | "
-                     f"{p.tiles.describe():34s} {p.row_overhead_cycles:5.2f} {p.held_out_error_pp:8.2f} | "
-                     f"{o.tiles.describe():30s} {o.row_overhead_cycles:5.2f} {o.worst_error_pp:7.2f} | "
-                     f"{a.tiles.describe()[len('A-resident '):]:34s} {a.row_overhead_cycles:5.2f} "
+                     f"{_fields(p.tiles):34s} {p.row_overhead_cycles:5.2f} {p.held_out_error_pp:8.2f} | "
+                     f"{_fields(o.tiles):30s} {o.row_overhead_cycles:5.2f} {o.worst_error_pp:7.2f} | "
+                     f"{_fields(a.tiles):34s} {a.row_overhead_cycles:5.2f} "
                      f"{a.worst_error_pp:7.2f}")
     for e in emulated:
         lines.append(f"emulated {e.strategy} at {e.ddr_bandwidth / 1e9:g} GB/s ({e.tiles.describe()}, "

@@ -32,7 +32,8 @@ from rtcommon.fileio import atomic_write_figure
 from . import isa
 from .errors import AssemblyError, CapacityError
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, build_gemm, plan_gemm
-from .kernels.gemm_bound import gemm_bound
+from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing, plan_a_resident
+from .kernels.gemm_bound import a_resident_bound, gemm_bound
 from .machine import S_BUSY0, Cluster, RunStats
 from .platform import DEFAULT, Platform
 from .trace import Trace, TraceOptions
@@ -245,8 +246,18 @@ def run_gemm_stats(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, pla
     return cluster.run([gp.program], init_sregs=gp.init_sregs, dsp_descriptors=gp.dsp_descriptors, trace=trace)
 
 
-def explain_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platform: Platform = DEFAULT,
-                 trace: TraceOptions | None = None) -> tuple[Explanation, RunStats]:
+def explain_gemm(m: int, k: int, n: int, tiles: GemmTiles | AResidentGemmTiles = DEFAULT_TILES,
+                 platform: Platform = DEFAULT, trace: TraceOptions | None = None) -> tuple[Explanation, RunStats]:
+    """Explain the GEMM of ``tiles``' loop order. The closed form's tile moves are the c-stationary
+    kernel's (its bound is the one :func:`gemm_tile_moves` moves); an a-resident run names its bound."""
+    if isinstance(tiles, AResidentGemmTiles):
+        stats = a_resident_timing(m, k, n, tiles=tiles, platform=platform, trace=trace).stats
+        ex = explain(stats, useful_macs=m * k * n)
+        eff = plan_a_resident(m, k, n, tiles, platform).tiles
+        ex.notes.append(f"closed-form bound of this loop order: at most "
+                        f"{100 * a_resident_bound(m, k, n, eff.mg, eff.kg, eff.n2, platform):.2f}% "
+                        "(tile moves: --loop-order c-stationary)")
+        return ex, stats
     stats = run_gemm_stats(m, k, n, tiles, platform, trace)
     return explain(stats, useful_macs=m * k * n, gemm=gemm_tile_moves(m, k, n, tiles, platform)), stats
 

@@ -36,7 +36,7 @@ from .errors import MtemuError
 from .kernels.attention import attention_backward_timing, attention_forward_timing, default_tiles, plan_attention
 from .kernels.capacity import AttentionTiles
 from .kernels.gemm_bound import gemm_bound, vmac_cycles
-from .kernels.names import DEFAULT_GEMM
+from .kernels.names import DEFAULT_GEMM, format_tiles
 from .kernels.registry import GEMM_VARIANTS, emulation_set, gemm_variant, screen_tiles
 from .platform import DEFAULT, Platform, as_platform
 from .version import emulator_version
@@ -444,9 +444,9 @@ def format_tune(result: TuneResult, top: int = 5) -> str:
     lines = [f"{kernel} {'x'.join(map(str, result.shape))}: {len(result.candidates)} emulated, "
              f"{len(result.pruned)} pruned by capacity"
              + (f", {len(result.screened)} screened out by the closed-form bound" if result.screened else ""),
-             f"  default  {_desc(d.tiles):40s} {100 * d.utilization:6.2f}%"]
+             f"  default  {_desc(d.tiles, result.loop_order):52s} {100 * d.utilization:6.2f}%"]
     for i, c in enumerate(result.candidates[:top]):
-        lines.append(f"  #{i + 1:<6} {_desc(c.tiles):40s} {100 * c.utilization:6.2f}%"
+        lines.append(f"  #{i + 1:<6} {_desc(c.tiles, result.loop_order):52s} {100 * c.utilization:6.2f}%"
                      + ("  (cached)" if c.cached else ""))
     gain = 100 * (result.best.utilization - d.utilization)
     lines.append(f"  best is {gain:+.2f} pp over the defaults (the defaults stay the paper-matching validation tiles)")
@@ -455,9 +455,10 @@ def format_tune(result: TuneResult, top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _desc(t: dict) -> str:
-    keys = ("mg", "kg", "k2", "n2", "mr", "nv") if "mg" in t else ("br", "bc", "br_prime", "bc_prime")
-    return " ".join(f"{k}={t[k]}" for k in keys if k in t)
+def _desc(t: dict, loop_order: str | None) -> str:
+    if "mg" in t:
+        return format_tiles(t, loop_order)
+    return " ".join(f"{k}={t[k]}" for k in ("br", "bc", "br_prime", "bc_prime") if k in t)
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from mtemu.cli import explain as cli_explain
 from mtemu.cli import gemm as cli_gemm
 from mtemu.cli import run as cli_run
 from mtemu.errors import MtemuError
+from mtemu.kernels.names import DEFAULT_GEMM
 
 # the examples' hand-derived cycle counts are for the 30 GB/s platform (see tests/test_examples.py)
 PLAT30 = Path(__file__).resolve().parent.parent / "platforms" / "mt3000-30gbps.toml"
@@ -76,9 +77,10 @@ def test_run_a_python_program_on_more_dsps(tmp_path):
 
 def test_explain_commands():
     payload, text = call("explain", "gemm", "--m", 256, "--k", 512, "--n", 768, "--mg", 256, "--n2", 384,
-                         "--platform", PLAT30)
+                         "--loop-order", "c-stationary", "--platform", PLAT30)
     ex = payload["explanation"]
     assert ex["binding"] == "DDR" and ex["gemm"]["tiles"]["n2"] == 384 and "n2 384 -> 768" in text
+    assert payload["loop_order"] == "c-stationary" and text.startswith("GEMM 256x512x768, tiles c-stationary mg=256")
     payload, text = call("explain", "program", EXAMPLES / "gemm_pipelined.py", "--mode", "timing",
                          "--platform", PLAT30)
     assert payload["run"]["cycles"] == 2264 and payload["explanation"]["binding"] == "DMA latency"
@@ -87,6 +89,22 @@ def test_explain_commands():
 
 
 SMALL_PLATFORM = ["--dsps", 4, "--vector-lanes", 32]
+
+
+def test_explain_and_gemm_show_the_same_default_kernel_and_tiles():
+    """Without --loop-order both run the default loop order and print the tiles that ran the same way
+    (the default nv=4 clipped to nv=2 by n2=384)."""
+    shape = ("--m", 256, "--k", 512, "--n", 768, "--platform", PLAT30)
+    explained, etext = call("explain", "gemm", *shape, "--json")
+    ran, gtext = call("gemm", *shape, "--json")
+    assert explained["loop_order"] == DEFAULT_GEMM == "a-resident" and explained["explanation"]["gemm"] is None
+    assert explained["explanation"]["cycles"] == ran["cycles"]
+    _, etext = call("explain", "gemm", *shape)
+    _, gtext = call("gemm", *shape)
+    tiles = "tiles a-resident mg=256 kg=512 k2=256 n2=384 mr=6 nv=2"
+    assert etext.splitlines()[0] == f"GEMM 256x512x768, {tiles}"
+    assert gtext.splitlines()[0] == f"GEMM 256x512x768 (timing), {tiles}"
+    assert "closed-form bound of this loop order" in etext
 
 
 @pytest.mark.parametrize("loop_order", ["c-stationary", "a-resident"])

@@ -72,3 +72,15 @@ def test_trace_adds_a_timeline_and_roofline_is_written(tmp_path):
     # a run with no memory traffic and no MACs still plots
     plot_roofline(explain(run_text("{ halt }")), tmp_path / "empty.png")
     assert (tmp_path / "empty.png").exists()
+
+
+def test_tiles_print_one_way():
+    """Every view writes tiles through format_tiles: loop order first, the effective values."""
+    from mtemu.kernels.gemm import plan_gemm
+    from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, plan_a_resident
+    from mtemu.kernels.names import format_tiles
+    eff = plan_a_resident(2048, 4096, 4096, AResidentGemmTiles(), DEFAULT).tiles
+    assert eff.describe() == format_tiles(eff.__dict__) == "a-resident mg=512 kg=768 k2=256 n2=384 mr=6 nv=2"
+    c = plan_gemm(2048, 4096, 4096, GemmTiles(pipelined=False), DEFAULT).tiles
+    assert c.describe() == "c-stationary mg=1024 k2=128 n2=768 mr=6 nv=4 (no software pipeline)"
+    assert format_tiles(AResidentGemmTiles(b_slots=2)).endswith("nv=4 b_slots=2")

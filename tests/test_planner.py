@@ -168,6 +168,40 @@ def test_cli_plan_json(capsys):
     assert out["best"]["peak_bytes"] <= BUDGET and out["best"]["step_s"] > 0
 
 
+def _plan_json(capsys, *argv):
+    from ratrain.cli import main
+    assert main(["plan", *map(str, argv), "--profile", "roofline", "--confirm", "0", "--top", "1", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("model", ["llama2-7b", "llama2-70b"])
+def test_cli_plan_paper_space_reproduces_table3_layouts(model, capsys):
+    """--space paper is the space the reproduction's Tables 3, 4 and 6 search (T=1, ZeRO <= 2, b=1): at
+    Table 3's cluster counts it finds the paper's P and D; the default (wide) space says it is wider."""
+    from ratrain.plan.space import PAPER_SPACE
+    from ratrain.repro.experiment import Settings
+    from ratrain.repro.targets import TABLE3
+    _, clusters, pp, dp, accum, _, _, batch = next(row for row in TABLE3 if row[0] == model)
+    s = Settings()
+    assert (PAPER_SPACE.tp_degrees, PAPER_SPACE.zero_stages, PAPER_SPACE.micro_batches) == (
+        s.ratrain_tp_degrees, s.ratrain_zero_stages, (s.micro_batch,))
+    out = _plan_json(capsys, "--model", model, "--clusters", clusters, "--global-batch", batch, "--space", "paper")
+    cfg = out["best"]["config"]
+    assert (cfg["pp"], cfg["dp"], cfg["tp"], cfg["accum"]) == (pp, dp, 1, accum) and cfg["zero"] <= 2
+    assert out["search_space"]["name"] == "paper" and out["search_space"]["zero_stages"] == [0, 1, 2]
+    wide = _plan_json(capsys, "--model", model, "--clusters", clusters, "--global-batch", batch)
+    assert wide["search_space"]["name"] == "wide" and wide["search_space"]["tp_degrees"] is None
+    assert wide["counts"]["enumerated"] > out["counts"]["enumerated"]
+
+
+def test_cli_plan_text_names_the_space(capsys):
+    from ratrain.cli import main
+    assert main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "64", "--profile", "roofline",
+                 "--confirm", "0", "--top", "1", "--space", "paper", "--zero-stages", "2"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line == "search space: paper (the paper's Algorithm 2: T=1, ZeRO 0-2, b=1), replaced by Z 2"
+
+
 @pytest.mark.parametrize("argv", [
     ["plan", "--model", "nope", "--clusters", "8", "--global-batch", "64", "--profile", "roofline"],
     ["plan", "--model", "llama2-7b", "--clusters", "0", "--global-batch", "64", "--profile", "roofline"],

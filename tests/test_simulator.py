@@ -652,3 +652,51 @@ def test_recovery_buffer_capacity_hand_case():
     assert steps[2] == approx(steps[None])
     with pytest.raises(ConfigError, match="fsr_buffer_layers"):
         Mechanisms(fsr_buffer_layers=0)
+
+
+def test_cli_text_writes_times_in_the_unit_that_suits_them(capsys):
+    """A 36.75 ms step reads in ms; the same step with stage times x 1000 in seconds, never as ms."""
+    from rtcommon.durations import format_ms
+    assert [format_ms(x) for x in (0.5, 999.4, 1500.0, 963013.496, 1.5e6)] == [
+        "0.500 ms", "999.40 ms", "1.500 s", "963.01 s", "1500.0 s"]
+    assert cli_main(BASE_ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["step", "time", "36.75", "ms"] and lines[4].endswith("(times in ms)")
+    slow = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "--t-forward", "1500",
+            "--t-backward", "2500", "--t-update", "750"]
+    assert cli_main(slow) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["step", "time", "36.75", "s"] and lines[4].endswith("(times in s)")
+    assert lines[5].split()[1] == "24.00"          # stage 0 computes 6 x (1.5 + 2.5) s
+
+
+def test_cli_every_simulate_flag_has_help():
+    import argparse
+
+    from ratrain.cli.simulate import register
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    parser = sub.choices["simulate"]
+    bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert bare == []
+
+
+def test_cli_plot_window_in_seconds(capsys, tmp_path, monkeypatch):
+    """--window START:END (s) reaches the plot as a ms range; the axis reads in the span's unit."""
+    import ratrain.cli.simulate as cli_simulate
+    seen = {}
+    real = cli_simulate.plot_timeline
+    monkeypatch.setattr(cli_simulate, "plot_timeline",
+                        lambda result, path, **kw: (seen.update(kw), real(result, path, **kw)))
+    png = tmp_path / "w.png"
+    slow = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "--t-forward", "1500",
+            "--t-backward", "2500", "--plot", str(png)]
+    assert cli_main(slow + ["--window", "10:20"]) == 0
+    assert seen["t_range"] == (10_000.0, 20_000.0) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert cli_main(slow + ["--window", "20:10"]) == 2
+    assert "START < END" in capsys.readouterr().err
+    assert cli_main(BASE_ARGS + ["--window", "0:1"]) == 2
+    assert "--window applies to --plot" in capsys.readouterr().err
+    from rtcommon.durations import time_unit
+    assert time_unit(10_000.0) == ("s", 1e3) and time_unit(999.0) == ("ms", 1.0)

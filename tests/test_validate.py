@@ -59,3 +59,21 @@ def test_cli_json_shape():
     bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "0", "--k", "1", "--n", "1"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "dimension m" in bad.stderr
+
+
+def test_table5_views_name_the_loop_order_and_the_tiles_that_ran():
+    """The Table 5 header prints the default kernel's effective tiles (nv=4 clipped to 2 by n2=384);
+    the Why block leads with the default kernel's own row and labels the c-stationary variants."""
+    from mtemu.validate import TABLE5_M, Table5Row, default_variant, format_table5_tiles, format_variants
+    assert format_table5_tiles() == "tiles: a-resident mg=512 kg=768 k2=256 n2=384 mr=6 nv=2"
+    stalls = {"dma_wait": 1, "barrier": 2, "latency": 3}
+    rows = [Table5Row(TABLE5_M, k, n, 0.64, 0.65, 6.6, 6.5, 5.2, 5.3, 1, stalls, False) for k, n, *_ in TABLE5]
+    default = default_variant(rows)
+    assert default["loop_order"] == "a-resident" and default["utilization"] == 0.64
+    c_var = {"variant": "c-stationary, pipelined", "loop_order": "c-stationary", "tiles": "c-stationary mg=1024",
+             "utilization": 0.87, "stalls": stalls, "ddr_bytes": 2e8}
+    text = format_variants([default, c_var]).splitlines()
+    assert "of the c-stationary loop order" in text[0]
+    assert text[1].split()[:2] == ["a-resident", "(default)"] and text[1].endswith("-")
+    assert text[2].split() == ["tiles", "a-resident", "mg=512", "kg=768", "k2=256", "n2=384", "mr=6", "nv=2"]
+    assert text[3].split()[:2] == ["c-stationary,", "pipelined"] and text[3].endswith("200.0 MB")

@@ -43,7 +43,10 @@ def platform_from_args(args: argparse.Namespace) -> Platform:
 
 # --- GEMM tiles and loop order ----------------------------------------------------------------
 def add_tile_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tiles", f"GEMM tile sizes (defaults: {DEFAULT_TILES.describe()})")
+    defaults = "; ".join(v.default_tiles.describe() for v in GEMM_VARIANTS.values())
+    g = p.add_argument_group("tiles", f"GEMM tile sizes (defaults per loop order: {defaults}). Tiles are "
+                                      "clipped to the shape and nv to n2 / vector lanes (a-resident's nv=4 runs "
+                                      "as nv=2 on n2=384); runs print the tiles that ran")
     for f in fields(GemmTiles):
         if f.name == "pipelined":
             continue

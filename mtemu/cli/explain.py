@@ -1,22 +1,22 @@
 """`mtemu explain`: which resource bounds a kernel, with the numbers.
 
-``mtemu explain gemm --m M --k K --n N [tiles]`` runs the GEMM in timing mode and adds the closed
-form's tile moves; ``mtemu explain program PROGRAM [run options]`` explains any program.
+``mtemu explain gemm --m M --k K --n N [--loop-order NAME] [tiles]`` runs the GEMM (the default
+loop order unless named) in timing mode and, for the c-stationary one, adds the closed form's tile
+moves; ``mtemu explain program PROGRAM [run options]`` explains any program.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import asdict
 
 from ..errors import MtemuError
 from ..explain import explain_gemm, plot_roofline
-from ..kernels.gemm import DEFAULT_TILES, GemmTiles
+from ..kernels.registry import gemm_variant
 from ..platform import load_platform
 from ..program_runner import run_program
 from ..trace import write_chrome_trace
+from .args import add_loop_order_args, add_tile_args, any_tiles_from_args
 from .run import add_program_args, add_trace_args, report_extras, trace_line, trace_options
-
-_TILE_FIELDS = [f.name for f in fields(GemmTiles) if f.name != "pipelined"]
 
 
 def _gemm(args: argparse.Namespace):
@@ -25,11 +25,12 @@ def _gemm(args: argparse.Namespace):
     for name in ("m", "k", "n"):
         if getattr(args, name) <= 0:
             raise MtemuError(f"--{name} must be positive, got {getattr(args, name)}")
-    tiles = GemmTiles(**{name: getattr(args, name) if getattr(args, name) is not None else getattr(DEFAULT_TILES, name)
-                         for name in _TILE_FIELDS}, pipelined=not args.no_pipeline)
+    tiles = any_tiles_from_args(args)
     ex, stats = explain_gemm(args.m, args.k, args.n, tiles, plat, trace)
-    payload = {"kernel": "gemm", "m": args.m, "k": args.k, "n": args.n, "explanation": ex.to_json()}
-    lines = [f"GEMM {args.m}x{args.k}x{args.n}, tiles {tiles.describe()}", ex.text()]
+    effective = gemm_variant(args.loop_order).plan(args.m, args.k, args.n, tiles, plat).tiles
+    payload = {"kernel": "gemm", "loop_order": args.loop_order, "m": args.m, "k": args.k, "n": args.n,
+               "tiles": asdict(effective), "explanation": ex.to_json()}
+    lines = [f"GEMM {args.m}x{args.k}x{args.n}, tiles {effective.describe()}", ex.text()]
     if args.trace:
         info = write_chrome_trace(stats.trace, args.trace, window, args.trace_max_events)
         payload["trace"] = info
@@ -60,10 +61,8 @@ def register(subparsers) -> None:
     g.add_argument("--m", type=int, required=True)
     g.add_argument("--k", type=int, required=True)
     g.add_argument("--n", type=int, required=True)
-    tiles = g.add_argument_group("tiles", f"GEMM tile sizes (defaults: {DEFAULT_TILES.describe()})")
-    for name in _TILE_FIELDS:
-        tiles.add_argument("--" + name, type=int, default=None)
-    tiles.add_argument("--no-pipeline", action="store_true", help="variant without load/compute overlap")
+    add_loop_order_args(g)
+    add_tile_args(g)
     g.add_argument("--platform", metavar="FILE", help="TOML or JSON file of platform fields")
     add_trace_args(g, explain_flag=False)
     g.add_argument("--json", action="store_true")

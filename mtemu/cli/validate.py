@@ -13,6 +13,7 @@ from ..validate import (
     format_attention,
     format_table5,
     format_table5_summary,
+    format_table5_tiles,
     format_variants,
     table5,
     table5_variants,
@@ -44,7 +45,7 @@ def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
     tiles = any_tiles_from_args(args)
     rows = table5(plat, tiles, progress=not args.json)
     variants = table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
-    text = (f"tiles: {tiles.describe()}\n" + format_table5(rows) + "\n" + format_table5_summary(rows)
+    text = (format_table5_tiles(plat, tiles) + "\n" + format_table5(rows) + "\n" + format_table5_summary(rows)
             + (f"\n\n{format_variants(variants)}" if variants else ""))
     return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
 

@@ -35,6 +35,7 @@ from ..errors import CapacityError, MtemuError
 from ..machine import Cluster, RunStats
 from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
+from .names import format_tiles
 from .program_cache import cached_program
 from .schedule import Op, check_registers, schedule
 
@@ -64,8 +65,7 @@ class GemmTiles:
     pipelined: bool = True
 
     def describe(self) -> str:
-        return (f"mg={self.mg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
-                + ("" if self.pipelined else " (no pipeline)"))
+        return format_tiles(self, "c-stationary")
 
 
 DEFAULT_TILES = GemmTiles()

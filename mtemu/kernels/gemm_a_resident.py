@@ -52,6 +52,7 @@ from .gemm import (
     _run,
     plan_gemm,
 )
+from .names import format_tiles
 from .program_cache import cached_program
 from .schedule import Op, schedule
 
@@ -77,8 +78,7 @@ class AResidentGemmTiles:
     pipelined: bool = True           # the micro-kernel's software pipeline (always on here)
 
     def describe(self) -> str:
-        return (f"A-resident mg={self.mg} kg={self.kg} k2={self.k2} n2={self.n2} mr={self.mr} nv={self.nv}"
-                + (f" b_slots={self.b_slots}" if self.b_slots != 2 else ""))
+        return format_tiles(self, "a-resident")
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,16 @@ from .table5 import (
                      TABLE5_TOLERANCE_PP,
                      VARIANT_SHAPE,
                      Table5Row,
+                     default_variant,
                      format_table5,
                      format_table5_summary,
+                     format_table5_tiles,
                      format_variants,
                      table5,
                      table5_variants,
 )
 
 __all__ = ["FIT_ROWS", "NAIVE_TILES", "PAPER_SPEEDUP", "TABLE5", "TABLE5_M", "TABLE5_TOLERANCE_PP", "VALIDATE_SEQS",
-           "VARIANT_SHAPE", "Table5Row", "format_attention", "format_table5", "format_table5_summary",
-           "format_variants", "table5", "table5_variants", "validate_attention", "validate_heads"]
+           "VARIANT_SHAPE", "Table5Row", "default_variant", "format_attention", "format_table5",
+           "format_table5_summary", "format_table5_tiles", "format_variants", "table5", "table5_variants",
+           "validate_attention", "validate_heads"]

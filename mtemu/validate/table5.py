@@ -76,29 +76,65 @@ def table5(platform: Platform = DEFAULT, tiles: GemmTiles | AResidentGemmTiles |
 
 
 # Variants that show what the software pipeline and the tiles buy (Table 5 is explained, not only matched).
+# They are of the c-stationary loop order, the one whose pipeline can be switched off; the default
+# (a-resident, always pipelined) kernel's own row at the same shape leads the block.
 VARIANT_SHAPE = (2048, 4096, 4096)
+VARIANT_LOOP_ORDER = "c-stationary"
 NAIVE_TILES = GemmTiles(mg=2048, k2=32, n2=192, mr=1, nv=1)
 
 
+def table5_tiles(platform: Platform = DEFAULT, tiles: GemmTiles | AResidentGemmTiles | None = None
+                 ) -> list[GemmTiles | AResidentGemmTiles]:
+    """The effective tiles (clipped to each shape) Table 5's rows run, one per row."""
+    variant = variant_of(tiles) if tiles is not None else gemm_variant(DEFAULT_GEMM)
+    tiles = tiles if tiles is not None else variant.default_tiles
+    return [variant.plan(TABLE5_M, k, n, tiles, platform).tiles for k, n, *_ in TABLE5]
+
+
+def format_table5_tiles(platform: Platform = DEFAULT, tiles: GemmTiles | AResidentGemmTiles | None = None) -> str:
+    """``tiles: LOOP-ORDER mg=..`` once when every row runs the same effective tiles, else per shape."""
+    effective = table5_tiles(platform, tiles)
+    if len(set(effective)) == 1:
+        return f"tiles: {effective[0].describe()}"
+    return "tiles: " + "; ".join(f"{k}x{n} {t.describe()}" for (k, n, *_), t in zip(TABLE5, effective, strict=True))
+
+
 def table5_variants(platform: Platform = DEFAULT, tiles: GemmTiles = DEFAULT_TILES) -> list[dict]:
-    """Default tiles vs no software pipeline vs naive tiles on one Table 5 shape."""
+    """The c-stationary kernel's default tiles vs no software pipeline vs naive tiles on one Table 5 shape."""
     out = []
     no_pipeline = GemmTiles(**{**tiles.__dict__, "pipelined": False})
-    for name, t in (("pipelined (default)", tiles), ("no software pipeline", no_pipeline),
-                    ("naive tiles", NAIVE_TILES)):
+    for name, t in (("c-stationary, pipelined", tiles), ("c-stationary, no software pipeline", no_pipeline),
+                    ("c-stationary, naive tiles", NAIVE_TILES)):
         r = gemm_timing(*VARIANT_SHAPE, tiles=t, platform=platform)
-        out.append({"variant": name, "tiles": t.describe(), "utilization": r.utilization,
-                    "latency_ms": r.latency_ms, "stalls": r.stalls, "ddr_bytes": r.ddr_bytes})
+        out.append({"variant": name, "loop_order": VARIANT_LOOP_ORDER, "tiles": r.tiles.describe(),
+                    "utilization": r.utilization, "latency_ms": r.latency_ms, "stalls": r.stalls,
+                    "ddr_bytes": r.ddr_bytes})
     return out
+
+
+def default_variant(rows: list[Table5Row], platform: Platform = DEFAULT) -> dict | None:
+    """The default loop order's Table 5 row at VARIANT_SHAPE in the variants' form (``ddr_bytes``
+    None: a Table 5 row does not keep it); None when the rows do not hold that shape."""
+    m, k, n = VARIANT_SHAPE
+    row = next((r for r in rows if (r.m, r.k, r.n) == (m, k, n)), None)
+    if row is None:
+        return None
+    variant = gemm_variant(DEFAULT_GEMM)
+    tiles = variant.plan(m, k, n, variant.default_tiles, platform).tiles
+    return {"variant": f"{DEFAULT_GEMM} (default)", "loop_order": DEFAULT_GEMM, "tiles": tiles.describe(),
+            "utilization": row.utilization, "latency_ms": row.latency_ms, "stalls": row.stalls, "ddr_bytes": None}
 
 
 def format_variants(variants: list[dict]) -> str:
     m, k, n = VARIANT_SHAPE
-    lines = [f"Why ({m}x{k}x{n}; stalls in DSP-cycles, summed over DSPs):"]
+    lines = [f"Why ({m}x{k}x{n}; stalls in DSP-cycles, summed over DSPs; the pipeline and tile variants are of "
+             f"the {VARIANT_LOOP_ORDER} loop order):"]
     for v in variants:
         s = v["stalls"]
-        lines.append(f"  {v['variant']:22s} util {100 * v['utilization']:6.2f}%  dma_wait {s['dma_wait']:>11,}  "
-                     f"barrier {s['barrier']:>11,}  latency {s['latency']:>9,}  DDR {v['ddr_bytes'] / 1e6:7.1f} MB")
+        ddr = "-" if v.get("ddr_bytes") is None else f"{v['ddr_bytes'] / 1e6:7.1f} MB"
+        lines.append(f"  {v['variant']:34s} util {100 * v['utilization']:6.2f}%  dma_wait {s['dma_wait']:>11,}  "
+                     f"barrier {s['barrier']:>11,}  latency {s['latency']:>9,}  DDR {ddr:>10}")
+        lines.append(f"  {'':34s} tiles {v['tiles']}")
     return "\n".join(lines)
 
 

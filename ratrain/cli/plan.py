@@ -13,6 +13,7 @@ from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
 from ratrain.plan.schedule_search import DEFAULT_VIRTUAL_STAGES, parse_schedules
+from ratrain.plan.space import DEFAULT_SPACE, SEARCH_SPACES, SearchSpace
 from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
 from ratrain.spec.parallel import ZERO_STAGES
@@ -54,12 +55,18 @@ def register(subparsers) -> None:
     p.add_argument("--top", type=int, default=10, help="how many ranked configurations to print")
     p.add_argument("--profile", choices=PROFILE_SOURCES, default="emulated",
                    help="latency profile source (roofline: analytic stand-in, fast)")
+    p.add_argument("--space", choices=tuple(SEARCH_SPACES), default=DEFAULT_SPACE,
+                   help="search space: " + "; ".join(f"{s.name}{' (default)' if s.name == DEFAULT_SPACE else ''}: "
+                                                     f"{s.description}" for s in SEARCH_SPACES.values())
+                        + ". --micro-batches, --tp-degrees and --zero-stages replace its lists")
     p.add_argument("--micro-batches", type=_int_list, default=None, metavar="B1,B2,...",
-                   help=f"micro-batch sizes to try (default: divisors of G/D up to {MAX_MICRO_BATCH})")
+                   help=f"micro-batch sizes to try (default: the space's; wide: divisors of G/D up to "
+                        f"{MAX_MICRO_BATCH})")
     p.add_argument("--tp-degrees", type=_int_list, default=None, metavar="T1,T2,...",
-                   help="tensor-parallel degrees to try (default: valid divisors of N up to 8)")
+                   help=f"tensor-parallel degrees to try (default: the space's; wide: valid divisors of N up to "
+                        f"{MAX_TP})")
     p.add_argument("--zero-stages", type=_stage_list, default=None, metavar="Z1,Z2,...",
-                   help="ZeRO stages to try (default: 0,1,2,3)")
+                   help="ZeRO stages to try (default: the space's; wide: 0,1,2,3)")
     p.add_argument("--partition", choices=("balanced", "uniform"), default="balanced")
     add_platform_args(p)
     p.add_argument("--confirm", type=int, default=3, metavar="N",
@@ -85,6 +92,16 @@ def _row(c, schedules: bool = False, gpu: bool = False) -> str:
             f"{c.config.prefetch:<9} step {c.step_ms / 1e3:9.2f} s  peak {c.peak_bytes / GIB:5.2f} GB  "
             f"[1F1B {bd.t_1f1b_ms / 1e3:.2f} + comm {bd.e_comm_ms / 1e3:.2f} + upd {bd.e_upd_ms / 1e3:.2f} "
             f"+ pref {bd.e_pref_ms / 1e3:.2f} + rec {bd.e_rec_ms / 1e3:.2f}]{mark}")
+
+
+def _space_line(space: SearchSpace, args: argparse.Namespace) -> str:
+    """Which space was searched, what the flags replaced, and how to ask for the paper's."""
+    given = [f"{flag} {','.join(map(str, getattr(args, name)))}" for name, flag in
+             (("tp_degrees", "T"), ("zero_stages", "Z"), ("micro_batches", "b"))
+             if getattr(args, name) is not None and getattr(args, name) != getattr(space, name)]
+    hint = "" if space.name == "paper" else "; --space paper for the paper's (T=1, ZeRO 0-2, b=1)"
+    return (f"search space: {space.name} ({space.description})" + (f", replaced by {' '.join(given)}" if given else "")
+            + hint)
 
 
 def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
@@ -131,6 +148,10 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if args.confirm < 0:
         raise ConfigError(f"--confirm must be 0 or more, got {args.confirm}")
+    space = SEARCH_SPACES[args.space]
+    for name in ("micro_batches", "tp_degrees", "zero_stages"):
+        if getattr(args, name) is None:         # the space's list unless the flag gives one
+            setattr(args, name, getattr(space, name))
     check_search_space(model, args)
     schedules = parse_schedules(args.schedules, args.virtual_stages)
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
@@ -139,11 +160,14 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
                           zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)
     payload = result.to_json()
+    payload["search_space"] = {**space.to_json(), "tp_degrees": args.tp_degrees, "zero_stages": args.zero_stages,
+                               "micro_batches": args.micro_batches}
     gpu = isinstance(platform, GpuPlatform)
     units = "GPUs" if gpu else "clusters"
     source = "the GPU kernel model" if gpu else args.profile
     lines = [f"{model.name}: {args.clusters} {units} of {platform.name}, global batch {args.global_batch} "
              f"x {args.seq}, method {args.method}, profile {source}",
+             _space_line(space, args),
              f"enumerated {result.enumerated}, pruned by memory {result.pruned_by_memory}, timed {result.timed} "
              f"({result.configs_per_s:.0f} configurations/s; {result.profile_s:.1f} s building profiles)"]
     if result.confirmed and not gpu:

@@ -1,9 +1,11 @@
 """`ratrain reproduce [experiment]`: the main job (every validation, ours beside the paper)."""
 from __future__ import annotations
 
+import argparse
+
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.repro.experiment import Settings, format_checks
-from ratrain.repro.report import EXPERIMENT_NAMES, reproduce
+from ratrain.repro.report import EXPERIMENT_NAMES, experiments_help, reproduce
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 
@@ -28,8 +30,10 @@ def _reproduce(args):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("reproduce", help="run the paper reproduction (all experiments, or one)")
-    p.add_argument("experiment", nargs="?", choices=EXPERIMENT_NAMES)
+    p = sub.add_parser("reproduce", help="run the paper reproduction (all experiments, or one)",
+                       epilog=experiments_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", nargs="?", choices=EXPERIMENT_NAMES, metavar="EXPERIMENT",
+                   help="one experiment (listed below); default: all of them and results/report.md")
     p.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
                    help="latency source (default: kernels emulated on mtemu)")
     p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",

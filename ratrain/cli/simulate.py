@@ -28,6 +28,7 @@ from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 from ratrain.spec.models import from_hf_config, get_model
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
+from rtcommon.durations import decimals_for, format_ms, time_unit
 
 # (layer, micro-batch) pairs of one uniform step beyond which the event simulation would take
 # minutes and gigabytes (the paper's largest layouts have about 10**4)
@@ -37,6 +38,17 @@ _TIMES = (("t_forward", "--t-forward", None), ("t_backward", "--t-backward", Non
           ("t_transfer", "--t-transfer", 0.0), ("t_update", "--t-update", 0.0),
           ("t_recompute", "--t-recompute", 0.0), ("t_gradsync", "--t-gradsync", 0.0),
           ("t_prefetch", "--t-prefetch", 0.0))
+
+
+def _window(text: str) -> tuple[float, float]:
+    """START:END in seconds, 0 <= START < END."""
+    try:
+        start, end = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END in seconds, got {text!r}") from None
+    if not (0 <= start < end < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < END (seconds), got {text!r}")
+    return start, end
 
 
 def register(subparsers) -> None:
@@ -50,21 +62,24 @@ def register(subparsers) -> None:
     src.add_argument("--model", help="a built-in model (see `ratrain model --help`); costs from its profile")
     src.add_argument("--hf-config", metavar="FILE", help="a HuggingFace config.json; costs from its profile")
     g = p.add_argument_group("model-driven configuration (with --model / --hf-config)")
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--dp", type=int, default=1)
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--zero", type=int, default=2)
-    g.add_argument("--micro-batch", type=int, default=1)
-    g.add_argument("--accum", type=int, default=8, help="micro-batches per step A")
-    g.add_argument("--seq", type=int, default=2048)
-    g.add_argument("--prefetch", choices=("layerwise", "bulk"), default="layerwise")
-    g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages P (default 1)")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel replicas D (default 1)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree T (default 1)")
+    g.add_argument("--zero", type=int, default=2, help="ZeRO stage 0-3 (default 2)")
+    g.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch b (default 1)")
+    g.add_argument("--accum", type=int, default=8, help="micro-batches per step A (default 8)")
+    g.add_argument("--seq", type=int, default=2048, help="sequence length in tokens (default 2048)")
+    g.add_argument("--prefetch", choices=("layerwise", "bulk"), default="layerwise",
+                   help="parameter prefetch: per layer, overlapped (layerwise, default) or in bulk")
+    g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
+                   help="latency profile: emulated kernels (default) or the analytic roofline (fast)")
     add_platform_args(p)
-    p.add_argument("--stages", type=int, help="pipeline stages P")
-    p.add_argument("--microbatches", type=int, help="micro-batches per step A")
+    p.add_argument("--stages", type=int, help="uniform mode: pipeline stages P")
+    p.add_argument("--microbatches", type=int, help="uniform mode: micro-batches per step A")
     for dest, flag, _ in _TIMES:
-        p.add_argument(flag, dest=dest, type=float, help="ms per stage")
-    p.add_argument("--layers-per-stage", type=int, default=1)
+        p.add_argument(flag, dest=dest, type=float, help="uniform mode: ms per stage")
+    p.add_argument("--layers-per-stage", type=int, default=1,
+                   help="uniform mode: layers each stage's times are split over (default 1)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="pipeline order: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, see "
                         "--virtual-stages) or zb-h1 (zero-bubble H1: backward split into B and a deferred W)")
@@ -74,7 +89,8 @@ def register(subparsers) -> None:
     p.add_argument("--t-backward-weight", dest="t_backward_weight", type=float, metavar="W",
                    help="zb-h1, uniform mode: ms of --t-backward that is the weight gradient W (default half); "
                         "model-driven runs take W from the profile's dW GEMMs")
-    p.add_argument("--activation", choices=ACTIVATIONS, default="fsr")
+    p.add_argument("--activation", choices=ACTIVATIONS, default="fsr",
+                   help="activation policy (default fsr: forward-side recovery)")
     p.add_argument("--variant", choices=ABLATION_VARIANTS + ("all-off",),
                    help="start from a paper ablation variant (the --no-* flags still apply)")
     p.add_argument("--no-fsr", action="store_true", help="backward-time recovery instead of FSR")
@@ -84,12 +100,16 @@ def register(subparsers) -> None:
     p.add_argument("--fsr-buffer-layers", type=_buffer_layers, default=FSR_BUFFER_LAYERS, metavar="N|none",
                    help=f"layers FSR's recovery buffer holds (default {FSR_BUFFER_LAYERS}, Eq. 6's single M_rec; "
                         "'none': no cap)")
-    p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute")
-    p.add_argument("--update-resource", choices=("compute", "ddr", "link"), default="ddr")
+    p.add_argument("--recovery-resource", choices=("compute", "ddr"), default="compute",
+                   help="what FSR recovery occupies (default compute: it fills pipeline bubbles)")
+    p.add_argument("--update-resource", choices=("compute", "ddr", "link"), default="ddr",
+                   help="uniform mode only: what the optimizer update occupies (default ddr)")
     p.add_argument("--prefetch-resource", choices=("compute", "ddr", "link"), default="ddr",
                    help="uniform mode only; model-driven runs take resources from the cost model")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
+    p.add_argument("--window", type=_window, metavar="START:END",
+                   help="with --plot: draw only this time window of the step, in seconds (e.g. 900:963)")
     p.add_argument("--grid", action="store_true",
                    help="print the step's F/B/W ops per stage on a time grid (text; with --json: the 'grid' field)")
     p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
@@ -227,15 +247,18 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if args.trace:
         write_chrome_trace(args.trace, result)
         payload["trace"] = args.trace
+    if args.window and not args.plot:
+        raise ConfigError("--window applies to --plot: give the PNG to draw the window into")
     if args.plot:
-        plot_timeline(result, args.plot)
+        plot_timeline(result, args.plot, t_range=None if args.window is None else
+                      (args.window[0] * 1e3, args.window[1] * 1e3))
         payload["plot"] = args.plot
     if args.grid:
         payload["grid"] = format_grid(result)
     text = render_text(result, costs, payload)
     if extra:
         basis = "" if result.schedule == "1f1b" else " (analytic 1F1B model)"
-        text = (f"{extra['model']} {extra['label']}\nplanner prediction{basis} {extra['predicted_step_ms']:12.3f} ms "
+        text = (f"{extra['model']} {extra['label']}\nplanner prediction{basis} {format_ms(extra['predicted_step_ms'])} "
                 f"({(extra['predicted_step_ms'] / result.step_time_ms - 1) * 100:+.2f}% vs simulated)\n") + text
     return payload, text
 
@@ -247,14 +270,19 @@ def render_text(result, costs: PipelineCosts, payload: dict) -> str:
     lines = [f"simulate {result.schedule}{vs}: P={costs.num_stages} A={costs.microbatches} "
              f"layers/stage={len(costs.stages[0])}; layer-wise {onoff(m.layerwise)}, update-prefetch "
              f"{onoff(m.deadline_aware)}, activation {m.policy}",
-             f"step time       {result.step_time_ms:12.3f} ms",
-             f"last backward   {result.last_backward_end_ms:12.3f} ms",
-             f"exposed tail    {result.exposed_tail_ms:12.3f} ms",
-             "stage  compute busy  compute idle  ddr busy  link busy  in-flight  act sets  R hidden  R exposed"]
+             f"step time       {format_ms(result.step_time_ms, 12)}",
+             f"last backward   {format_ms(result.last_backward_end_ms, 12)}",
+             f"exposed tail    {format_ms(result.exposed_tail_ms, 12)}"]
+    # the stage table in the unit of the step, one precision per column
+    unit, per = time_unit(result.step_time_ms)
+    d = decimals_for(result.step_time_ms / per)
+    lines.append(f"stage  compute busy  compute idle  ddr busy  link busy  in-flight  act sets  R hidden  R exposed"
+                 f"   (times in {unit})")
     for s in result.stages:
-        lines.append(f"{s.stage:5d}  {s.compute_busy_ms:12.3f}  {s.compute_idle_ms:12.3f}  {s.ddr_busy_ms:8.3f}  "
-                     f"{s.link_busy_ms:9.3f}  {s.peak_inflight:9d}  {s.peak_activation_sets:8.3g}  "
-                     f"{s.hidden_recovery_ms:8.3f}  {s.exposed_recovery_ms:9.3f}")
+        lines.append(f"{s.stage:5d}  {s.compute_busy_ms / per:12.{d}f}  {s.compute_idle_ms / per:12.{d}f}  "
+                     f"{s.ddr_busy_ms / per:8.{d}f}  {s.link_busy_ms / per:9.{d}f}  {s.peak_inflight:9d}  "
+                     f"{s.peak_activation_sets:8.3g}  {s.hidden_recovery_ms / per:8.{d}f}  "
+                     f"{s.exposed_recovery_ms / per:9.{d}f}")
     if "grid" in payload:
         lines.append(payload["grid"])
     for key in ("trace", "plot"):

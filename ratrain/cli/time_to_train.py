@@ -10,6 +10,7 @@ from ratrain.plan.planner import plan, simulate_config
 from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
 from ratrain.spec.models import get_model, list_models
 from ratrain.spec.parallel import ParallelConfig
+from rtcommon.durations import format_s
 
 # Cluster counts of the --plot sweep (powers of two, 8..1024).
 PLOT_CLUSTER_COUNTS = [2 ** k for k in range(3, 11)]
@@ -103,10 +104,10 @@ def _fmt_hours(hours: float | None) -> str:
 
 def _text(payload: dict) -> str:
     ovh = payload["overhead"]
-    lines = [f"step {payload['step_s']:.3f} s, with stragglers over {payload['clusters']} clusters "
-             f"{payload['straggler_step_s']:.3f} s (x{payload['straggler_factor']:.3f})",
-             f"job MTBF {payload['job_mtbf_s'] / 3600:.2f} h, checkpoint {payload['checkpoint_s']:.1f} s, "
-             f"restart {payload['restart_s']:.1f} s",
+    lines = [f"step {format_s(payload['step_s'])}, with stragglers over {payload['clusters']} clusters "
+             f"{format_s(payload['straggler_step_s'])} (x{payload['straggler_factor']:.3f})",
+             f"job MTBF {payload['job_mtbf_s'] / 3600:.2f} h, checkpoint {format_s(payload['checkpoint_s'])}, "
+             f"restart {format_s(payload['restart_s'])}",
              f"checkpoint interval: optimum ({payload['interval_rule']}) {payload['optimal_interval_s']:.0f} s, "
              f"chosen {payload['interval_s']:.0f} s",
              f"overhead: save {ovh['save']:.2%}, rework {ovh['rework']:.2%}, restart {ovh['restart']:.2%}, "

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from ratrain.plan.planner import Planner, mechanisms_for
+from ratrain.plan.space import PAPER_SPACE
 from ratrain.sim.simulator import Mechanisms
 from ratrain.spec.memory import FSR_BUFFER_LAYERS, MemoryConstants
 from ratrain.spec.models import ModelSpec
@@ -66,9 +67,10 @@ class Settings:
     # Table 3: cluster counts tried (the paper does not say): 2^k and 3 x 2^k.
     table3_grid: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     # RATrain's own search space (paper Fig. 2: PP + DP + lightweight ZeRO, no intra-layer
-    # collectives). TP and ZeRO-3 are the baselines of Table 2, not RATrain plans.
-    ratrain_zero_stages: tuple[int, ...] = (0, 1, 2)
-    ratrain_tp_degrees: tuple[int, ...] = (1,)
+    # collectives; `ratrain plan --space paper`). TP and ZeRO-3 are the baselines of Table 2, not
+    # RATrain plans.
+    ratrain_zero_stages: tuple[int, ...] = PAPER_SPACE.zero_stages
+    ratrain_tp_degrees: tuple[int, ...] = PAPER_SPACE.tp_degrees
     # Ablation configuration (paper: Qwen2.5-32B, 256 clusters, P=8, D=32, T=1, Z=2, b=1, A=128)
     ablation_model: str = "qwen2.5-32b"
     # Planner ranking: simulate every feasible configuration of a case, or a fixed-seed
@@ -110,11 +112,30 @@ class Settings:
 DEFAULT_SETTINGS = Settings()
 
 
+def format_check_value(v) -> str:
+    """A check's ours or paper cell: "-" when there is no value (the paper gives none, or we found none)."""
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def settings_markdown(settings: Settings | None) -> list[str]:
+    """The settings as a small table: lists joined, the platform by name (its every field is under
+    ``settings`` in each experiment's JSON)."""
+    lines = ["| setting | value |", "| --- | --- |"]
+    for name, value in (settings.to_json() if settings else {}).items():
+        if isinstance(value, dict):
+            value = f"{value.get('name', '?')} (every field: `settings.{name}` in each experiment's JSON)"
+        elif isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value))
+        lines.append(f"| {name} | {value} |")
+    return lines
+
+
 def format_checks(exp: Experiment) -> str:
     lines = [f"{'check':52s} {'ours':>12s} {'paper':>12s}  tolerance        mark"]
     for c in exp.checks:
-        ours = f"{c.ours:.4g}" if isinstance(c.ours, float) else str(c.ours)
-        ref = f"{c.paper:.4g}" if isinstance(c.paper, float) else str(c.paper)
+        ours, ref = format_check_value(c.ours), format_check_value(c.paper)
         lines.append(f"{c.name[:52]:52s} {ours:>12s} {ref:>12s}  {c.tolerance:15s}  {'pass' if c.ok else 'MISS'}"
                      + (f"  ({c.note})" if c.note else ""))
     return "\n".join(lines)

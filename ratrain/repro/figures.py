@@ -91,21 +91,23 @@ def stage_memory_figure(rows, path: Path) -> None:
     save_figure(fig, path)
 
 
-def table5_figure(rows, variants, path: Path) -> None:
+def table5_figure(rows, variants, path: Path, tiles_text: str = "") -> None:
+    """Left: Table 5's rows (``tiles_text``: the loop order and tiles they ran); right: each variant's
+    stall breakdown, labelled with its loop order."""
     matplotlib.use("Agg")
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), width_ratios=(1, 1.2))
     labels = [f"{r.k}x{r.n}" for r in rows]
     x = np.arange(len(rows))
     ax1.bar(x - 0.2, [100 * r.utilization for r in rows], 0.4, label="mtemu (emulated)", color="#1f77b4")
     ax1.bar(x + 0.2, [100 * r.paper_utilization for r in rows], 0.4, label="paper", color="#bbbbbb")
     for i, r in enumerate(rows):
         ax1.text(i - 0.2, 100 * r.utilization + 0.5, f"{100 * r.utilization:.1f}", ha="center", fontsize=8)
-    ax1.set_xticks(x, labels)
-    ax1.set_ylim(0, 80)
+    ax1.set_xticks(x, labels, rotation=20, ha="right")
+    ax1.set_ylim(0, 90)
     ax1.set_ylabel("MAC utilization (%)")
-    ax1.set_title("FP16 GEMM, M=2048 (weights K x N)")
-    ax1.legend(loc="lower right")
+    ax1.set_title("FP16 GEMM, M=2048 (weights K x N)" + (f"\n{tiles_text}" if tiles_text else ""), fontsize=10)
+    ax1.legend(loc="upper left", ncol=2, fontsize=9)
     kinds = ["dma_wait", "barrier", "latency", "branch", "imbalance"]
     names = [v["variant"] for v in variants]
     bottom = np.zeros(len(variants))
@@ -115,9 +117,12 @@ def table5_figure(rows, variants, path: Path) -> None:
         bottom += vals
     for i, v in enumerate(variants):
         ax2.text(bottom[i], i, f"  util {100 * v['utilization']:.1f}%", va="center", fontsize=8)
+    ax2.set_xlim(0, 1.3 * max(bottom.max(), 1e-9))        # room for the utilization labels
+    ax2.invert_yaxis()                                      # the default loop order on top
     ax2.set_xlabel("stall cycles, summed over 24 DSPs (millions)")
-    ax2.set_title("Why: stall breakdown on 2048x4096x4096")
-    ax2.legend(fontsize=8, loc="lower right")
+    ax2.set_title("Why: stall breakdown on 2048x4096x4096\n(pipeline and tile variants of the c-stationary loop "
+                  "order)", fontsize=10)
+    ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(kinds), frameon=False)
     fig.tight_layout()
     atomic_write_figure(path, fig, dpi=110)
 

@@ -5,6 +5,7 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ from ratrain.repro.compare import DEFAULT_EXPERIMENTS as COMPARED
 from ratrain.repro.compare import compare_markdown, load_baseline
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.cross_platform import run_cross_platform
-from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment
+from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment, format_check_value, settings_markdown
 from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
 from ratrain.repro.measured import run_measured
@@ -31,20 +32,61 @@ from rtcommon.progress import Progress
 # ------------------------------------------------------------------------------------------
 # registry, driver, report
 # ------------------------------------------------------------------------------------------
-def registry() -> dict[str, Callable[..., Experiment]]:
+@dataclass(frozen=True)
+class Entry:
+    """One experiment of the main job: what runs it, one line on what it shows, and its rough cost on
+    2 cores with the shipped profiles (the first run also compiles Numba code). A run records each
+    experiment's measured cost as ``seconds`` in ``results/<key>.json``: update ``cost`` from it."""
+
+    run: Callable[..., Experiment]
+    summary: str
+    cost: str
+
+
+def catalog() -> dict[str, Entry]:
     """Every experiment of the main job, in run order."""
-    return {"table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention,
-            "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
-            "table6": training.run_table6, "ablation": training.run_ablation,
-            "schedules": run_schedules, "budget": run_budget, "sensitivity": run_sensitivity,
-            "stragglers": run_stragglers, "platforms": run_platforms, "ranking": run_ranking,
-            "fig9": run_fig9,
-            "correctness": run_correctness_experiment, "measured": run_measured, "cross_platform": run_cross_platform}
+    return {
+        "table5": Entry(run_table5, "Table 5: emulated FP16 GEMM utilization on the five shapes, and why", "~2 min"),
+        "table5_study": Entry(run_table5_study, "Table 5: which DDR rate and calibration could meet the target",
+                              "~2 min"),
+        "tune": Entry(run_tune, "tile tuner on the Table 5 shapes (the tiles --tiles tuned uses)", "~2 min"),
+        "attention": Entry(run_attention, "Fig. 10: memory-resident vs DDR-staged attention backward", "~3 min"),
+        "table2": Entry(training.run_table2, "Table 2: RATrain vs GPU-style strategies at 256 clusters", "~2 min"),
+        "table3": Entry(training.run_table3, "Table 3: fewest clusters that fit 20 GB, and the layout", "~1 min"),
+        "table4": Entry(training.run_table4, "Table 4: planner prediction vs event simulation", "~1 min"),
+        "table6": Entry(training.run_table6, "Table 6: LLaMA-2-7B scale-out from 256 to 1024 clusters", "~1 min"),
+        "ablation": Entry(training.run_ablation, "ablation: FSR, update-prefetch and layer-wise sync switched off",
+                          "~1 min"),
+        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "~2 min"),
+        "budget": Entry(run_budget, "the planner's choice and RATrain's advantage at 12-30 GB budgets", "~1 min"),
+        "sensitivity": Entry(run_sensitivity, "what the platform would have to be for the missed rows", "~1 min"),
+        "stragglers": Entry(run_stragglers, "does a cluster-time spread explain Table 6's efficiency loss", "<1 min"),
+        "platforms": Entry(run_platforms, "a second platform: do the principles transfer beyond MT-3000", "~2 min"),
+        "ranking": Entry(run_ranking, "does the planner rank configurations as the simulator does", "~5 min"),
+        "fig9": Entry(run_fig9, "Fig. 9: utilization and training time over sequence length", "~3 min"),
+        "correctness": Entry(run_correctness_experiment,
+                             "lifecycle scheduling changes timing, not learning (a small model trained)", "~2 min"),
+        "measured": Entry(run_measured, "the simulator against 1,440 measured runs on an A100 node", "<1 min"),
+        "cross_platform": Entry(run_cross_platform, "the paper's premise on MT-3000 and on GPU clusters", "~1 min"),
+    }
+
+
+def registry() -> dict[str, Callable[..., Experiment]]:
+    """Every experiment's runner, in run order."""
+    return {key: entry.run for key, entry in catalog().items()}
 
 
 EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
                     "schedules", "budget", "sensitivity", "stragglers", "platforms",
                     "ranking", "fig9", "correctness", "measured", "cross_platform")
+
+
+def experiments_help() -> str:
+    """One line per experiment, with its typical cost (``ratrain reproduce --help``)."""
+    entries = catalog()
+    width = max(map(len, entries))
+    return "experiments (rough cost on 2 cores with the shipped profiles, after the first compile):\n" + "\n".join(
+        f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
@@ -75,7 +117,7 @@ def write_report(experiments: list[Experiment], out: Path, settings=None) -> Pat
     parts = ["# RATrain reproduction report", "",
              "Every number marked *ours* is measured by the emulator (mtemu) or the simulator (ratrain);",
              "the paper's numbers are targets only. Regenerate with `ratrain reproduce`.", "",
-             f"Settings (choices where the paper is silent): `{settings.to_json() if settings else {}}`", "",
+             "Settings (choices where the paper is silent):", "", *settings_markdown(settings), "",
              "| experiment | checks passed |", "| --- | --- |"]
     for e in experiments:
         parts.append(f"| {e.title} | {e.passed}/{len(e.checks)} |")
@@ -85,8 +127,7 @@ def write_report(experiments: list[Experiment], out: Path, settings=None) -> Pat
             parts += ["```", e.text, "```", ""]
         parts += ["| check | ours | paper | tolerance | result | note |", "| --- | --- | --- | --- | --- | --- |"]
         for c in e.checks:
-            ours = f"{c.ours:.4g}" if isinstance(c.ours, float) else str(c.ours)
-            ref = f"{c.paper:.4g}" if isinstance(c.paper, float) else str(c.paper)
+            ours, ref = format_check_value(c.ours), format_check_value(c.paper)
             parts.append(f"| {c.name} | {ours} | {ref} | {c.tolerance} | {'pass' if c.ok else '**miss**'} | {c.note} |")
         for fig in e.figures:
             fig_path = Path(fig).resolve()

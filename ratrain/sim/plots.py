@@ -16,9 +16,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from ratrain.errors import ConfigError  # noqa: E402
 from ratrain.sim.timeline import Task  # noqa: E402
+from rtcommon.durations import format_ms, time_unit  # noqa: E402
 from rtcommon.fileio import atomic_write_figure  # noqa: E402
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
@@ -109,18 +111,22 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
     ax.set_yticklabels([name for name, _ in reversed(rows)], fontsize=8)
     ax.set_xlim(lo, hi)
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_xlabel("time (ms)")
+    # data stay in ms; the axis reads in the unit that suits the span drawn
+    unit, per = time_unit(span)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / per:g}"))
+    ax.set_xlabel(f"time ({unit})")
     handles = [Patch(color=COLORS[k], label=k) for k in COLORS if k in used]
-    if last_b is not None:
+    if last_b is not None and lo <= last_b <= hi:
         handles.append(plt.Line2D([], [], color="black", linestyle="--", label="last backward"))
-    if step is not None:
+    if step is not None and lo <= step <= hi:
         handles.append(plt.Line2D([], [], color="red", label="step end"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(1, len(rows))),
               ncol=min(len(handles), 6), fontsize=8, frameon=False)
     if title is None and step is not None:
         v = getattr(result, "virtual_stages", 1)
-        title = (f"{getattr(result, 'schedule', '')}{f' v={v}' if v > 1 else ''} step {step:.3f} ms, exposed tail "
-                 f"{getattr(result, 'exposed_tail_ms', 0.0):.3f} ms")
+        title = (f"{getattr(result, 'schedule', '')}{f' v={v}' if v > 1 else ''} step {format_ms(step)}, exposed tail "
+                 f"{format_ms(getattr(result, 'exposed_tail_ms', 0.0))}"
+                 + ("" if t_range is None else f"; window {format_ms(lo)} to {format_ms(hi)}"))
     if title:
         ax.set_title(title, fontsize=10)
     _save(fig, path)
