@@ -78,3 +78,29 @@ def test_cli_huge_platform_field_is_one_line(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "latencies.vmac" in res.stderr
+
+
+def _shipped_profile():
+    from pathlib import Path
+    folder = Path(__file__).resolve().parent.parent / "ratrain" / "data" / "profiles"
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        if data.get("source") == "emulated" and any(o["kind"] == "attention" for o in data["ops"]):
+            return data
+    pytest.skip("no shipped emulated profile")
+
+
+@pytest.mark.parametrize("edit", ["empty", "short", "not-a-list"])
+def test_a_cached_profile_with_a_broken_kernel_list_is_rebuilt(tmp_path, edit):
+    from ratrain.cost.profile import _load_if_current
+    from rtcommon.caches import CacheWarning
+
+    data = _shipped_profile()
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    assert _load_if_current(path, data["emulator_version"], data["platform_key"]) is not None
+    attention = next(o for o in data["ops"] if o["kind"] == "attention")
+    attention["gemms"] = {"empty": [], "short": [["attention-fwd", 8]], "not-a-list": "x"}[edit]
+    path.write_text(json.dumps(data))
+    with pytest.warns(CacheWarning, match="is malformed"):
+        assert _load_if_current(path, data["emulator_version"], data["platform_key"]) is None
