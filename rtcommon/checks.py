@@ -62,3 +62,14 @@ def is_finite_number(value: Any) -> bool:
     if isinstance(value, bool) or not isinstance(value, Real):
         return False
     return isinstance(value, Integral) or math.isfinite(value)
+
+
+def positive_ints(prefix: str, error: type[UserError] = UserError, **values: Any) -> list[int]:
+    """Each of ``values`` a positive integer (a bool, float or string is refused, not converted), as
+    ints in order; ``prefix`` names the kind ("GEMM dimension m must be ...")."""
+    out = []
+    for name, value in values.items():
+        if not is_integer(value) or value <= 0:
+            raise error(f"{prefix} {name} must be a positive integer, got {show_value(value)}")
+        out.append(int(value))
+    return out
