@@ -394,6 +394,9 @@ def check_kernel(kernel: object, platform: Platform, name: str) -> None:
             _check_region_fields(region, f"{name}: Kernel.{label}[{key!r}]")
     if not is_integer(kernel.ddr_bytes) or kernel.ddr_bytes < 0:
         raise MtemuError(f"{name}: Kernel.ddr_bytes must be a non-negative integer, got {show_value(kernel.ddr_bytes)}")
+    if kernel.ddr_bytes > platform.ddr_bytes:
+        raise MtemuError(f"{name}: Kernel.ddr_bytes = {show_value(kernel.ddr_bytes)} is more than the platform's DDR "
+                         f"({platform.ddr_bytes} bytes)")
     if kernel.useful_macs is not None and (not is_integer(kernel.useful_macs) or kernel.useful_macs < 0):
         raise MtemuError(f"{name}: Kernel.useful_macs must be a non-negative integer or None, "
                          f"got {show_value(kernel.useful_macs)}")
