@@ -95,6 +95,20 @@ class Program:
 # ------------------------------------------------------------------------------------------
 # Builder
 # ------------------------------------------------------------------------------------------
+# Largest program a builder makes: the shipped kernels stay under 30,000 bundles; a platform latency
+# of 10**6 cycles would pad a GEMM to ~10**9 bundles (hundreds of GB) before the run started.
+MAX_PROGRAM_BUNDLES = 1_000_000
+
+
+def program_too_long(platform: Platform, bundles: int) -> AssemblyError:
+    """The error for a program of ``bundles`` bundles, beyond :data:`MAX_PROGRAM_BUNDLES`."""
+    lat = platform.latencies
+    name, cycles = max(((f, getattr(lat, f)) for f in lat.__dataclass_fields__), key=lambda fc: fc[1])
+    return AssemblyError(f"program would pass {MAX_PROGRAM_BUNDLES:,} bundles (at {bundles:,}; "
+                         f"mtemu.assembler.MAX_PROGRAM_BUNDLES): kernels pad each latency with idle bundles, "
+                         f"and the platform's largest is latencies.{name} = {cycles} cycles")
+
+
 class ProgramBuilder:
     """Collects bundles, labels and descriptors; ``assemble`` validates and encodes."""
 
@@ -113,12 +127,19 @@ class ProgramBuilder:
         self._labels[name] = len(self._bundles)
 
     def bundle(self, *instrs: Instr) -> int:
+        if len(self._bundles) >= MAX_PROGRAM_BUNDLES:
+            self._too_long(1)
         self._bundles.append(tuple(instrs))
         return len(self._bundles) - 1
 
     def nops(self, count: int, reason: str = "latency") -> None:
+        if len(self._bundles) + count > MAX_PROGRAM_BUNDLES:
+            self._too_long(count)
         for _ in range(count):
             self._bundles.append((ins("nop", reason),))
+
+    def _too_long(self, adding: int) -> None:
+        raise program_too_long(self.platform, len(self._bundles) + adding)
 
     def descriptor(self, src: str, dst: str, rows: int, row_bytes: int, src_stride: int,
                    dst_stride: int, mode: str = "copy", name: str | None = None) -> int:

@@ -14,6 +14,7 @@ before the first ``@njit(cache=True)``: the jitted modules that every other one 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -55,3 +56,37 @@ def configure() -> None:
         # numba was imported first (it always is by the caller; or by a test, a user's script): its
         # config read the variable then, but it picks the folder when each jitted function is defined
         numba.config.CACHE_DIR = folder
+    _guard_cache_loads(numba)
+
+
+def _guard_cache_loads(numba) -> None:
+    """Make a damaged entry of the machine's Numba cache (a truncated, bit-flipped or replaced
+    ``.nbi``/``.nbc`` file) a cache miss: warn once, delete that function's entry, compile again.
+    Numba itself lets the unpickling error escape from the first call, on every later run too."""
+    if numba is None:
+        return
+    caching = importlib.import_module("numba.core.caching")    # numba is imported by now: cheap
+
+    original = caching.Cache.load_overload
+    if getattr(original, "_mtemu_guard", False):
+        return
+
+    def load_overload(self, sig, target_context):
+        try:
+            return original(self, sig, target_context)
+        except Exception as exc:   # any failure to read our own cache: rebuild, never stop the run
+            folder = str(getattr(self, "_cache_path", ""))
+            if not folder.startswith(str(caches.numba_base())):
+                raise                              # not the machine's cache: Numba's own behaviour
+            index = Path(self._cache_file._index_path)
+            caches.warn(f"{index}: damaged Numba cache entry ({type(exc).__name__}): removed; "
+                        f"compiling it again", stacklevel=2)
+            for stale in index.parent.glob(index.name[:-len(".nbi")] + ".*"):
+                try:
+                    stale.unlink()
+                except OSError:
+                    pass
+            return None
+
+    load_overload._mtemu_guard = True
+    caching.Cache.load_overload = load_overload

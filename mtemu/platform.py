@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
+from rtcommon.checks import checked_number
 from rtcommon.jsonio import load_table_file
 
 from .errors import PlatformError
@@ -174,19 +173,10 @@ def _unit_hint(name: str, value: float) -> str:
 
 
 def _check_number(source: str, name: str, value: Any, integer: bool, bounds: tuple[float, float]) -> Any:
-    # numbers.Integral/Real also admit NumPy scalars (np.int64 from a computed size)
-    ok_type = isinstance(value, Integral) if integer else isinstance(value, Real)
-    if isinstance(value, bool) or not ok_type:
-        kind = "an integer" if integer else "a number"
-        raise PlatformError(f"{source}: field '{name}' must be {kind}, got {value!r}")
-    if not math.isfinite(value):
-        raise PlatformError(f"{source}: field '{name}' must be a finite number, got {value!r}")
     lo, hi = bounds
-    if not lo <= value <= hi:
-        hint = _unit_hint(name, value) if name in RANGES else ""
-        raise PlatformError(f"{source}: field '{name}' = {value!r} is outside the sane range "
-                            f"{lo:g}..{hi:g}{hint}")
-    return int(value) if integer else float(value)
+    hint = (lambda v: _unit_hint(name, v)) if name in RANGES else None
+    return checked_number(value, f"{source}: field '{name}'", integer=integer, lo=lo, hi=hi, error=PlatformError,
+                          hint=hint, bounds=f"{lo:g}..{hi:g}")
 
 
 def validate_platform(plat: Any, source: str = "platform") -> "Platform":

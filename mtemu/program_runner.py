@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
@@ -34,13 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rtcommon.fileio import atomic_write_bytes
+from rtcommon.checks import checked_number, is_integer, show_value
+from rtcommon.errors import UserError
+from rtcommon.fileio import atomic_write_many
 
 from . import isa
 from .assembler import Program, parse
 from .errors import MachineError, MtemuError
 from .machine import MAX_CYCLES_LIMIT, Cluster, RunStats
-from .platform import Platform
+from .platform import Platform, as_platform
 from .trace import TraceOptions
 
 DTYPES = {"float16": np.float16, "float32": np.float32, "uint16": np.uint16, "int16": np.int16,
@@ -51,6 +54,9 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 MAX_CYCLES_FLOOR = 1_000_000
 MAX_CYCLES_PER_BUNDLE = 2_000
 MAX_CYCLES_PER_DDR_CYCLE = 16
+# wall-clock guard on every run, whatever its cycle limit (--max-cycles 2**60 on an endless loop
+# would otherwise run for days); the jitted loop checks it between chunks, about once a second
+DEFAULT_MAX_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,8 @@ class Region:
     def nbytes(self) -> int:
         if self.shape is None or self.dtype is None:
             raise MtemuError(f"region {self.describe()} has no shape and dtype")
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(DTYPES[self.dtype]).itemsize
+        # Python ints: a 4294967296x4294967296 shape must not wrap to 0 bytes in int64
+        return math.prod(int(s) for s in self.shape) * np.dtype(DTYPES[self.dtype]).itemsize
 
     def describe(self) -> str:
         sp = self.space + (f".{self.dsp}" if self.dsp is not None else "")
@@ -194,13 +201,20 @@ def parse_output_spec(text: str) -> tuple[str, Region | None]:
 # loading programs
 # --------------------------------------------------------------------------------------------
 _SREG_RE = re.compile(r"^s(\d+)\s*=\s*(.+)$")
+# one term of an @sreg expression: dsp, INT*dsp or INT (INT in any base int(x, 0) reads)
+_SREG_TERM = r"(?:dsp|[0-9A-Za-z_]+(?:\s*\*\s*dsp)?)"
+_SREG_EXPR = re.compile(rf"\s*[+-]?\s*{_SREG_TERM}(?:\s*[+-]\s*{_SREG_TERM})*\s*")
+_SREG_PART = re.compile(rf"([+-]?)\s*({_SREG_TERM})")
 
 
 def _sreg_value(expr: str, where: str) -> tuple[int, int]:
-    """``A*dsp + B`` (any of the terms) -> (A, B)."""
+    """``A*dsp + B`` (any of the terms) -> (A, B); anything else ("5 6", "+") is an error."""
+    if not _SREG_EXPR.fullmatch(expr):
+        raise MtemuError(f"{where}: expected terms like 'A*dsp + B', got {expr!r}")
     a = b = 0
-    for sign, term in re.findall(r"([+-]?)\s*([^+-]+)", expr.replace(" ", "")):
+    for sign, term in _SREG_PART.findall(expr):
         k = -1 if sign == "-" else 1
+        term = term.replace(" ", "")
         if term == "dsp":
             a += k
         elif term.endswith("*dsp"):
@@ -309,6 +323,85 @@ def _with_dsps(platform: Platform, dsps, source: str) -> Platform:
 # --------------------------------------------------------------------------------------------
 # checking and placing data
 # --------------------------------------------------------------------------------------------
+def _check_region_fields(region: object, what: str) -> None:
+    """A Region built by a Python program: every field of the right type (the text form is parsed)."""
+    if not isinstance(region, Region):
+        raise MtemuError(f"{what}: expected a Region, got {type(region).__name__}")
+    if region.space not in isa.SPACES:
+        raise MtemuError(f"{what}: unknown memory {show_value(region.space)} (known: {', '.join(isa.SPACES)})")
+    if not is_integer(region.addr):
+        raise MtemuError(f"{what}: address must be an integer, got {show_value(region.addr)}")
+    if region.dsp is not None and not is_integer(region.dsp):
+        raise MtemuError(f"{what}: dsp must be an integer or None, got {show_value(region.dsp)}")
+    if region.shape is not None:
+        if not isinstance(region.shape, tuple) or not region.shape \
+                or not all(is_integer(n) and n > 0 for n in region.shape):
+            raise MtemuError(f"{what}: shape must be a tuple of positive integers, got {show_value(region.shape)}")
+    if region.dtype is not None and region.dtype not in DTYPES:
+        raise MtemuError(f"{what}: dtype {show_value(region.dtype)} not supported (use one of {', '.join(DTYPES)})")
+
+
+def check_kernel(kernel: object, platform: Platform, name: str) -> None:
+    """Every field of a :class:`Kernel` (a Python program builds it freely) checked before the run, so a
+    wrong type is one named error, not a traceback from deep in the machine."""
+    if not isinstance(kernel, Kernel):
+        raise MtemuError(f"{name}: expected a Kernel, got {type(kernel).__name__}")
+    if not isinstance(kernel.programs, (list, tuple)) or not kernel.programs:
+        raise MtemuError(f"{name}: Kernel.programs must be a non-empty list of Programs")
+    for i, prog in enumerate(kernel.programs):
+        if not isinstance(prog, Program):
+            raise MtemuError(f"{name}: Kernel.programs[{i}] is a {type(prog).__name__}, not an assembled Program")
+        for part in ("code", "descriptors"):
+            arr = getattr(prog, part)
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.int64:
+                kind = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
+                raise MtemuError(f"{name}: Kernel.programs[{i}].{part} must be an int64 array, got {kind}")
+    if kernel.dsp_program is not None:
+        if not isinstance(kernel.dsp_program, (list, tuple)) or len(kernel.dsp_program) != platform.dsps:
+            raise MtemuError(f"{name}: Kernel.dsp_program must list one program index per DSP ({platform.dsps})")
+        for d, k in enumerate(kernel.dsp_program):
+            if not is_integer(k) or not 0 <= k < len(kernel.programs):
+                raise MtemuError(f"{name}: Kernel.dsp_program[{d}] = {show_value(k)} is not a program index "
+                                 f"0..{len(kernel.programs) - 1}")
+    if not isinstance(kernel.init_sregs, dict):
+        raise MtemuError(f"{name}: Kernel.init_sregs must be a dict DSP -> {{register: value}}")
+    for d, regs in kernel.init_sregs.items():
+        if not is_integer(d) or not 0 <= d < platform.dsps:
+            raise MtemuError(f"{name}: Kernel.init_sregs: DSP {show_value(d)} outside 0..{platform.dsps - 1}")
+        if not isinstance(regs, dict):
+            raise MtemuError(f"{name}: Kernel.init_sregs[{d}] must be a dict register -> value, "
+                             f"got {type(regs).__name__}")
+        for r, v in regs.items():
+            if not is_integer(r) or not 0 < r < platform.scalar_registers:
+                raise MtemuError(f"{name}: Kernel.init_sregs[{d}]: register {show_value(r)} outside "
+                                 f"1..{platform.scalar_registers - 1}")
+            if not is_integer(v) or not -(1 << 63) <= v < (1 << 63):
+                raise MtemuError(f"{name}: Kernel.init_sregs[{d}][{r}] must be a 64-bit integer, got {show_value(v)}")
+    if kernel.dsp_descriptors is not None:
+        if not isinstance(kernel.dsp_descriptors, dict):
+            raise MtemuError(f"{name}: Kernel.dsp_descriptors must be a dict DSP -> int64 array")
+        for d, table in kernel.dsp_descriptors.items():
+            if not is_integer(d) or not isinstance(table, np.ndarray) or table.dtype.kind not in "iu":
+                raise MtemuError(f"{name}: Kernel.dsp_descriptors[{show_value(d)}] must be an integer array")
+    for label in ("inputs", "outputs"):
+        table = getattr(kernel, label)
+        if not isinstance(table, dict):
+            raise MtemuError(f"{name}: Kernel.{label} must be a dict name -> Region")
+        for key, region in table.items():
+            # a name becomes NAME.npy: a plain identifier, never a path ("../../escaped")
+            if not isinstance(key, str) or not _NAME_RE.match(key):
+                raise MtemuError(f"{name}: Kernel.{label} name {show_value(key)} must be a plain identifier")
+            _check_region_fields(region, f"{name}: Kernel.{label}[{key!r}]")
+    if not is_integer(kernel.ddr_bytes) or kernel.ddr_bytes < 0:
+        raise MtemuError(f"{name}: Kernel.ddr_bytes must be a non-negative integer, got {show_value(kernel.ddr_bytes)}")
+    if kernel.ddr_bytes > platform.ddr_bytes:
+        raise MtemuError(f"{name}: Kernel.ddr_bytes = {show_value(kernel.ddr_bytes)} is more than the platform's DDR "
+                         f"({platform.ddr_bytes} bytes)")
+    if kernel.useful_macs is not None and (not is_integer(kernel.useful_macs) or kernel.useful_macs < 0):
+        raise MtemuError(f"{name}: Kernel.useful_macs must be a non-negative integer or None, "
+                         f"got {show_value(kernel.useful_macs)}")
+
+
 def _capacity(platform: Platform, space: str) -> int:
     return {"SM": platform.sm_bytes, "AM": platform.am_bytes, "GSM": platform.gsm_bytes,
             "DDR": platform.ddr_bytes}[space]
@@ -422,7 +515,7 @@ class RunResult:
 def run_kernel(kernel: Kernel, platform: Platform, *, inputs: dict[str, np.ndarray | tuple] | None = None,
                outputs: list[str] | dict[str, Region | None] | None = None, mode: str = "functional",
                max_cycles: int | None = None, trace: TraceOptions | None = None,
-               name: str = "program") -> RunResult:
+               name: str = "program", max_seconds: float | None = DEFAULT_MAX_SECONDS) -> RunResult:
     """Place ``inputs`` (name -> array, or (array, Region)), run, return the report and the outputs.
 
     ``outputs``: names of declared outputs, or name -> Region (None for the declared one);
@@ -431,16 +524,28 @@ def run_kernel(kernel: Kernel, platform: Platform, *, inputs: dict[str, np.ndarr
     if mode not in ("functional", "timing"):
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
     functional = mode == "functional"
-    if not kernel.programs:
-        raise MtemuError(f"{name}: the kernel has no program")
+    check_kernel(kernel, as_platform(platform, name), name)
     given = {}
     for key, value in (inputs or {}).items():
         arr, where = value if isinstance(value, tuple) else (value, None)
         given[key] = (arr, where, "array")
-    return _run(kernel, platform, given, outputs, functional, max_cycles, trace, name)
+    return _run(kernel, platform, given, outputs, functional, (max_cycles, max_seconds), trace, name)
 
 
-def _run(kernel, platform, given, outputs, functional, max_cycles, trace, name) -> RunResult:
+def _limits(max_cycles: object, max_seconds: object) -> tuple[int | None, float | None]:
+    """The cycle and wall-clock limits checked in Python ints/floats (a huge --max-cycles is named)."""
+    if max_cycles is not None:
+        max_cycles = checked_number(max_cycles, "--max-cycles", integer=True, lo=1, hi=MAX_CYCLES_LIMIT,
+                                    error=MtemuError)
+    if max_seconds is not None:
+        max_seconds = checked_number(max_seconds, "--max-seconds", integer=False, lo=1e-3, hi=1e7,
+                                     error=MtemuError)
+    return max_cycles, max_seconds
+
+
+def _run(kernel, platform, given, outputs, functional, limits, trace, name) -> RunResult:
+    max_cycles, max_seconds = _limits(*limits)
+    check_kernel(kernel, platform, name)
     placed = _resolve_inputs(kernel, given, platform, functional)
     if outputs is None:
         outputs = list(kernel.outputs)
@@ -452,23 +557,27 @@ def _run(kernel, platform, given, outputs, functional, max_cycles, trace, name) 
     if ddr > platform.ddr_bytes:
         raise MtemuError(f"{name}: needs {ddr} bytes of DDR; the platform has {platform.ddr_bytes}")
     data_bytes = sum(r.nbytes for r in regions)
-    limit = default_max_cycles(kernel, platform, data_bytes) if max_cycles is None else int(max_cycles)
-    if limit < 1:
-        raise MtemuError(f"--max-cycles must be positive, got {max_cycles}")
+    limit = default_max_cycles(kernel, platform, data_bytes) if max_cycles is None else max_cycles
     cluster = Cluster(platform, ddr_bytes=ddr, functional=functional)
     if functional:
         for arr, region in placed.values():
             _place(cluster, arr, region, platform)
     try:
         stats = cluster.run(kernel.programs, dsp_program=kernel.dsp_program, init_sregs=kernel.init_sregs,
-                            max_cycles=limit, dsp_descriptors=kernel.dsp_descriptors, trace=trace)
+                            max_cycles=limit, dsp_descriptors=kernel.dsp_descriptors, trace=trace,
+                            max_seconds=max_seconds)
     except MachineError as exc:
         if "cycle limit" in str(exc) and max_cycles is None:
             raise MachineError(f"{name}: {exc}; the default limit is derived from the program's size and "
                                f"data, raise it with --max-cycles") from None
+        if "wall-clock limit" in str(exc):
+            raise MachineError(f"{name}: {exc}; the limit is --max-seconds (default {DEFAULT_MAX_SECONDS:g})") from None
         raise MachineError(f"{name}: {exc}") from None
     results = {n: _collect(cluster, r) for n, r in regions_out.items()} if functional else {}
     report = make_report(stats, name, "functional" if functional else "timing", limit, kernel.useful_macs)
+    if report.utilization > 1:
+        raise MtemuError(f"{name}: Kernel.useful_macs = {kernel.useful_macs} is more than the cluster can do in "
+                         f"{stats.cycles} cycles ({platform.peak_macs_per_cycle} MACs per cycle)")
     return RunResult(report, results, stats)
 
 
@@ -498,7 +607,8 @@ def _load_npy(path: str, name: str) -> np.ndarray:
 
 def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (), outputs: list[str] = (),
                 out_dir: str | Path | None = ".", mode: str = "functional", dsps: int | None = None,
-                max_cycles: int | None = None, trace: TraceOptions | None = None) -> RunResult:
+                max_cycles: int | None = None, trace: TraceOptions | None = None,
+                max_seconds: float | None = DEFAULT_MAX_SECONDS) -> RunResult:
     """``mtemu run``: load, check, run, then write each output as ``out_dir/NAME.npy`` (None: write none)."""
     if mode not in ("functional", "timing"):
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
@@ -517,7 +627,8 @@ def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (),
         requested[name] = region
     if not outputs:
         requested = {n: None for n in kernel.outputs}
-    result = _run(kernel, plat, given, requested, mode == "functional", max_cycles, trace, str(path))
+    result = _run(kernel, plat, given, requested, mode == "functional", (max_cycles, max_seconds), trace,
+                  str(path))
     if result.outputs and out_dir is not None:
         out = Path(out_dir)
         blobs = {}
@@ -525,8 +636,11 @@ def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (),
             buf = io.BytesIO()
             np.save(buf, arr, allow_pickle=False)
             blobs[name] = buf.getvalue()
-        for name, blob in blobs.items():
-            target = out / f"{name}.npy"
-            atomic_write_bytes(target, blob)
-            result.report.outputs[name] = str(target)
+        # all or none: a full disk while writing the second file leaves not even the first
+        try:
+            atomic_write_many({out / f"{name}.npy": blob for name, blob in blobs.items()})
+        except UserError as exc:
+            raise MtemuError(str(exc)) from None
+        for name in blobs:
+            result.report.outputs[name] = str(out / f"{name}.npy")
     return result

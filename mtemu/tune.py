@@ -11,12 +11,14 @@ is contacted before any work starts.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import itertools
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -356,7 +358,7 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
             step("")
             yield i, res
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=end_with_parent) as pool:
         futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
         try:
             for f in done_order(futures):
@@ -366,6 +368,23 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
         finally:
             for f in futures:
                 f.cancel()
+
+
+_PR_SET_PDEATHSIG = 1      # Linux prctl option: the signal a process gets when its parent ends
+
+
+def end_with_parent() -> None:
+    """A worker's initializer: the worker ends when its parent does, on any signal (SIGTERM and
+    SIGKILL too, which give the parent no chance to stop its pool). Linux only; elsewhere nothing."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # a forked worker inherits the parent's handler
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:          # the parent ended before the request took effect
+        os._exit(1)
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:

@@ -145,6 +145,8 @@ def run_main(prog: str, parser: argparse.ArgumentParser, argv: list[str] | None,
         return _fail(name, _os_message(exc))
     except MemoryError as exc:
         return _fail(name, f"out of host memory{f' ({exc})' if str(exc) else ''}; try a smaller problem")
+    if sys.stdout is None:          # started with stdout closed (`cmd >&-`): Python leaves None there
+        return _fail(name, "cannot write the output: standard output is closed")
     try:
         print(out)
         sys.stdout.flush()

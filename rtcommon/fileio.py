@@ -50,9 +50,8 @@ def check_output_file(path: str | os.PathLike, flag: str = "output file") -> Non
         raise UserError(f"{flag} {target}: {base} is not writable".strip())
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old or the new file, never a part."""
-    target = Path(path)
+def _stage(target: Path, data: bytes) -> str:
+    """Write ``data`` to a new temporary file beside ``target``; return its name."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -61,13 +60,47 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old or the new file, never a part."""
+    target = Path(path)
+    tmp = _stage(target, data)
+    try:
         os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink(tmp)
         raise
+
+
+def atomic_write_many(files: dict[str | os.PathLike, bytes]) -> None:
+    """Write several files all or none: each goes to a temporary name first, and only when every
+    one is written (a full disk fails here) are they renamed into place. A failure is a
+    :class:`UserError` naming the file; no temporary file is left behind."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            target = Path(path)
+            try:
+                staged.append((_stage(target, data), target))
+            except OSError as exc:
+                raise UserError(f"{target}: cannot write ({exc.strerror or exc}); nothing was written") from None
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _target in staged:
+            _unlink(tmp)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -53,15 +53,25 @@ def _nesting(text: str) -> int:
 
 
 def parse_json(text: str, where: str, error: type[UserError] = UserError) -> Any:
-    """Parse JSON text; bad syntax, deep nesting, huge integers and NaN/Infinity are ``error``."""
+    """Parse JSON text; bad syntax, deep nesting, huge integers, NaN/Infinity and a key given twice
+    in one object are ``error``."""
     if _nesting(text) > MAX_NESTING:
         raise error(f"{where}: JSON nested deeper than {MAX_NESTING} levels")
 
     def no_constant(token: str) -> Any:
         raise error(f"{where}: JSON holds {token}, which is not a number")
 
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+        # json keeps the last of two equal keys: in a config file that silently drops a value
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            key = next(k for k, _v in pairs if k in seen or seen.add(k))
+            raise error(f"{where}: JSON object has the key {key!r} twice")
+        return obj
+
     try:
-        return json.loads(text, parse_constant=no_constant)
+        return json.loads(text, parse_constant=no_constant, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise error(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:

@@ -11,7 +11,7 @@ from ..errors import MtemuError
 from ..explain import explain, plot_roofline
 from ..machine import RunStats
 from ..platform import load_platform
-from ..program_runner import run_program
+from ..program_runner import DEFAULT_MAX_SECONDS, run_program
 from ..trace import DEFAULT_MAX_EVENTS, TraceOptions, parse_window, write_chrome_trace
 
 
@@ -81,13 +81,17 @@ def add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", metavar="FILE", help="TOML or JSON file of platform fields")
     p.add_argument("--max-cycles", type=int, metavar="N",
                    help="stop with an error past N cycles (default: derived from the program's size and data)")
+    p.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, metavar="S",
+                   help=f"stop with an error past S seconds of host time, whatever the cycle limit "
+                        f"(default {DEFAULT_MAX_SECONDS:g})")
 
 
 def _run(args: argparse.Namespace):
     trace, window = trace_options(args)
     plat = load_platform(args.platform)
     result = run_program(args.program, plat, inputs=args.input, outputs=args.output, out_dir=args.out_dir,
-                         mode=args.mode, dsps=args.dsps, max_cycles=args.max_cycles, trace=trace)
+                         mode=args.mode, dsps=args.dsps, max_cycles=args.max_cycles, trace=trace,
+                         max_seconds=args.max_seconds)
     payload = result.report.to_json()
     extra, lines = report_extras(result.stats, args, window, result.report.macs)
     payload.update(extra)

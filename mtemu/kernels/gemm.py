@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
+from rtcommon.checks import positive_ints
+
 from .. import isa
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
@@ -323,7 +325,8 @@ def _dsp_tables(program: Program, descs: _Descriptors, partitions: dict, full_ro
 
 
 def build_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platform: Platform = DEFAULT) -> GemmProgram:
-    return _build_cached(int(m), int(k), int(n), tiles, platform)
+    m, k, n = positive_ints("GEMM dimension", MtemuError, m=m, k=k, n=n)   # 64.0 or "64" is refused, not cast
+    return _build_cached(m, k, n, tiles, platform)
 
 
 @functools.lru_cache(maxsize=32)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rtcommon.checks import positive_ints
+
 from .. import isa
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
@@ -208,7 +210,8 @@ def _desc_fields(key: tuple, plan: AResidentPlan, rows: int | None) -> np.ndarra
 
 def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResidentGemmTiles(),
                      platform: Platform = DEFAULT) -> GemmProgram:
-    return _build_cached(int(m), int(k), int(n), tiles, platform)
+    m, k, n = positive_ints("GEMM dimension", MtemuError, m=m, k=k, n=n)
+    return _build_cached(m, k, n, tiles, platform)
 
 
 @functools.lru_cache(maxsize=16)

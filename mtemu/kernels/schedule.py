@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import isa
-from ..assembler import Instr
+from ..assembler import MAX_PROGRAM_BUNDLES, Instr, program_too_long
 from ..errors import AssemblyError
 from ..platform import Platform
 
@@ -65,6 +65,8 @@ def schedule(ops: list[Op], platform: Platform) -> list[list[Instr]]:
             ready[w] = t + latency
             last_read[w] = max(last_read.get(w, -1), t)
         completion = max(completion, t + latency)
+        if completion > MAX_PROGRAM_BUNDLES:       # before a list of that many empty bundles exists
+            raise program_too_long(platform, completion)
         placed.append((t, Instr(op.name, op.args, isa.UNITS[unit])))
     if not placed:
         return []

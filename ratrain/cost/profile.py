@@ -597,6 +597,33 @@ def _warn(path: Path, why: str) -> None:
     caches.warn(f"{path} {why}: ignored (it will be rebuilt)", stacklevel=3)
 
 
+def _positive_ints(values: list) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value < 1e6
+
+
+def _kernels_problem(prof: LayerProfile) -> str | None:
+    """What is wrong with an operator's kernel list, which later reads index (None if sound): an
+    emulated or bound profile's GEMM has its three GEMMs (m, k, n, seconds, ...), its attention
+    the forward and backward kernels (name, heads, kv_heads, seq, head_dim, seconds)."""
+    for o in prof.ops + prof.first_ops + prof.last_ops:
+        if not isinstance(o.gemms, list) or not all(isinstance(g, list) for g in o.gemms):
+            return f"operator {o.name!r}: its kernel list is not a list of lists"
+        if prof.source == "roofline":
+            continue
+        if o.kind == "gemm" and (len(o.gemms) != 3 or not all(len(g) >= 4 and _positive_ints(g[:3])
+                                                                and _seconds(g[3]) for g in o.gemms)):
+            return f"operator {o.name!r}: a GEMM needs three (m, k, n, seconds, ...) entries"
+        if o.kind == "attention" and (len(o.gemms) != 2 or not all(
+                len(g) == 6 and isinstance(g[0], str) and _positive_ints(g[1:5]) and _seconds(g[5])
+                for g in o.gemms)):
+            return f"operator {o.name!r}: attention needs its forward and backward kernels"
+    return None
+
+
 def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:
     """A shipped or cached profile, if it is current and sane; anything else is rebuilt with a
     one-line warning (a stale file silently: a new emulator version or platform is expected)."""
@@ -616,5 +643,9 @@ def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:
     if (not all(isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t < 1e6 for t in times)
             or set(prof.ddr_rates) != set(DDR_TERMS) or not all(math.isfinite(r) and r > 0 for r in rates)):
         _warn(path, "holds impossible values")
+        return None
+    problem = _kernels_problem(prof)
+    if problem is not None:
+        _warn(path, f"is malformed ({problem})")
         return None
     return prof

@@ -130,8 +130,12 @@ class Overhead:
 
 
 def overhead(interval_s: float, checkpoint_s: float, restart_s: float, mtbf_s: float) -> Overhead:
-    interval_s = _positive("interval_s", interval_s)
     checkpoint_s = _non_negative("checkpoint_s", checkpoint_s)
+    if checkpoint_s == 0 and interval_s == 0:
+        # free checkpoints taken continuously (Young's optimum for c = 0): nothing saved, nothing redone
+        restart = _non_negative("restart_s", restart_s) / _positive("mtbf_s", mtbf_s)
+        return Overhead(save=0.0, rework=0.0, restart=restart)
+    interval_s = _positive("interval_s", interval_s)
     if checkpoint_s >= interval_s:
         raise ConfigError(f"checkpoint_s={checkpoint_s:g} must be shorter than interval_s={interval_s:g}")
     mtbf_s = _positive("mtbf_s", mtbf_s)
@@ -237,7 +241,8 @@ def time_to_train(step_s: float, steps: int, clusters: int, tokens_per_step: flo
     mtbf_s = job_mtbf_s(reliability.mtbf_hours, clusters)
     optimal = young_daly_interval(checkpoint_s, mtbf_s)
     if interval_s is None:
-        if checkpoint_s >= optimal:      # c >= 2M: a checkpoint outlasts the expected time between failures
+        # c >= 2M: a checkpoint outlasts the expected time between failures (c = 0: optimum 0, fine)
+        if checkpoint_s > 0 and checkpoint_s >= optimal:
             raise ConfigError(f"checkpoint_s={checkpoint_s:g} is at least twice the job MTBF ({mtbf_s:g} s over "
                               f"{clusters} clusters): no checkpoint interval lets the job make progress")
         interval_s = optimal

@@ -72,6 +72,11 @@ _COMPUTE, _DDR, _LINK = 0, 1, 2
 _WAITING, _READY, _RUNNING, _DONE = 0, 1, 2, 3
 _MAIN, _FSR, _LIFE = 0, 1, 2          # priority classes, lower runs first
 _EPS = 1e-9
+# Work bound of one simulation: the tasks it would create (per layer, per micro-batch a forward,
+# a backward, a weight-gradient and a recomputation task; per layer four lifecycle tasks; per
+# stage boundary and micro-batch two transfers). Each task costs ~1 KB and a few microseconds, so
+# the bound keeps a run under ~5 GB and a few minutes; the paper's largest runs need < 10**6.
+MAX_SIM_TASKS = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -764,6 +769,12 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     if not isinstance(mechanisms, Mechanisms):
         raise ConfigError(f"simulate: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
     pipeline = PipelineSchedule.of(schedule)
+    layers = sum(len(stage) for stage in costs.stages)
+    work = layers * (4 * costs.microbatches + 4) + 2 * len(costs.stages) * costs.microbatches
+    if work > MAX_SIM_TASKS:
+        raise ConfigError(f"simulate: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
+                          f"tasks, above the simulator's bound of {MAX_SIM_TASKS:,} "
+                          "(ratrain.sim.simulator.MAX_SIM_TASKS); use fewer layers or micro-batches")
     sim = _Sim(costs, pipeline, mechanisms)
     sim.run()
     P, jobs = sim.P, sim.jobs

@@ -16,13 +16,13 @@ the file and the field.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, fields, replace
-from numbers import Integral, Real
 from typing import Any
 
 from ratrain.errors import ConfigError
+from rtcommon.checks import checked_number
+from rtcommon.checks import show_value as _show
 from rtcommon.jsonio import load_table_file
 
 GPU_KIND = "gpu-cluster"
@@ -72,16 +72,6 @@ BOOL_FIELDS = frozenset({"node.peer_to_peer"})
 _WHERE = "gpu platform"
 
 
-def _show(value: Any) -> str:
-    """``repr`` short enough for a one-line message (a 401-digit integer is named, not printed)."""
-    text = repr(value)
-    if len(text) <= 40:
-        return text
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return f"an integer of {len(str(abs(int(value))))} digits"
-    return text[:37] + "..."
-
-
 def _unit_hint(unit: str, value: float) -> str:
     """What a too-small or too-large value probably meant."""
     if unit == "bytes/s" and 0.01 <= value < 1e5:
@@ -110,20 +100,9 @@ def check_value(source: str, name: str, value: Any) -> Any:
             raise ConfigError(f"{source}: field '{name}' must be one of {', '.join(CHOICES[name])}, "
                               f"got {_show(value)}")
         return value
-    integer = name in INT_FIELDS
-    # numbers.Integral/Real also admit NumPy scalars (an np.int64 from a computed size)
-    if isinstance(value, bool) or not isinstance(value, Integral if integer else Real):
-        raise ConfigError(f"{source}: field '{name}' must be {'an integer' if integer else 'a number'}, "
-                          f"got {_show(value)}")
     lo, hi, unit = RANGES[name]
-    bounds = f"{lo}..{hi}" if integer else f"{lo:g}..{hi:g}"
-    # an integer is compared exactly before any float conversion (math.isfinite(10**400) overflows)
-    if not isinstance(value, Integral) and not math.isfinite(value):
-        raise ConfigError(f"{source}: field '{name}' must be a finite number, got {_show(value)}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{source}: field '{name}' = {_show(value)} is outside the sane range "
-                          f"{bounds}{_unit_hint(unit, float(value) if abs(value) < 1e300 else 0.0)}")
-    return int(value) if integer else float(value)
+    return checked_number(value, f"{source}: field '{name}'", integer=name in INT_FIELDS, lo=lo, hi=hi,
+                          error=ConfigError, hint=lambda v: _unit_hint(unit, v))
 
 
 def _check_part(part: Any, table: str) -> None:

@@ -24,6 +24,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from ratrain.errors import ConfigError
+from rtcommon.checks import checked_number, is_finite_number, is_integer, show_value
 from rtcommon.jsonio import load_json_file
 
 FP16 = 2   # bytes per FP16 element
@@ -35,6 +36,20 @@ NORMS = ("rms", "layernorm")
 MLPS = ("swiglu", "gelu")
 # Megatron's --make-vocab-size-divisible-by default
 MEGATRON_VOCAB_DIVISIBLE_BY = 128
+
+# Largest accepted size of each integer field: far beyond any real model (the largest public
+# vocabularies are ~256k, hidden sizes ~32k), small enough that every parameter and byte count
+# stays exact in int64 and every float derived from it is finite.
+SIZE_LIMITS = {"hidden": 2 ** 20, "ffn": 2 ** 22, "layers": 2 ** 20, "heads": 2 ** 16, "kv_heads": 2 ** 16,
+               "head_dim": 2 ** 16, "vocab": 2 ** 31, "max_positions": 2 ** 31, "sliding_window": 2 ** 31}
+# The HF config's names for them (both families)
+_HF_SIZE_FIELD = {"hidden_size": "hidden", "n_embd": "hidden", "intermediate_size": "ffn", "n_inner": "ffn",
+                  "num_hidden_layers": "layers", "n_layer": "layers", "num_attention_heads": "heads",
+                  "n_head": "heads", "num_key_value_heads": "kv_heads", "head_dim": "head_dim",
+                  "vocab_size": "vocab", "n_positions": "max_positions", "sliding_window": "sliding_window"}
+# Accepted ranges of the float fields (exclusive of zero)
+FLOAT_LIMITS = {"norm_eps": 1.0, "rope_theta": 1e15}
+_HF_FLOAT_FIELD = {"rms_norm_eps": "norm_eps", "layer_norm_epsilon": "norm_eps", "rope_theta": "rope_theta"}
 
 # Model names become parts of cache file names (ratrain.cost.profile): one plain component.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,79}")
@@ -81,8 +96,22 @@ class ModelSpec:
                               f"(it names cache files); ratrain.spec.models.safe_model_name makes one")
         for name in ("hidden", "ffn", "layers", "heads", "kv_heads", "head_dim", "vocab"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"model {self.name}: field {name} must be a positive integer, got {value!r}")
+            if not is_integer(value) or value <= 0:
+                raise ConfigError(f"model {self.name}: field {name} must be a positive integer, "
+                                  f"got {show_value(value)}")
+            if value > SIZE_LIMITS[name]:
+                raise ConfigError(f"model {self.name}: field {name} = {show_value(value)} is above "
+                                  f"{SIZE_LIMITS[name]} (ratrain.spec.models.SIZE_LIMITS)")
+        for name, value in (("max_positions", self.max_positions), ("sliding_window", self.sliding_window)):
+            if value is not None and (not is_integer(value) or not 0 < value <= SIZE_LIMITS[name]):
+                raise ConfigError(f"model {self.name}: field {name} must be a positive integer up to "
+                                  f"{SIZE_LIMITS[name]}, got {show_value(value)}")
+        for name, value in (("norm_eps", self.norm_eps), ("rope_theta", self.rope_theta)):
+            if value is None and name == "rope_theta":
+                continue
+            if not is_finite_number(value) or not 0 < value <= FLOAT_LIMITS[name]:
+                raise ConfigError(f"model {self.name}: field {name} must be a finite number in "
+                                  f"(0, {FLOAT_LIMITS[name]:g}], got {show_value(value)}")
         if self.heads % self.kv_heads:
             raise ConfigError(f"model {self.name}: heads={self.heads} not divisible by kv_heads={self.kv_heads}")
         if self.position not in POSITIONS:
@@ -334,7 +363,7 @@ def _family(raw: dict, where: str) -> str:
     mtype = raw.get("model_type")
     if mtype is not None:
         if not isinstance(mtype, str):
-            raise ConfigError(f"{where}: field model_type must be a string, got {mtype!r}")
+            raise ConfigError(f"{where}: field model_type must be a string, got {show_value(mtype)}")
         if mtype not in _FAMILY_OF_TYPE:
             raise ConfigError(f"{where}: field model_type={mtype!r} is not supported "
                               f"(supported: {', '.join(_FAMILY_OF_TYPE)})")
@@ -342,9 +371,9 @@ def _family(raw: dict, where: str) -> str:
     archs = raw.get("architectures")
     if isinstance(archs, list):
         for arch in archs:
-            if arch in _FAMILY_OF_ARCH:
+            if isinstance(arch, str) and arch in _FAMILY_OF_ARCH:
                 return _FAMILY_OF_ARCH[arch]
-        raise ConfigError(f"{where}: field architectures={archs!r} names no supported model "
+        raise ConfigError(f"{where}: field architectures={show_value(archs)} names no supported model "
                           f"and model_type is missing")
     raise ConfigError(f"{where}: missing field model_type (and no architectures list)")
 
@@ -356,10 +385,11 @@ def _get_int(raw: dict, key: str, where: str, default: int | None = None) -> int
         return default
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: field {key} must be an integer, got {value!r}")
+        raise ConfigError(f"{where}: field {key} must be an integer, got {show_value(value)}")
     if value <= 0:
         raise ConfigError(f"{where}: field {key} must be positive, got {value}")
-    return value
+    return checked_number(value, f"{where}: field {key}", integer=True, lo=1,
+                          hi=SIZE_LIMITS[_HF_SIZE_FIELD.get(key, "vocab")], error=ConfigError)
 
 
 def _get_float(raw: dict, key: str, where: str, default: float | None) -> float | None:
@@ -367,10 +397,14 @@ def _get_float(raw: dict, key: str, where: str, default: float | None) -> float 
         return default
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: field {key} must be a number, got {value!r}")
-    if value <= 0:
-        raise ConfigError(f"{where}: field {key} must be positive, got {value}")
-    return float(value)
+        raise ConfigError(f"{where}: field {key} must be a number, got {show_value(value)}")
+    # a JSON 1e400 arrives as inf
+    high = FLOAT_LIMITS[_HF_FLOAT_FIELD[key]]
+    checked = checked_number(value, f"{where}: field {key}", integer=False, lo=0, hi=high, error=ConfigError,
+                             bounds=f"(0, {high:g}]")
+    if checked <= 0:
+        raise ConfigError(f"{where}: field {key} must be positive, got {show_value(value)}")
+    return checked
 
 
 def _get_bool(raw: dict, key: str, where: str, default: bool) -> bool:
@@ -386,8 +420,8 @@ def _get_probability(raw: dict, key: str, where: str, default: float) -> float:
     if key not in raw or raw[key] is None:
         return default
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(f"{where}: field {key} must be a probability in [0, 1), got {value!r}")
+    if not is_finite_number(value) or not 0 <= value < 1:
+        raise ConfigError(f"{where}: field {key} must be a probability in [0, 1), got {show_value(value)}")
     return float(value)
 
 

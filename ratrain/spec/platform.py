@@ -33,6 +33,7 @@ from mtemu.kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
 from mtemu.platform import DEFAULT as DEFAULT_CLUSTER
 from mtemu.platform import Platform
 from ratrain.errors import ConfigError
+from rtcommon.checks import is_finite_number, show_value
 from rtcommon.jsonio import load_table_file
 
 GIB = 2 ** 30
@@ -45,6 +46,7 @@ CLUSTER_FIELDS = tuple(f.name for f in fields(Platform))
 ALIASES = {"memory_budget_bytes": "ddr_bytes"}
 # printed by `mtemu platform --json`: a file may carry them, but only with the value they derive to
 DERIVED_CLUSTER = ("hash", "peak_mac_per_s")
+LINK_BANDWIDTH_MAX = 1e16      # bytes/s: the cluster's own bandwidth fields stop there too
 
 
 @dataclass(frozen=True)
@@ -170,10 +172,10 @@ def _build(base: TrainingPlatform, sections: dict[str, dict], flat: dict[str, An
             msg = msg.replace("field 'ddr_bytes'", "field memory_budget_bytes (the cluster's 'ddr_bytes')")
         raise ConfigError(msg) from None
     peak = claims.get("peak_mac_per_s")
-    if peak is not None and not (isinstance(peak, (int, float)) and math.isclose(peak, cluster.peak_mac_per_s,
-                                                                                  rel_tol=1e-9)):
-        raise ConfigError(f"{source}: field peak_mac_per_s={peak!r} is derived (dsps x vector_lanes x clock_hz = "
-                          f"{cluster.peak_mac_per_s:g}); change those fields instead")
+    if peak is not None and not (is_finite_number(peak) and abs(peak) < 1e300
+                                 and math.isclose(peak, cluster.peak_mac_per_s, rel_tol=1e-9)):
+        raise ConfigError(f"{source}: field peak_mac_per_s={show_value(peak)} is derived "
+                          f"(dsps x vector_lanes x clock_hz = {cluster.peak_mac_per_s:g}); change those fields instead")
     try:
         return replace(base, cluster=cluster, **top, **parts["training"], **parts["kernels"])
     except ConfigError as exc:
@@ -186,16 +188,21 @@ def _validate(p: TrainingPlatform, where: str) -> None:
     if not isinstance(p.cluster, Platform):
         raise ConfigError(f"{where}: field cluster must be an mtemu.platform.Platform, got {type(p.cluster).__name__}")
     bw = p.link_bandwidth
-    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not math.isfinite(bw) or bw <= 0:
-        raise ConfigError(f"{where}: field link_bandwidth must be a positive number of bytes/s, got {bw!r}")
+    if not is_finite_number(bw) or bw <= 0:
+        raise ConfigError(f"{where}: field link_bandwidth must be a positive number of bytes/s, got {show_value(bw)}")
     if bw < 1e6:
         raise ConfigError(f"{where}: field link_bandwidth={bw!r} is below 1 MB/s: it is in bytes/s "
                           "(3.7 GB/s is 3.7e9)")
+    if bw > LINK_BANDWIDTH_MAX:
+        raise ConfigError(f"{where}: field link_bandwidth={show_value(bw)} is above {LINK_BANDWIDTH_MAX:g} bytes/s "
+                          "(3.7 GB/s is 3.7e9)")
     lat = p.link_latency_s
-    if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
-        raise ConfigError(f"{where}: field link_latency_s must be a non-negative number of seconds, got {lat!r}")
+    if not is_finite_number(lat) or lat < 0:
+        raise ConfigError(f"{where}: field link_latency_s must be a non-negative number of seconds, "
+                          f"got {show_value(lat)}")
     if lat > 10:
-        raise ConfigError(f"{where}: field link_latency_s={lat!r} is over 10 s: it is in seconds (20 us is 2e-05)")
+        raise ConfigError(f"{where}: field link_latency_s={show_value(lat)} is over 10 s: "
+                          "it is in seconds (20 us is 2e-05)")
     if p.gemm_loop_order not in GEMM_LOOP_ORDERS:
         raise ConfigError(f"{where}: field gemm_loop_order must be one of {', '.join(GEMM_LOOP_ORDERS)}, "
                           f"got {p.gemm_loop_order!r}")

@@ -45,6 +45,8 @@ from typing import Callable
 
 import numpy as np
 
+from rtcommon.checks import positive_ints
+
 from ...errors import CapacityError, MtemuError
 from ...machine import Cluster, RunStats
 from ...platform import DEFAULT, Platform, as_platform
@@ -717,6 +719,8 @@ def attention_backward_timing(heads: int, kv_heads: int, seq: int, head_dim: int
     (``result.stats``: the run's counters, with its trace when ``trace`` is given)."""
     platform = as_platform(platform)
     _check_flag("causal", causal)
+    heads, kv_heads, seq, head_dim = positive_ints("attention", MtemuError, heads=heads, kv_heads=kv_heads, seq=seq,
+                                                   head_dim=head_dim)
     tiles = tiles or default_tiles(head_dim, platform)
     ap = _build_cached(int(heads), int(kv_heads), int(seq), int(head_dim), bool(causal), tiles, variant, platform,
                        schedule)
