@@ -42,25 +42,23 @@ from numba import njit
 from rtcommon.hostmem import check_host_memory, small_pages
 
 from . import isa
-from . import prepared as prepared_store
 from .assembler import Program
-from .blocks import (
+from .dma import move
+from .errors import MachineError
+from .fast import prepared as prepared_store
+from .fast.queues import (
     N_DEFER_TABLES,
     accept_data,
-    build_blocks,
     defer_buffers,
     defer_dma,
     defer_tables,
     deferrable,
-    empty_blocks,
     flush,
     may_flush,
     must_flush,
     settle,
-    try_skip,
 )
-from .dma import move
-from .errors import MachineError
+from .fast.runs import build_blocks, empty_blocks, try_skip
 from .fp16 import f16_to_f32_into_reference, f32_to_f16_bits, widen_f16
 from .platform import DEFAULT, Platform, validate_platform
 from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
@@ -149,7 +147,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
     so the next call continues exactly where this one stopped."""
     tracing = tr_nev.shape[0] > 0
     skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
-    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.blocks)
+    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.fast.queues)
     # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
     # of each channel's last transfer; srv_free: when each DMA server frees
     nunits = code.shape[1]
@@ -225,7 +223,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
                 time[d] = t
                 return
-            # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
+            # --- straight-line blocks (mtemu.fast.runs): the same counters as bundle by bundle ---
             # (only where a run starts: a call passes dozens of array fields, and most bundles start
             # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
             if skipping and p < blk_end.shape[0] and blk_end[p] > p:
@@ -662,7 +660,7 @@ class Cluster:
         program's), so one code array can serve DSPs whose transfers differ in size.
         ``trace`` records the run (``RunStats.trace``); the counters are the same either way.
         ``fast_forward`` (without a trace): advance over straight-line runs of data-only bundles in
-        one step (:mod:`mtemu.blocks`); the counters and data are the same either way. Default: on,
+        one step (:mod:`mtemu.fast.runs`); the counters and data are the same either way. Default: on,
         unless the environment sets ``MTEMU_FAST_FORWARD=0`` (to check a result against the
         bundle-by-bundle run).
         ``max_cycles`` stops a run whose emulated time passes it; ``max_seconds`` one that takes
@@ -786,8 +784,8 @@ PREPARED_ENTRIES = 8
 
 def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool) -> tuple:
     """``(code, descs, lo, hi, desc_off, blocks, defer_tables)`` of :func:`_link`, :func:`build_blocks` and
-    :func:`~mtemu.blocks.defer_tables` (None when not deferring), kept for frozen programs; for frozen
-    programs with an origin also on disk (:mod:`mtemu.prepared`), so a new process reads them."""
+    :func:`~mtemu.fast.queues.defer_tables` (None when not deferring), kept for frozen programs; for frozen
+    programs with an origin also on disk (:mod:`mtemu.fast.prepared`), so a new process reads them."""
     cacheable = all(isinstance(pr, Program) and pr.frozen for pr in programs)
     key = (tuple(id(pr) for pr in programs), tuple(int(k) for k in dsp_program), p, bool(functional), bool(skip))
     if cacheable and key in _PREPARED:

@@ -370,7 +370,7 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
 
 def _pool_context() -> multiprocessing.context.BaseContext:
     """Forked workers, unless this process has launched GNU OpenMP threads (a functional emulation
-    did, mtemu.blocks): a forked child could not launch them again, so the workers are spawned."""
+    did, mtemu.fast.queues): a forked child could not launch them again, so the workers are spawned."""
     try:
         layer = numba.threading_layer()
     except ValueError:              # no parallel launch yet in this process

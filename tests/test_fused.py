@@ -1,8 +1,8 @@
-"""Fused stretches (mtemu.fused) against the instruction-by-instruction reference, bit for bit.
+"""Fused stretches (mtemu.fast.fused) against the instruction-by-instruction reference, bit for bit.
 
 A stretch is the multiply-accumulate core of a run: scalar loads, broadcasts, vector loads and
 ``vfma`` adding (broadcast) x (loaded vector) into accumulators nothing else in it touches.
-:func:`mtemu.fused.run_fused` compiles it once and runs it blocked (rows widened once, terms added
+:func:`mtemu.fast.fused.run_fused` compiles it once and runs it blocked (rows widened once, terms added
 eight at a time per accumulator, accumulators in rounds, one fused multiply-add per term). These
 tests build random stretches in the shapes a micro-kernel takes (and ones that break the rules in
 the middle), run them through ``run_plain`` (which fuses them) and through ``run_plain_reference``,
@@ -15,9 +15,7 @@ import pytest
 from numba import njit
 
 from mtemu import isa
-from mtemu.blocks import decode_ops, run_plain, run_plain_reference
-from mtemu.fp16 import add_fp16_product
-from mtemu.fused import (
+from mtemu.fast.fused import (
     FUSE_DEPTH,
     G_AUX,
     G_N,
@@ -48,8 +46,10 @@ from mtemu.fused import (
     group_lanes,
     group_x16,
 )
+from mtemu.fast.queues import decode_ops, run_plain, run_plain_reference
+from mtemu.fast.simd import VECTOR_FP16
+from mtemu.fp16 import add_fp16_product
 from mtemu.machine import F16_TABLE
-from mtemu.simd import VECTOR_FP16
 
 LANES = 16
 SM_BYTES, AM_BYTES = 2048, 32768

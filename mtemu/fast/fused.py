@@ -1,6 +1,6 @@
 """Fused stretches: the multiply-accumulate core of a straight-line run, compiled once and executed blocked.
 
-Most of a GEMM micro-kernel's run (:mod:`mtemu.blocks`) is a *stretch* of ``sldh``, ``svbcast``,
+Most of a GEMM micro-kernel's run (:mod:`mtemu.fast.runs`) is a *stretch* of ``sldh``, ``svbcast``,
 ``vldh`` and ``vfma`` in which every ``vfma`` adds (a broadcast FP16 scalar) x (an FP16 vector loaded
 in the stretch) to an accumulator that nothing else in the stretch reads or writes once it is one (it
 may start as a broadcast or a load of the stretch), and every address is based on a register the
@@ -13,7 +13,7 @@ sources, which terms per accumulator); :func:`run_fused` then
    register as it was on entry),
 2. adds the terms of each *group* of six or four accumulators that read the same rows (a GEMM's rows of
    C over one row of B per term) over all those rows at once, 32 or 48 lanes at a time with twelve
-   accumulator vectors held in host registers (:mod:`mtemu.simd`; a register-blocked GEMM
+   accumulator vectors held in host registers (:mod:`mtemu.fast.simd`; a register-blocked GEMM
    micro-kernel), each row read straight from AM and widened once for the group;
 3. adds the remaining terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
    rounds in which every accumulator takes its next terms (four or two accumulators that share
@@ -38,13 +38,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from . import isa
-from .fp16 import add_fp16_product, widen_f16
+from .. import isa
+from ..fp16 import add_fp16_product, widen_f16
 from .simd import LANES_X16, VECTOR_FP16, fma_x16, load_f16x16, load_f32x16, store_f32x16
 
 MIN_FUSED_TERMS = 16        # shorter stretches run instruction by instruction
 FUSE_DEPTH = 8              # terms added per pass over an accumulator's lanes (_add_terms8)
-# columns of the decoded instruction list (mtemu.blocks.decode_ops)
+# columns of the decoded instruction list (mtemu.fast.queues.decode_ops)
 O_OP, O_R0, O_R1, O_R2, O_IMM = 0, 1, 2, 3, 4
 O_FUSE_END = 5              # a fused stretch starts at this op and ends before op O_FUSE_END (0: none)
 O_FUSE_AT = 6               # where its record starts in the `fused` array
@@ -657,7 +657,7 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
 def _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase):
     """The S_GROUP step at ``fused[g]``: its accumulators' terms, all over the same rows (read straight
     from AM), added with the accumulators held in host registers (:func:`x16_block` lanes a pass) where the host
-    has vector FP16 (:data:`mtemu.simd.VECTOR_FP16`), lane by lane for the rest."""
+    has vector FP16 (:data:`mtemu.fast.simd.VECTOR_FP16`), lane by lane for the rest."""
     n = fused[g + G_N]
     terms = fused[g + G_TERMS]
     regs = np.empty(GROUP_MAX, np.int64)
