@@ -67,7 +67,7 @@ from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_I
 E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL, E_DMA_LATE = 0, 1, 2, 3, 4, 5, 6, 7
 # run-state control words (``ctl``): DSP whose slice a budget cut (-1: none), finished flag,
 # bundles this call may still issue
-C_RESUME, C_DONE, C_BUDGET = 0, 1, 2
+CTL_RESUME, CTL_DONE, CTL_BUDGET = 0, 1, 2
 # Bundles per call of the jitted loop: between calls Python sees Ctrl-C and the wall clock.
 CHUNK_BUNDLES = 1 << 22
 # Largest cycle limit: emulated times stay far below int64 overflow.
@@ -142,7 +142,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
          dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off,
          bc_on, bc_val, threads,
          time, pc, state, chan, srv_free, ctl):
-    """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
+    """Run until every DSP halts (``ctl[CTL_DONE]`` = 1), a fault (``err``), or ``ctl[CTL_BUDGET]``
     bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
     so the next call continues exactly where this one stopped."""
     tracing = tr_nev.shape[0] > 0
@@ -151,13 +151,13 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
     # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
     # of each channel's last transfer; srv_free: when each DMA server frees
     nunits = code.shape[1]
-    budget = ctl[C_BUDGET]
+    budget = ctl[CTL_BUDGET]
     while True:
         d = -1
-        if ctl[C_RESUME] >= 0:
+        if ctl[CTL_RESUME] >= 0:
             # finish the slice the budget cut: the others' clocks (and so `limit`) are unchanged
-            d = ctl[C_RESUME]
-            ctl[C_RESUME] = -1
+            d = ctl[CTL_RESUME]
+            ctl[CTL_RESUME] = -1
         else:
             best = np.int64(1) << 62
             for i in range(dsps):
@@ -243,12 +243,12 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 # out of bundles for this call: stop before bundle p, resume here next call
                 time[d] = t
                 pc[d] = p
-                ctl[C_RESUME] = d
+                ctl[CTL_RESUME] = d
                 return
             budget -= 1
             # yield before a shared-resource interaction if another DSP is behind us
-            sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
-                or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
+            sync = (code[p, isa.SIEU, isa.F_OP] == isa.OP_DMA) or (code[p, isa.SBR, isa.F_OP] == isa.OP_DMAWAIT) \
+                or (code[p, isa.SBR, isa.F_OP] == isa.OP_BARRIER)
             if sync and t > limit:
                 break
             if deferring:
@@ -264,7 +264,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
             useful = False
             stop = False
             for u in range(nunits):
-                op = code[p, u, 0]
+                op = code[p, u, isa.F_OP]
                 if op == 0:
                     continue
                 if op == isa.OP_NOP:
@@ -274,22 +274,22 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 if op == isa.OP_VFMA:
                     stats[d, S_VFMA] += 1
                     if functional:
-                        vd = code[p, u, 1]
-                        va = code[p, u, 2]
-                        vb = code[p, u, 3]
+                        vd = code[p, u, isa.F_R0]
+                        va = code[p, u, isa.F_R1]
+                        vb = code[p, u, isa.F_R2]
                         for k in range(lanes):
                             vregs[d, vd, k] += vregs[d, va, k] * vregs[d, vb, k]
                 elif op == isa.OP_SVBCAST:
                     if functional:
-                        x = f16tab[sregs[d, code[p, u, 2]] & 0xFFFF]
-                        vd = code[p, u, 1]
+                        x = f16tab[sregs[d, code[p, u, isa.F_R1]] & 0xFFFF]
+                        vd = code[p, u, isa.F_R0]
                         for k in range(lanes):
                             vregs[d, vd, k] = x
                 elif op == isa.OP_VEXP or op == isa.OP_VLOG or op == isa.OP_VMAX:
                     if functional:
-                        vd = code[p, u, 1]
-                        va = code[p, u, 2]
-                        vb = code[p, u, 3]
+                        vd = code[p, u, isa.F_R0]
+                        va = code[p, u, isa.F_R1]
+                        vb = code[p, u, isa.F_R2]
                         for k in range(lanes):
                             xa = vregs[d, va, k]
                             if op == isa.OP_VEXP:
@@ -301,18 +301,18 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                                 vregs[d, vd, k] = xa if (xa > xb or xa != xa) else xb
                 elif op == isa.OP_SVBCASTW:
                     if functional:
-                        xw = np.uint32(sregs[d, code[p, u, 2]] & 0xFFFFFFFF).view(np.float32)
-                        vd = code[p, u, 1]
+                        xw = np.uint32(sregs[d, code[p, u, isa.F_R1]] & 0xFFFFFFFF).view(np.float32)
+                        vd = code[p, u, isa.F_R0]
                         for k in range(lanes):
                             vregs[d, vd, k] = xw
                 elif op == isa.OP_SADDI:
-                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SADD:
-                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + sregs[d, code[p, u, 3]]
+                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + sregs[d, code[p, u, isa.F_R2]]
                 elif op == isa.OP_SMOVI:
-                    sregs[d, code[p, u, 1]] = code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SLDH or op == isa.OP_SSTH:
-                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     if a < 0 or a > caps[0] - 2:
                         _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
                         time[d] = t
@@ -324,11 +324,11 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if functional:
                         idx = (bases[0] + d * caps[0] + a) >> 1
                         if op == isa.OP_SLDH:
-                            sregs[d, code[p, u, 1]] = mem16[idx]
+                            sregs[d, code[p, u, isa.F_R0]] = mem16[idx]
                         else:
-                            mem16[idx] = np.uint16(sregs[d, code[p, u, 3]] & 0xFFFF)
+                            mem16[idx] = np.uint16(sregs[d, code[p, u, isa.F_R2]] & 0xFFFF)
                 elif op == isa.OP_VLDH or op == isa.OP_VSTH or op == isa.OP_VLDW or op == isa.OP_VSTW:
-                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     half = op == isa.OP_VLDH or op == isa.OP_VSTH
                     size = lanes * 2 if half else lanes * 4
                     if a < 0 or a > caps[1] - size:
@@ -344,36 +344,36 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         if op == isa.OP_VLDH:
                             i0 = base >> 1
                             src = mem16[i0:i0 + lanes]
-                            dst = vregs[d, code[p, u, 1]]
+                            dst = vregs[d, code[p, u, isa.F_R0]]
                             for k in range(lanes):
                                 dst[k] = widen_f16(src[k])
                         elif op == isa.OP_VLDW:
-                            vd = code[p, u, 1]
+                            vd = code[p, u, isa.F_R0]
                             i0 = base >> 2
                             for k in range(lanes):
                                 vregs[d, vd, k] = mem32[i0 + k]
                         elif op == isa.OP_VSTW:
-                            vs = code[p, u, 3]
+                            vs = code[p, u, isa.F_R2]
                             i0 = base >> 2
                             for k in range(lanes):
                                 mem32[i0 + k] = vregs[d, vs, k]
                         else:
-                            vs = code[p, u, 3]
+                            vs = code[p, u, isa.F_R2]
                             i0 = base >> 1
                             for k in range(lanes):
                                 mem16[i0 + k] = f32_to_f16_bits(vregs[d, vs, k])
                 elif op == isa.OP_DMA:
-                    ch = code[p, u, 1]
-                    di = desc_off[d] + code[p, u, 2]
-                    src_sp = descs[di, 0]
-                    dst_sp = descs[di, 1]
-                    rows = descs[di, 2]
-                    rowb = descs[di, 3]
-                    sstr = descs[di, 4]
-                    dstr = descs[di, 5]
-                    mode = descs[di, 6]
-                    sa = sregs[d, code[p, u, 3]] + code[p, u, 5]
-                    da = sregs[d, code[p, u, 4]] + code[p, u, 6]
+                    ch = code[p, u, isa.F_R0]
+                    di = desc_off[d] + code[p, u, isa.F_R1]
+                    src_sp = descs[di, isa.D_SRC]
+                    dst_sp = descs[di, isa.D_DST]
+                    rows = descs[di, isa.D_ROWS]
+                    rowb = descs[di, isa.D_ROWB]
+                    sstr = descs[di, isa.D_SSTR]
+                    dstr = descs[di, isa.D_DSTR]
+                    mode = descs[di, isa.D_MODE]
+                    sa = sregs[d, code[p, u, isa.F_R2]] + code[p, u, isa.F_IMM0]
+                    da = sregs[d, code[p, u, isa.F_R3]] + code[p, u, isa.F_IMM1]
                     sbase, scap = _space_base_cap(src_sp, d, caps, bases)
                     dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
                     align = 4 if mode == isa.DMA_REDUCE_ADD else 2
@@ -453,7 +453,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     stats[d, S_DMA_BYTES] += nbytes
                     stats[d, S_DMAS] += 1
                 elif op == isa.OP_DMAWAIT:
-                    ch = code[p, u, 1]
+                    ch = code[p, u, isa.F_R0]
                     if chan[d, ch] > t + 1:
                         stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
                         extra += chan[d, ch] - (t + 1)
@@ -461,28 +461,28 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 elif op == isa.OP_BARRIER:
                     stop = True
                 elif op == isa.OP_BR:
-                    next_p = lo[d] + code[p, u, 5]
+                    next_p = lo[d] + code[p, u, isa.F_IMM0]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_BNZ:
-                    if sregs[d, code[p, u, 2]] != 0:
-                        next_p = lo[d] + code[p, u, 5]
+                    if sregs[d, code[p, u, isa.F_R1]] != 0:
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
                         extra += lat_branch
                         stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_BDEC:
-                    r = code[p, u, 2]
+                    r = code[p, u, isa.F_R1]
                     sregs[d, r] -= 1
                     if sregs[d, r] != 0:
-                        next_p = lo[d] + code[p, u, 5]
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
                         extra += lat_branch
                         stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_CALL:
-                    sregs[d, code[p, u, 1]] = p + 1 - lo[d]
-                    next_p = lo[d] + code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = p + 1 - lo[d]
+                    next_p = lo[d] + code[p, u, isa.F_IMM0]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_RET:
-                    next_p = lo[d] + sregs[d, code[p, u, 2]]
+                    next_p = lo[d] + sregs[d, code[p, u, isa.F_R1]]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_HALT:
@@ -492,8 +492,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 # an all-nop bundle: padding for latency or branch
                 reason = isa.ST_LATENCY
                 for u in range(nunits):
-                    if code[p, u, 0] == isa.OP_NOP:
-                        reason = code[p, u, 5]
+                    if code[p, u, isa.F_OP] == isa.OP_NOP:
+                        reason = code[p, u, isa.F_IMM0]
                         break
                 stats[d, S_STALL0 + reason] += 1
                 # (the state test is inlined: a call per bundle would cost more than the bundle)
@@ -517,7 +517,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
     if deferring:
         flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32, f16tab, bases,
               caps, lanes, bc_on, bc_val, threads)
-    ctl[C_DONE] = 1
+    ctl[CTL_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
         end = time[i]
@@ -739,7 +739,7 @@ class Cluster:
                  stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads, *run_state)
             if err[0] != E_OK:
                 raise MachineError(_describe_error(err, lo, p.dsps, stats, p))
-            if ctl[C_DONE]:
+            if ctl[CTL_DONE]:
                 break
             if max_seconds is not None and monotonic() - started > max_seconds:
                 raise MachineError(_describe_timeout(run_state, stats, lo, max_seconds, p))

@@ -28,10 +28,26 @@ from numba import njit, prange
 from .. import isa, semantics
 from ..dma import move
 from ..fp16 import f32_to_f16_bits, widen_f16
-from .fused import MIN_FUSED_TERMS, N_OPCOLS, O_FUSE_AT, O_FUSE_END, O_IMM, O_R0, mark_stretches, run_fused
-from .runs import B_SSTH, C_AM, C_SM, FAR, MAX_CLASSES
+from .fused import (
+    MIN_FUSED_TERMS,
+    N_OPCOLS,
+    O_FUSE_AT,
+    O_FUSE_END,
+    O_IMM,
+    O_OP,
+    O_R0,
+    O_R1,
+    O_R2,
+    mark_stretches,
+    run_fused,
+)
+from .runs import B_SSTH, CLASS_AM, CLASS_SM, FAR, MAX_CLASSES
 
 QUEUE = 64                  # runs and DMAs a DSP may have waiting
+# columns of a queue entry (qitem): its run's first and end PC (-1 for a DMA), where its SM copy sits
+QI_START, QI_END, QI_SM = range(3)
+# columns of a range waiting work touches (qrange, MAX_CLASSES per entry): space (-1: none), start, end
+QR_SPACE, QR_START, QR_END = range(3)
 # a waiting DMA's row of the queue's register copies: what it moves
 Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
 SM_COPY_BYTES = 4 << 20     # copies of SM all DSPs' queued runs may hold (more costs the host's
@@ -80,10 +96,10 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
             run_fused(fused, ops[i, O_FUSE_AT], sr, v, on, val, mem16, am0, lanes, smem, sbase)
             i = fe
             continue
-        op = ops[i, 0]
-        r0 = ops[i, 1]
-        r1 = ops[i, 2]
-        r2 = ops[i, 3]
+        op = ops[i, O_OP]
+        r0 = ops[i, O_R0]
+        r1 = ops[i, O_R1]
+        r2 = ops[i, O_R2]
         if op == isa.OP_VFMA:
             if on[r0]:
                 _fill(v[r0], val[r0])
@@ -116,35 +132,35 @@ def run_plain(d, p, e, ops, off, fused, sr, vregs, mem16, mem32, f16tab, bases, 
             val[r0] = np.uint32(sr[r1] & 0xFFFFFFFF).view(np.float32)
             on[r0] = True
         elif op == isa.OP_VLDH:
-            i0 = (am0 + sr[r1] + ops[i, 4]) >> 1
+            i0 = (am0 + sr[r1] + ops[i, O_IMM]) >> 1
             src = mem16[i0:i0 + lanes]
             dst = v[r0]
             for k in range(lanes):
                 dst[k] = widen_f16(src[k])
             on[r0] = False
         elif op == isa.OP_SLDH:
-            sr[r0] = smem[(sbase + sr[r1] + ops[i, 4]) >> 1]
+            sr[r0] = smem[(sbase + sr[r1] + ops[i, O_IMM]) >> 1]
         elif op == isa.OP_VLDW:
-            i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
+            i0 = (am0 + sr[r1] + ops[i, O_IMM]) >> 2
             src32 = mem32[i0:i0 + lanes]
             dst = v[r0]
             for k in range(lanes):
                 dst[k] = src32[k]
             on[r0] = False
         elif op == isa.OP_SSTH:
-            mem16[(sm0 + sr[r1] + ops[i, 4]) >> 1] = np.uint16(sr[r2] & 0xFFFF)
+            mem16[(sm0 + sr[r1] + ops[i, O_IMM]) >> 1] = np.uint16(sr[r2] & 0xFFFF)
         elif op == isa.OP_VSTW or op == isa.OP_VSTH:
             if on[r2]:                   # stores read whole registers: write the lanes first
                 _fill(v[r2], val[r2])
                 on[r2] = False
             vs = v[r2]
             if op == isa.OP_VSTW:
-                i0 = (am0 + sr[r1] + ops[i, 4]) >> 2
+                i0 = (am0 + sr[r1] + ops[i, O_IMM]) >> 2
                 out32 = mem32[i0:i0 + lanes]
                 for k in range(lanes):
                     out32[k] = vs[k]
             else:
-                i0 = (am0 + sr[r1] + ops[i, 4]) >> 1
+                i0 = (am0 + sr[r1] + ops[i, O_IMM]) >> 1
                 out16 = mem16[i0:i0 + lanes]
                 for k in range(lanes):
                     out16[k] = f32_to_f16_bits(vs[k])
@@ -238,13 +254,13 @@ def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem
               bc_on, bc_val):
     """Execute DSP d's waiting runs and DMA data moves, in order."""
     for i in range(qn[d]):
-        if qitem[d, i, 0] < 0:
+        if qitem[d, i, QI_START] < 0:
             g = qregs[d, i]
             move(mem16, mem32, g[Q_MODE], g[Q_SRC], g[Q_DST], g[Q_ROWS], g[Q_ROW_BYTES], g[Q_SRC_STRIDE],
                  g[Q_DST_STRIDE])
         else:
-            run_plain(d, qitem[d, i, 0], qitem[d, i, 1], ops, off, fused, qregs[d, i], vregs, mem16, mem32, f16tab,
-                      bases, caps, lanes, bc_on, bc_val, qsm[d], qitem[d, i, 2])
+            run_plain(d, qitem[d, i, QI_START], qitem[d, i, QI_END], ops, off, fused, qregs[d, i], vregs, mem16, mem32,
+                      f16tab, bases, caps, lanes, bc_on, bc_val, qsm[d], qitem[d, i, QI_SM])
     qn[d] = 0
     qlen[d] = 0
 
@@ -313,8 +329,8 @@ def waiting_ops(off, qn, qitem):
     total = 0
     for d in range(qn.shape[0]):
         for i in range(qn[d]):
-            if qitem[d, i, 0] >= 0:
-                total += off[qitem[d, i, 1]] - off[qitem[d, i, 0]]
+            if qitem[d, i, QI_START] >= 0:
+                total += off[qitem[d, i, QI_END]] - off[qitem[d, i, QI_START]]
     return total
 
 
@@ -352,7 +368,7 @@ def accept_data(d, p, e, ops, off, fused, exits, exit_off, sregs, vregs, mem16, 
     slo = FAR
     shi = -FAR
     for j in range(MAX_CLASSES):
-        if lo[p, j] <= hi[p, j] and cmem[p, j] == C_SM:
+        if lo[p, j] <= hi[p, j] and cmem[p, j] == CLASS_SM:
             base = sregs[d, creg[p, j]]
             slo = min(slo, base + lo[p, j])
             shi = max(shi, base + hi[p, j])
@@ -362,9 +378,9 @@ def accept_data(d, p, e, ops, off, fused, exits, exit_off, sregs, vregs, mem16, 
                bc_on, bc_val, threads)
     i = qn[d]
     at = qlen[d]
-    qitem[d, i, 0] = p
-    qitem[d, i, 1] = e
-    qitem[d, i, 2] = 2 * at - slo if words > 0 else 0     # SM byte a of the run is qsm[d, (this + a) >> 1]
+    qitem[d, i, QI_START] = p
+    qitem[d, i, QI_END] = e
+    qitem[d, i, QI_SM] = 2 * at - slo if words > 0 else 0     # SM byte a of the run is qsm[d, (this + a) >> 1]
     if words > 0:
         s0 = (sm0 + slo) >> 1
         qsm[d, at:at + words] = mem16[s0:s0 + words]       # a slice copies ~4x faster than a loop
@@ -372,12 +388,12 @@ def accept_data(d, p, e, ops, off, fused, exits, exit_off, sregs, vregs, mem16, 
     for r in range(sregs.shape[1]):
         qregs[d, i, r] = sregs[d, r]
     for j in range(MAX_CLASSES):
-        qrange[d, i, j, 0] = -1
-        if lo[p, j] <= hi[p, j] and cmem[p, j] == C_AM:
+        qrange[d, i, j, QR_SPACE] = -1
+        if lo[p, j] <= hi[p, j] and cmem[p, j] == CLASS_AM:
             base = sregs[d, creg[p, j]]
-            qrange[d, i, j, 0] = isa.SP_AM
-            qrange[d, i, j, 1] = base + lo[p, j]
-            qrange[d, i, j, 2] = base + hi[p, j]
+            qrange[d, i, j, QR_SPACE] = isa.SP_AM
+            qrange[d, i, j, QR_START] = base + lo[p, j]
+            qrange[d, i, j, QR_END] = base + hi[p, j]
     qn[d] = i + 1
     _scalar_exit(d, p, e, exits, exit_off, sregs[d], mem16, bases, caps)
 
@@ -401,9 +417,9 @@ def defer_dma(d, mode, src_space, sa, sext, sbase, dst_space, da, dext, dbase, r
         settle(d, 1, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
                bc_on, bc_val, threads)
     i = qn[d]
-    qitem[d, i, 0] = -1
-    qitem[d, i, 1] = -1
-    qitem[d, i, 2] = 0
+    qitem[d, i, QI_START] = -1
+    qitem[d, i, QI_END] = -1
+    qitem[d, i, QI_SM] = 0
     g = qregs[d, i]
     g[Q_MODE] = mode
     g[Q_SRC] = sbase + sa
@@ -413,13 +429,13 @@ def defer_dma(d, mode, src_space, sa, sext, sbase, dst_space, da, dext, dbase, r
     g[Q_SRC_STRIDE] = src_stride
     g[Q_DST_STRIDE] = dst_stride
     for j in range(MAX_CLASSES):
-        qrange[d, i, j, 0] = -1
-    qrange[d, i, 0, 0] = dst_space
-    qrange[d, i, 0, 1] = da
-    qrange[d, i, 0, 2] = da + dext
-    qrange[d, i, 1, 0] = src_space
-    qrange[d, i, 1, 1] = sa
-    qrange[d, i, 1, 2] = sa + sext
+        qrange[d, i, j, QR_SPACE] = -1
+    qrange[d, i, 0, QR_SPACE] = dst_space
+    qrange[d, i, 0, QR_START] = da
+    qrange[d, i, 0, QR_END] = da + dext
+    qrange[d, i, 1, QR_SPACE] = src_space
+    qrange[d, i, 1, QR_START] = sa
+    qrange[d, i, 1, QR_END] = sa + sext
     qn[d] = i + 1
 
 
@@ -428,7 +444,7 @@ def _waits_on(d, space, a, b, qn, qrange):
     """Whether waiting work of DSP d touches [a, b) of ``space`` (SM and AM: d's own)."""
     for i in range(qn[d]):
         for j in range(MAX_CLASSES):
-            if qrange[d, i, j, 0] == space and qrange[d, i, j, 1] < b and a < qrange[d, i, j, 2]:
+            if qrange[d, i, j, QR_SPACE] == space and qrange[d, i, j, QR_START] < b and a < qrange[d, i, j, QR_END]:
                 return True
     return False
 
@@ -441,7 +457,7 @@ def may_flush(p, code, touches):
     if touches[p]:
         return True
     for u in range(code.shape[1]):
-        if code[p, u, 0] == isa.OP_DMA:
+        if code[p, u, isa.F_OP] == isa.OP_DMA:
             return True
     return False
 
@@ -455,18 +471,18 @@ def must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange):
     into SM or AM, a transfer into GSM or DDR where a waiting DMA reads)."""
     need = 1 if touches[p] else 0
     for u in range(code.shape[1]):
-        if code[p, u, 0] != isa.OP_DMA:
+        if code[p, u, isa.F_OP] != isa.OP_DMA:
             continue
-        di = desc_off[d] + code[p, u, 2]
-        rows = descs[di, 2]
-        mode = descs[di, 6]
-        if rows <= 0 or deferrable(mode, descs[di, 0], descs[di, 1]):
+        di = desc_off[d] + code[p, u, isa.F_R1]
+        rows = descs[di, isa.D_ROWS]
+        mode = descs[di, isa.D_MODE]
+        if rows <= 0 or deferrable(mode, descs[di, isa.D_SRC], descs[di, isa.D_DST]):
             continue
         for side in range(2):
-            space = descs[di, side]
-            stride = descs[di, 4 + side]
-            a = sregs[d, code[p, u, 3 + side]] + code[p, u, 5 + side]
-            b = a + (rows - 1) * stride + descs[di, 3]
+            space = descs[di, isa.D_SRC + side]
+            stride = descs[di, isa.D_SSTR + side]
+            a = sregs[d, code[p, u, isa.F_R2 + side]] + code[p, u, isa.F_IMM0 + side]
+            b = a + (rows - 1) * stride + descs[di, isa.D_ROWB]
             if stride < 0:                       # not produced by the assembler; be safe
                 a = -FAR
                 b = FAR
@@ -505,7 +521,7 @@ def decode_ops(code: np.ndarray, scalar_registers: int | None = None, vector_reg
     off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(live.sum(axis=1), out=off[1:])
     loads = code[:, :, isa.F_OP] == isa.OP_SLDH
-    sld = np.ascontiguousarray(ops[ops[:, 0] == isa.OP_SLDH][:, [O_R0, O_R0 + 1, O_IMM]])
+    sld = np.ascontiguousarray(ops[ops[:, O_OP] == isa.OP_SLDH][:, [O_R0, O_R1, O_IMM]])
     sld_off = np.zeros(code.shape[0] + 1, np.int64)
     np.cumsum(loads.sum(axis=1), out=sld_off[1:])
     return ops, off, fused, sld, sld_off

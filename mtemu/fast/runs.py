@@ -41,7 +41,7 @@ B_BUSY0 = 4                 # + unit
 B_SSTH = B_BUSY0 + isa.N_UNITS   # scalar stores (functional mode runs them at once: queues.accept_data)
 N_BCOLS = B_SSTH + 1
 # class memories (index into the machine's caps): SM or AM
-C_SM, C_AM = 0, 1
+CLASS_SM, CLASS_AM = 0, 1
 FAR = np.int64(1) << 50     # empty range sentinel: lo = FAR, hi = -FAR
 
 PLAIN_OPS = isa.op_table(is_plain=True)
@@ -55,11 +55,11 @@ PLAIN_OPS_FUNCTIONAL = PLAIN_OPS & ~isa.op_table(libm=True)
 def _access(op, lanes):
     """(memory class, bytes, alignment) of a plain memory op; memory -1 if it touches none."""
     if op == isa.OP_SLDH or op == isa.OP_SSTH:
-        return C_SM, 2, 2
+        return CLASS_SM, 2, 2
     if op == isa.OP_VLDH or op == isa.OP_VSTH:
-        return C_AM, 2 * lanes, 2
+        return CLASS_AM, 2 * lanes, 2
     if op == isa.OP_VLDW or op == isa.OP_VSTW:
-        return C_AM, 4 * lanes, 4
+        return CLASS_AM, 4 * lanes, 4
     return -1, 0, 0
 
 
@@ -68,10 +68,10 @@ def _bundle_classes(code, p, lanes, creg, cmem, calign, ncls):
     """How many classes bundle ``p`` would add to the ``ncls`` in (creg, cmem, calign)."""
     extra = 0
     for u in range(code.shape[1]):
-        mem, _size, align = _access(code[p, u, 0], lanes)
+        mem, _size, align = _access(code[p, u, isa.F_OP], lanes)
         if mem < 0:
             continue
-        r = code[p, u, 2]
+        r = code[p, u, isa.F_R1]
         seen = False
         for j in range(ncls + extra):
             if creg[j] == r and cmem[j] == mem and calign[j] == align:
@@ -91,15 +91,15 @@ def _is_plain(code, p, plain, functional):
     register an earlier unit of the same bundle loads with ``sldh``."""
     loaded = -1
     for u in range(code.shape[1]):
-        op = code[p, u, 0]
+        op = code[p, u, isa.F_OP]
         if not plain[op]:
             return False
         if functional:
             mem, _size, _align = _access(op, 1)
-            if mem >= 0 and code[p, u, 2] == loaded:
+            if mem >= 0 and code[p, u, isa.F_R1] == loaded:
                 return False
             if op == isa.OP_SLDH:
-                loaded = code[p, u, 1]
+                loaded = code[p, u, isa.F_R0]
     return True
 
 
@@ -132,8 +132,8 @@ def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, cal
         while p < n and p < seg_end[s] and _is_plain(code, p, plain, functional):
             clash = False
             for u in range(nunits):
-                mem, _size, _align = _access(code[p, u, 0], 1)
-                if mem >= 0 and loaded[code[p, u, 2]]:
+                mem, _size, _align = _access(code[p, u, isa.F_OP], 1)
+                if mem >= 0 and loaded[code[p, u, isa.F_R1]]:
                     clash = True
             if clash:
                 break
@@ -151,8 +151,8 @@ def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, cal
             ncls += extra
             if functional:
                 for u in range(nunits):
-                    if code[p, u, 0] == isa.OP_SLDH:
-                        loaded[code[p, u, 1]] = True
+                    if code[p, u, isa.F_OP] == isa.OP_SLDH:
+                        loaded[code[p, u, isa.F_R0]] = True
             p += 1
         for q in range(s, p):
             end[q] = p
@@ -177,12 +177,12 @@ def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, cal
         reason = isa.ST_LATENCY
         found_nop = False
         for u in range(nunits):
-            op = code[p, u, 0]
+            op = code[p, u, isa.F_OP]
             if op == 0:
                 continue
             if op == isa.OP_NOP:
                 if not found_nop:
-                    reason = code[p, u, 5]
+                    reason = code[p, u, isa.F_IMM0]
                     found_nop = True
                 continue
             useful = True
@@ -194,8 +194,8 @@ def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, cal
             mem, size, align = _access(op, lanes)
             if mem < 0:
                 continue
-            r = code[p, u, 2]
-            imm = code[p, u, 5]
+            r = code[p, u, isa.F_R1]
+            imm = code[p, u, isa.F_IMM0]
             for j in range(MAX_CLASSES):
                 if creg[p, j] == r and cmem[p, j] == mem and calign[p, j] == align:
                     if imm < lo[p, j]:
@@ -221,7 +221,7 @@ def build_blocks(code: np.ndarray, seg_end: np.ndarray, lanes: int, functional: 
 
     Returns ``(end, deltas, creg, cmem, calign, lo, hi, mis)``: per PC the end of its run
     (``end[p] == p`` for a bundle that is not plain), the counter deltas from p to the end
-    (columns ``B_*``), and per class j its base register, memory (``C_SM``/``C_AM``), alignment,
+    (columns ``B_*``), and per class j its base register, memory (``CLASS_SM``/``CLASS_AM``), alignment,
     smallest offset, largest offset + size and the OR of the offsets' misaligned bits over
     [p, end). Unused classes have ``lo > hi``.
     """
@@ -286,12 +286,12 @@ def _accesses(code: np.ndarray, p: int, lanes: int) -> list[tuple[int, int, int,
     """(base register, memory class, alignment, offset, bytes) of bundle p's SM/AM accesses, in unit order."""
     out = []
     for u in range(code.shape[1]):
-        spec = isa.OP_BY_CODE.get(int(code[p, u, 0]))
+        spec = isa.OP_BY_CODE.get(int(code[p, u, isa.F_OP]))
         if spec is None or spec.space not in (isa.SP_SM, isa.SP_AM):
             continue
         size = spec.access_bytes * (lanes if spec.vector else 1)
-        out.append((int(code[p, u, 2]), C_SM if spec.space == isa.SP_SM else C_AM, spec.access_bytes,
-                    int(code[p, u, 5]), size))
+        out.append((int(code[p, u, isa.F_R1]), CLASS_SM if spec.space == isa.SP_SM else CLASS_AM, spec.access_bytes,
+                    int(code[p, u, isa.F_IMM0]), size))
     return out
 
 
@@ -305,10 +305,11 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
     table = PLAIN_OPS_FUNCTIONAL if functional else PLAIN_OPS
 
     def is_plain(p):
-        if not all(table[int(op)] for op in code[p, :, 0]):
+        if not all(table[int(op)] for op in code[p, :, isa.F_OP]):
             return False
         if functional:      # an sldh, then an access based on the register it loads
-            units = [(int(code[p, u, 0]), int(code[p, u, 1]), int(code[p, u, 2])) for u in range(code.shape[1])]
+            units = [(int(code[p, u, isa.F_OP]), int(code[p, u, isa.F_R0]), int(code[p, u, isa.F_R1]))
+                     for u in range(code.shape[1])]
             for i, (op, r0, _) in enumerate(units):
                 if op == isa.OP_SLDH and any(o in _SM_AM_OPS and base == r0 for o, _, base in units[i + 1:]):
                     return False
@@ -340,7 +341,8 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
                 break
             cls = merged
             if functional:
-                loaded |= {int(code[p, u, 1]) for u in range(code.shape[1]) if code[p, u, 0] == isa.OP_SLDH}
+                loaded |= {int(code[p, u, isa.F_R0]) for u in range(code.shape[1])
+                           if code[p, u, isa.F_OP] == isa.OP_SLDH}
             p += 1
         runs.append((s, p))
         for q in range(s, p):
@@ -359,7 +361,7 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
             continue
         for j, (r, mem, align) in enumerate(classes[p]):
             creg[p, j], cmem[p, j], calign[p, j] = r, mem, align
-        ops = [int(op) for op in code[p, :, 0]]
+        ops = [int(op) for op in code[p, :, isa.F_OP]]
         own[p, B_BUNDLES] = 1
         specs = [isa.OP_BY_CODE.get(op) for op in ops]
         own[p, B_VFMA] = sum(1 for spec in specs if spec is not None and spec.is_mac)
@@ -368,7 +370,7 @@ def build_blocks_reference(code: np.ndarray, seg_end: np.ndarray, lanes: int, fu
         for u in range(len(ops)):
             own[p, B_BUSY0 + u] = int(busy[u])
         if not any(busy):
-            nops = [int(code[p, u, 5]) for u, op in enumerate(ops) if op == isa.OP_NOP]
+            nops = [int(code[p, u, isa.F_IMM0]) for u, op in enumerate(ops) if op == isa.OP_NOP]
             reason = nops[0] if nops else isa.ST_LATENCY
             own[p, B_BRANCH if reason == isa.ST_BRANCH else B_LATENCY] = 1
         for r, mem, align, imm, size in accesses(p):
