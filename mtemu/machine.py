@@ -35,6 +35,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from time import monotonic
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -48,6 +49,7 @@ from .errors import MachineError
 from .fast import prepared as prepared_store
 from .fast.queues import (
     N_DEFER_TABLES,
+    Queues,
     accept_data,
     defer_buffers,
     defer_dma,
@@ -58,7 +60,7 @@ from .fast.queues import (
     must_flush,
     settle,
 )
-from .fast.runs import build_blocks, empty_blocks, try_skip
+from .fast.runs import RunTables, build_blocks, empty_blocks, try_skip
 from .fp16 import f16_to_f32_into_reference, f32_to_f16_bits, widen_f16
 from .platform import DEFAULT, Platform, validate_platform
 from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
@@ -133,18 +135,105 @@ def _tr_state(ev, nev, last, cut, d, t, st):
     nev[d] = k + 1
 
 
+class Linked(NamedTuple):
+    """The programs as the machine's loop runs them (:func:`_link`): every DSP's code in one array
+    (bundles, units, fields ``isa.F_*``), DSP d's PCs [lo[d], hi[d]), the descriptors (columns
+    ``isa.D_*``) and where DSP d's start."""
+
+    code: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    descs: np.ndarray
+    desc_off: np.ndarray
+
+
+class MachineState(NamedTuple):
+    """The cluster's registers and memory: scalar and vector registers per DSP, the flat memory as
+    uint16 and float32 views, each space's size and base (SM, AM, GSM, DDR; SM and AM per DSP), and the
+    FP16 -> FP32 table."""
+
+    sregs: np.ndarray
+    vregs: np.ndarray
+    mem16: np.ndarray
+    mem32: np.ndarray
+    caps: np.ndarray
+    bases: np.ndarray
+    f16tab: np.ndarray
+
+
+class Settings(NamedTuple):
+    """What one run does and the platform's timing figures the loop reads."""
+
+    functional: bool
+    dsps: int
+    lanes: int                  # vector lanes computed (1 in timing mode)
+    lat_branch: int             # cycles a taken branch adds
+    dma_latency: int            # cycles from issue to a transfer's start
+    bpc: np.ndarray             # bytes per cycle of the DDR, GSM and local servers
+    row_overhead: float         # cycles per transferred row
+    max_cycles: int
+    threads: bool               # waiting work may run over threads
+
+
+class Counters(NamedTuple):
+    """What the run counts: per DSP ``S_*`` columns, the error record (``E_*`` code and location), bytes
+    per server kind and busy cycles per server."""
+
+    stats: np.ndarray
+    err: np.ndarray
+    server_bytes: np.ndarray
+    server_busy: np.ndarray
+
+
+class TraceBuffers(NamedTuple):
+    """The trace's recording arrays (:func:`_trace_buffers`; zero-length when not tracing)."""
+
+    ev: np.ndarray              # (dsps, events, 2): cycle, TS_* state
+    nev: np.ndarray
+    last: np.ndarray
+    cut: np.ndarray
+    dma: np.ndarray             # (transfers, TD_*)
+    dma_t: np.ndarray
+    bar: np.ndarray
+    counts: np.ndarray          # transfers, barriers recorded
+
+
+class RunState(NamedTuple):
+    """Where the run stands between calls of the loop: each DSP's cycle, PC and state (0 running, 1 at
+    a barrier, 2 halted), the completion cycle of each channel's last transfer, when each DMA server
+    frees, and the control words (``CTL_*``)."""
+
+    time: np.ndarray
+    pc: np.ndarray
+    state: np.ndarray
+    chan: np.ndarray
+    srv_free: np.ndarray
+    ctl: np.ndarray
+
+
 @njit(cache=True)
-def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
-         functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
-         max_cycles, f16tab, stats, err, server_bytes, server_busy,
-         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
-         blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off,
-         bc_on, bc_val, threads,
-         time, pc, state, chan, srv_free, ctl):
+def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
     """Run until every DSP halts (``ctl[CTL_DONE]`` = 1), a fault (``err``), or ``ctl[CTL_BUDGET]``
-    bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
-    so the next call continues exactly where this one stopped."""
+    bundles; the run state lives in the caller's arrays, so the next call continues exactly where
+    this one stopped. Arguments: :class:`Linked`, :class:`MachineState`, :class:`Settings`,
+    :class:`Counters`, :class:`TraceBuffers`, :class:`~mtemu.fast.runs.RunTables`,
+    :class:`~mtemu.fast.queues.Queues`, :class:`RunState`."""
+    code, lo, hi, descs, desc_off = prog.code, prog.lo, prog.hi, prog.descs, prog.desc_off
+    sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
+    caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
+    functional, dsps, lanes, threads = settings.functional, settings.dsps, settings.lanes, settings.threads
+    lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
+    row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
+    stats, err, server_bytes, server_busy = counters.stats, counters.err, counters.server_bytes, counters.server_busy
+    tr_ev, tr_nev, tr_last, tr_cut = trace.ev, trace.nev, trace.last, trace.cut
+    tr_dma, tr_dma_t, tr_bar, tr_counts = trace.dma, trace.dma_t, trace.bar, trace.counts
+    blk_end, blk_deltas, blk_creg, blk_cmem = runs.end, runs.deltas, runs.creg, runs.cmem
+    blk_calign, blk_lo, blk_hi, blk_mis = runs.calign, runs.lo, runs.hi, runs.mis
+    dq_touch, dq_n, dq_item, dq_regs, dq_range = queues.touches, queues.n, queues.item, queues.regs, queues.ranges
+    dq_sm, dq_len, dq_ops, dq_off, dq_fused = queues.sm, queues.sm_used, queues.ops, queues.off, queues.fused
+    dq_exits, dq_exit_off, bc_on, bc_val = queues.exits, queues.exit_off, queues.bc_on, queues.bc_val
+    time, pc, state, chan = run_state.time, run_state.pc, run_state.state, run_state.chan
+    srv_free, ctl = run_state.srv_free, run_state.ctl
     tracing = tr_nev.shape[0] > 0
     skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
     deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.fast.queues)
@@ -725,18 +814,21 @@ class Cluster:
             defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
-        run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
-                     np.zeros((p.dsps, 64), np.int64), np.zeros(3 + p.dsps, np.float64),
-                     np.array([-1, 0, CHUNK_BUNDLES], np.int64))
-        ctl = run_state[-1]
+        run_state = RunState(np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
+                             np.zeros((p.dsps, 64), np.int64), np.zeros(3 + p.dsps, np.float64),
+                             np.array([-1, 0, CHUNK_BUNDLES], np.int64))
+        ctl = run_state.ctl
         started = monotonic()
         code = code.view()
         code.flags.writeable = False    # one compiled signature for a program's own (frozen) code and a copy
+        records = (Linked(code, lo, hi, descs, desc_off),
+                   MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE),
+                   Settings(self.functional, p.dsps, lanes, p.latencies.branch_delay, p.dma_latency_cycles, bpc,
+                            float(p.dma_row_overhead_cycles), max_cycles, threads),
+                   Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks),
+                   Queues(*defer))
         while True:
-            _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
-                 self.functional, p.dsps, lanes, p.latencies.branch_delay,
-                 p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-                 stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads, *run_state)
+            _run(*records, run_state)
             if err[0] != E_OK:
                 raise MachineError(_describe_error(err, lo, p.dsps, stats, p))
             if ctl[CTL_DONE]:

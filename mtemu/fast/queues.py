@@ -21,6 +21,8 @@ A run's multiply-accumulate core executes fused (:mod:`mtemu.fast.fused`), and a
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -61,6 +63,27 @@ PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GE
 # start workers by spawning (mtemu.tune does). A user's choice (NUMBA_THREADING_LAYER) is kept.
 if numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
+
+
+
+class Queues(NamedTuple):
+    """What the machine's loop defers with (:func:`defer_buffers`; zero-length: nothing waits): the static
+    tables of :func:`defer_tables` and, per DSP, its queue and broadcast scratch."""
+
+    touches: np.ndarray     # per PC: the bundle touches what waiting work holds
+    n: np.ndarray           # per DSP: entries waiting
+    item: np.ndarray        # (dsps, QUEUE, QI_*) per entry: its run's PCs, or a DMA, and its SM copy
+    regs: np.ndarray        # (dsps, QUEUE, registers): the scalar registers at acceptance, or a DMA's Q_* row
+    ranges: np.ndarray      # (dsps, QUEUE, MAX_CLASSES, QR_*) what each entry touches
+    sm: np.ndarray          # (dsps, words): the SM copies of the queued runs
+    sm_used: np.ndarray     # per DSP: words of ``sm`` in use
+    ops: np.ndarray         # decode_ops' instruction list (columns O_*), bundle q's at off[q]:off[q + 1]
+    off: np.ndarray
+    fused: np.ndarray       # the fused stretches' records (mtemu.fast.fused)
+    exits: np.ndarray       # exit_loads' rows and per-PC offsets
+    exit_off: np.ndarray
+    bc_on: np.ndarray       # (dsps, vector registers): run_plain's deferred broadcasts
+    bc_val: np.ndarray
 
 
 @njit(cache=True)

@@ -28,6 +28,8 @@ from here compiled in; :mod:`mtemu.jit` therefore gives every state of the jitte
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -43,6 +45,23 @@ N_BCOLS = B_SSTH + 1
 # class memories (index into the machine's caps): SM or AM
 CLASS_SM, CLASS_AM = 0, 1
 FAR = np.int64(1) << 50     # empty range sentinel: lo = FAR, hi = -FAR
+
+
+
+class RunTables(NamedTuple):
+    """:func:`build_blocks`' tables, as the machine's loop reads them (zero-length: no run is taken in one
+    step): per PC the end of its run and the counter deltas to it (columns ``B_*``); per PC and class its
+    base register, memory (``CLASS_*``), alignment, offset range [lo, hi) and misaligned offset bits."""
+
+    end: np.ndarray
+    deltas: np.ndarray
+    creg: np.ndarray
+    cmem: np.ndarray
+    calign: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    mis: np.ndarray
+
 
 PLAIN_OPS = isa.op_table(is_plain=True)
 PLAIN_OPS[0] = True         # an empty slot
