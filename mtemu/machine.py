@@ -227,11 +227,8 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
     stats, err, server_bytes, server_busy = counters.stats, counters.err, counters.server_bytes, counters.server_busy
     tr_ev, tr_nev, tr_last, tr_cut = trace.ev, trace.nev, trace.last, trace.cut
     tr_dma, tr_dma_t, tr_bar, tr_counts = trace.dma, trace.dma_t, trace.bar, trace.counts
-    blk_end, blk_deltas, blk_creg, blk_cmem = runs.end, runs.deltas, runs.creg, runs.cmem
-    blk_calign, blk_lo, blk_hi, blk_mis = runs.calign, runs.lo, runs.hi, runs.mis
-    dq_touch, dq_n, dq_item, dq_regs, dq_range = queues.touches, queues.n, queues.item, queues.regs, queues.ranges
-    dq_sm, dq_len, dq_ops, dq_off, dq_fused = queues.sm, queues.sm_used, queues.ops, queues.off, queues.fused
-    dq_exits, dq_exit_off, bc_on, bc_val = queues.exits, queues.exit_off, queues.bc_on, queues.bc_val
+    blk_end = runs.end
+    dq_touch, dq_n, dq_range = queues.touches, queues.n, queues.ranges
     time, pc, state, chan = run_state.time, run_state.pc, run_state.state, run_state.chan
     srv_free, ctl = run_state.srv_free, run_state.ctl
     tracing = tr_nev.shape[0] > 0
@@ -317,13 +314,11 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
             # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
             if skipping and p < blk_end.shape[0] and blk_end[p] > p:
                 e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
-                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
-                             blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
+                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0, runs)
                 if e >= 0:
                     if functional:
-                        accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off, sregs, vregs, mem16,
-                                    mem32, f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
-                                    dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, bc_on, bc_val, threads)
+                        accept_data(d, p, e, runs, queues, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                                    threads)
                     t += e - p
                     p = e
                     continue
@@ -345,8 +340,7 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                 if may_flush(p, code, dq_touch):
                     need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
                     if need > 0:            # (settle acts only then: 16 calls in a 1024^3 GEMM)
-                        settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16,
-                               mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads)
+                        settle(d, need, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
             next_p = p + 1
             extra = np.int64(0)
             extra_state = TS_BRANCH
@@ -494,9 +488,7 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                             tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
                             if wait:
                                 defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
-                                          dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_sm,
-                                          dq_len, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
-                                          threads)
+                                          dstr, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
                             else:
                                 move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
                     nbytes = rows * rowb
@@ -604,8 +596,7 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
         time[d] = t
         pc[d] = p
     if deferring:
-        flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32, f16tab, bases,
-              caps, lanes, bc_on, bc_val, threads)
+        flush(queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
     ctl[CTL_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]

@@ -273,9 +273,10 @@ def exit_loads(end: np.ndarray, sld: np.ndarray, sld_off: np.ndarray, nregs: int
 
 
 @njit(cache=True)
-def flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-              bc_on, bc_val):
+def flush_dsp(d, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
     """Execute DSP d's waiting runs and DMA data moves, in order."""
+    ops, off, fused, qn, qitem, qregs, qsm, qlen = qs.ops, qs.off, qs.fused, qs.n, qs.item, qs.regs, qs.sm, qs.sm_used
+    bc_on, bc_val = qs.bc_on, qs.bc_val
     for i in range(qn[d]):
         if qitem[d, i, QI_START] < 0:
             g = qregs[d, i]
@@ -313,28 +314,25 @@ def spread_order(n):
 
 
 @njit(cache=True, parallel=True)
-def _flush_threads(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                   bc_on, bc_val):
+def _flush_threads(qs, vregs, mem16, mem32, f16tab, bases, caps, lanes):
+    qn = qs.n
     order = spread_order(qn.shape[0])
     for i in prange(qn.shape[0]):     # DSPs touch disjoint registers, AM and queue rows
-        flush_dsp(order[i], ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps,
-                  lanes, bc_on, bc_val)
+        flush_dsp(order[i], qs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
 
 
 @njit(cache=True)
-def flush(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
-          bc_val, threads):
+def flush(qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
     """Execute all waiting work (DSP by DSP in order; over threads if ``threads`` and more than one DSP waits)."""
+    qn = qs.n
     busy = _busy_dsps(qn)
     if busy == 0:
         return
     if threads and busy > 1:
-        _flush_threads(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps,
-                       lanes, bc_on, bc_val)
+        _flush_threads(qs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
     else:
         for d in range(qn.shape[0]):
-            flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps,
-                      lanes, bc_on, bc_val)
+            flush_dsp(d, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
 
 
 @njit(cache=True)
@@ -358,33 +356,33 @@ def waiting_ops(off, qn, qitem):
 
 
 @njit(cache=True)
-def settle(d, need, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-           bc_on, bc_val, threads):
+def settle(d, need, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
     """Execute the waiting work :func:`must_flush` asked for (``need``: 1 DSP d's, 2 every DSP's). With
     threads, DSP d's alone become everyone's once other DSPs wait too and PARALLEL_OPS instructions
     wait in all: running the others' early is always allowed (each DSP's own order is kept) and
     spreads the work over the threads."""
+    off, qn, qitem = qs.off, qs.n, qs.item
     if need == 0:
         return
     if need == 1 and not (threads and _busy_dsps(qn) > 1 and waiting_ops(off, qn, qitem) >= PARALLEL_OPS):
-        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                  bc_on, bc_val)
+        flush_dsp(d, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
     else:
-        flush(ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on,
-              bc_val, threads)
+        flush(qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
 
 
 @njit(cache=True)
-def accept_data(d, p, e, ops, off, fused, exits, exit_off, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                deltas, creg, cmem, lo, hi, qn, qitem, qregs, qrange, qsm, qlen, bc_on, bc_val, threads):
+def accept_data(d, p, e, runs, qs, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
     """Functional mode, a run :func:`try_skip` accepted: queue it with the AM ranges it touches and a
     copy of the SM its ``sldh`` read (the span of its SM classes; SM may be written before the run
     executes), and leave DSP d's scalar registers as the run does. A run with scalar stores runs at once,
     after DSP d's waiting work; a full queue or SM copy buffer first lets the waiting work run."""
+    deltas, creg, cmem, lo, hi = runs.deltas, runs.creg, runs.cmem, runs.lo, runs.hi
+    ops, off, fused, exits, exit_off = qs.ops, qs.off, qs.fused, qs.exits, qs.exit_off
+    qn, qitem, qregs, qrange, qsm, qlen = qs.n, qs.item, qs.regs, qs.ranges, qs.sm, qs.sm_used
+    bc_on, bc_val = qs.bc_on, qs.bc_val
     sm0 = bases[0] + d * caps[0]
     if deltas[p, B_SSTH] > 0:
-        flush_dsp(d, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                  bc_on, bc_val)
+        flush_dsp(d, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes)
         run_plain(d, p, e, ops, off, fused, sregs[d], vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
                   mem16, sm0)
         return
@@ -397,8 +395,7 @@ def accept_data(d, p, e, ops, off, fused, exits, exit_off, sregs, vregs, mem16, 
             shi = max(shi, base + hi[p, j])
     words = (shi - slo) >> 1 if slo < shi else 0
     if qn[d] == qitem.shape[1] or qlen[d] + words > qsm.shape[1]:
-        settle(d, 1, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-               bc_on, bc_val, threads)
+        settle(d, 1, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
     i = qn[d]
     at = qlen[d]
     qitem[d, i, QI_START] = p
@@ -432,13 +429,12 @@ def deferrable(mode, src_space, dst_space):
 
 @njit(cache=True)
 def defer_dma(d, mode, src_space, sa, sext, sbase, dst_space, da, dext, dbase, rows, row_bytes, src_stride, dst_stride,
-              ops, off, fused, qn, qitem, qregs, qrange, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-              bc_on, bc_val, threads):
+              qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads):
     """Queue, for DSP d, the data move into its AM of a checked DMA that :func:`deferrable` allows, with
     the ranges it writes (d's AM) and reads (d's SM or AM, GSM or DDR)."""
+    qn, qitem, qregs, qrange = qs.n, qs.item, qs.regs, qs.ranges
     if qn[d] == qitem.shape[1]:
-        settle(d, 1, ops, off, fused, qn, qitem, qregs, qsm, qlen, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-               bc_on, bc_val, threads)
+        settle(d, 1, qs, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
     i = qn[d]
     qitem[d, i, QI_START] = -1
     qitem[d, i, QI_END] = -1

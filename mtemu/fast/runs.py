@@ -268,11 +268,12 @@ def empty_blocks() -> tuple[np.ndarray, ...]:
 
 
 @njit(cache=True)
-def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_latency, s_branch, s_busy0,
-             end, deltas, creg, cmem, calign, lo, hi, mis):
-    """Advance DSP d over the plain run at PC p if it is long enough, its addresses are in range and
-    aligned and it ends within the cycle limit: add its counters to ``stats`` and return its end PC.
-    Otherwise return -1 and touch nothing (the caller runs the bundles one by one)."""
+def try_skip(d, p, t, max_cycles, sregs, caps, stats, s_bundles, s_vfma, s_latency, s_branch, s_busy0, runs):
+    """Advance DSP d over the plain run at PC p (``runs``: :class:`RunTables`) if it is long enough, its
+    addresses are in range and aligned and it ends within the cycle limit: add its counters to ``stats``
+    and return its end PC. Otherwise return -1 and touch nothing (the caller runs the bundles one by one)."""
+    end, deltas, creg, cmem, calign, lo, hi, mis = (runs.end, runs.deltas, runs.creg, runs.cmem, runs.calign,
+                                                   runs.lo, runs.hi, runs.mis)
     if p >= end.shape[0]:
         return -1
     e = end[p]
