@@ -49,7 +49,6 @@ from .errors import MachineError
 from .fast import prepared as prepared_store
 from .fast.queues import (
     N_DEFER_TABLES,
-    Queues,
     accept_data,
     defer_buffers,
     defer_dma,
@@ -816,8 +815,7 @@ class Cluster:
                    MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE),
                    Settings(self.functional, p.dsps, lanes, p.latencies.branch_delay, p.dma_latency_cycles, bpc,
                             float(p.dma_row_overhead_cycles), max_cycles, threads),
-                   Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks),
-                   Queues(*defer))
+                   Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks), defer)
         while True:
             _run(*records, run_state)
             if err[0] != E_OK:

@@ -559,28 +559,26 @@ def defer_tables(code: np.ndarray, nregs: int, vector_registers: int, end: np.nd
     return (touches, ops, off, fused, *exit_loads(end, sld, sld_off, max(nregs, used)))
 
 
-def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers: int, sm_bytes: int
-                  ) -> tuple[np.ndarray, ...]:
-    """The machine's deferring arguments for one run, from :func:`defer_tables` (None: deferring off,
-    zero-length arrays): (touches, qn, qitem, qregs, qrange, qsm, qlen, ops, off, fused, exits,
-    exit_off, bc_on, bc_val): per DSP the queue of waiting work (count; per entry its run's PCs, or -1 for a
+def defer_buffers(tables: tuple | None, dsps: int, nregs: int, vector_registers: int, sm_bytes: int) -> Queues:
+    """The machine's :class:`Queues` for one run, from :func:`defer_tables` (None: deferring off,
+    zero-length arrays): per DSP the queue of waiting work (count; per entry its run's PCs, or -1 for a
     DMA, and where its SM copy sits; a copy of the scalar registers, or what a DMA moves; per class
     (space, start, end) of what it touches), the buffer of its runs' SM copies (SM_COPY_BYTES in all,
     but always room for one whole SM) and how much of it is used; per DSP the broadcast
     scratch of :func:`run_plain`."""
     if tables is None:
         z = np.zeros(0, np.int64)
-        return (np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64), np.zeros((0, QUEUE, nregs), np.int64),
-                np.zeros((0, QUEUE, MAX_CLASSES, 3), np.int64), np.zeros((0, 0), np.uint16), z,
-                np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64), np.zeros((0, 4), np.int64),
-                np.zeros((0, 3), np.int64),
-                np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
+        return Queues(np.zeros(0, np.bool_), z, np.zeros((0, QUEUE, 3), np.int64),
+                      np.zeros((0, QUEUE, nregs), np.int64), np.zeros((0, QUEUE, MAX_CLASSES, 3), np.int64),
+                      np.zeros((0, 0), np.uint16), z, np.zeros((0, N_OPCOLS), np.int64), z, np.zeros(1, np.int64),
+                      np.zeros((0, 4), np.int64), np.zeros((0, 3), np.int64),
+                      np.zeros((0, vector_registers), np.bool_), np.zeros((0, vector_registers), np.float32))
     touches, ops, off, fused, exits, exit_off = tables
     room = max(sm_bytes // 2, SM_COPY_BYTES // (2 * dsps))     # one run always fits
-    return (touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE, 3), np.int64),
-            np.zeros((dsps, QUEUE, nregs), np.int64), np.zeros((dsps, QUEUE, MAX_CLASSES, 3), np.int64),
-            np.zeros((dsps, room), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, exits, exit_off,
-            np.zeros((dsps, vector_registers), np.bool_), np.zeros((dsps, vector_registers), np.float32))
+    return Queues(touches, np.zeros(dsps, np.int64), np.zeros((dsps, QUEUE, 3), np.int64),
+                  np.zeros((dsps, QUEUE, nregs), np.int64), np.zeros((dsps, QUEUE, MAX_CLASSES, 3), np.int64),
+                  np.zeros((dsps, room), np.uint16), np.zeros(dsps, np.int64), ops, off, fused, exits, exit_off,
+                  np.zeros((dsps, vector_registers), np.bool_), np.zeros((dsps, vector_registers), np.float32))
 
 
 # ------------------------------------------------------------------------------------------
