@@ -52,6 +52,11 @@ QI_START, QI_END, QI_SM = range(3)
 QR_SPACE, QR_START, QR_END = range(3)
 # a waiting DMA's row of the queue's register copies: what it moves
 Q_MODE, Q_SRC, Q_DST, Q_ROWS, Q_ROW_BYTES, Q_SRC_STRIDE, Q_DST_STRIDE = range(7)
+# columns of decode_ops' sldh list (sld), of exit_loads' rows (exits: each run's last load of each
+# register) and of its per-PC offsets (exit_off: sldh before the PC, then the rows of the run ending there)
+SL_DST, SL_BASE, SL_IMM = range(3)
+X_SLDH, X_DST, X_BASE, X_IMM = range(4)
+XO_SLDH, XO_FIRST, XO_END = range(3)
 SM_COPY_BYTES = 4 << 20     # copies of SM all DSPs' queued runs may hold (more costs the host's
                             # kernel zeroing untouched huge pages on every run)
 PARALLEL_OPS = 20000        # waiting instructions worth a parallel launch (a GEMM run holds ~6600)
@@ -217,19 +222,19 @@ def _scalar_exit(d, p, e, exits, exit_off, sr, mem16, bases, caps):
     are never based on a register it loads (:func:`build_blocks`), so every load is read before any is
     written."""
     sm0 = bases[0] + d * caps[0]
-    j0 = exit_off[p, 0]
-    a = exit_off[e, 1]
-    b = exit_off[e, 2]
+    j0 = exit_off[p, XO_SLDH]
+    a = exit_off[e, XO_FIRST]
+    b = exit_off[e, XO_END]
     m = a
-    while m < b and exits[m, 0] >= j0:
+    while m < b and exits[m, X_SLDH] >= j0:
         m += 1
     if m == a:
         return
     vals = np.empty(m - a, np.int64)
     for i in range(a, m):
-        vals[i - a] = mem16[(sm0 + sr[exits[i, 2]] + exits[i, 3]) >> 1]
+        vals[i - a] = mem16[(sm0 + sr[exits[i, X_BASE]] + exits[i, X_IMM]) >> 1]
     for i in range(a, m):
-        sr[exits[i, 1]] = vals[i - a]
+        sr[exits[i, X_DST]] = vals[i - a]
 
 
 @njit(cache=True)
@@ -239,20 +244,20 @@ def _exit_loads(end, sld, sld_off, nregs, exits, exit_off):
     m = 0
     for p in range(end.shape[0]):
         e = end[p]
-        if e <= p or exit_off[e, 1] >= 0:
+        if e <= p or exit_off[e, XO_FIRST] >= 0:
             continue
-        exit_off[e, 1] = m              # p is the first PC of the run ending at e
+        exit_off[e, XO_FIRST] = m       # p is the first PC of the run ending at e
         for j in range(sld_off[e] - 1, sld_off[p] - 1, -1):
-            r = sld[j, 0]
+            r = sld[j, SL_DST]
             if seen[r] != e:
                 seen[r] = e
                 if exits.shape[0] > 0:
-                    exits[m, 0] = j
-                    exits[m, 1] = r
-                    exits[m, 2] = sld[j, 1]
-                    exits[m, 3] = sld[j, 2]
+                    exits[m, X_SLDH] = j
+                    exits[m, X_DST] = r
+                    exits[m, X_BASE] = sld[j, SL_BASE]
+                    exits[m, X_IMM] = sld[j, SL_IMM]
                 m += 1
-        exit_off[e, 2] = m
+        exit_off[e, XO_END] = m
     return m
 
 
@@ -260,11 +265,11 @@ def exit_loads(end: np.ndarray, sld: np.ndarray, sld_off: np.ndarray, nregs: int
     """What the scalar side of a run needs, from :func:`build_blocks`' ``end`` and :func:`decode_ops`'
     ``sld``/``sld_off``: ``exits`` rows (sldh number, destination, base register, offset), per run the
     last load of each register it loads, latest first; ``exit_off`` per PC q (columns: sldh before q,
-    then the run ending at q's rows ``exits[exit_off[q, 1]:exit_off[q, 2]]``). A run of ~1300 ``sldh``
+    then the run ending at q's rows ``exits[exit_off[q, XO_FIRST]:exit_off[q, XO_END]]``). A run of ~1300 ``sldh``
     leaves a dozen registers: read per run, the whole list cost ~2 us per run."""
     n = end.shape[0]
     exit_off = np.full((n + 1, 3), -1, np.int64)
-    exit_off[:, 0] = sld_off
+    exit_off[:, XO_SLDH] = sld_off
     end = np.ascontiguousarray(end, dtype=np.int64)
     count = _exit_loads(end, sld, sld_off, nregs, np.zeros((0, 4), np.int64), exit_off.copy())
     exits = np.zeros((count, 4), np.int64)
@@ -555,7 +560,7 @@ def defer_tables(code: np.ndarray, nregs: int, vector_registers: int, end: np.nd
     holds, :func:`decode_ops`'s instruction tables and :func:`exit_loads`' table of each run's last loads."""
     touches = np.isin(code[:, :, isa.F_OP], _TOUCH_OPS).any(axis=1)
     ops, off, fused, sld, sld_off = decode_ops(code, nregs, vector_registers)
-    used = int(sld[:, 0].max()) + 1 if sld.shape[0] else 1
+    used = int(sld[:, SL_DST].max()) + 1 if sld.shape[0] else 1
     return (touches, ops, off, fused, *exit_loads(end, sld, sld_off, max(nregs, used)))
 
 
