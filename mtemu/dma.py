@@ -2,7 +2,7 @@
 
 The machine (:mod:`mtemu.machine`) checks a transfer's addresses and times it; this module only moves
 its data, either when the transfer issues or later, in order with the DSP's other waiting work
-(:mod:`mtemu.blocks`). Addresses are absolute byte offsets into the cluster's flat memory (the
+(:mod:`mtemu.fast.queues`). Addresses are absolute byte offsets into the cluster's flat memory (the
 space's base, plus the DSP's slice for SM and AM, plus the address). Row loops run over 1-D slices,
 which LLVM vectorises; element order is kept where source and destination overlap.
 """

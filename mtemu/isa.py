@@ -77,8 +77,8 @@ class OpSpec:
     has_target: bool = False        # imm0 is a branch target (a label: a program-relative PC)
     addresses_memory: bool = False  # reads a register + immediate address (the machine bounds the offset)
     touches_am: bool = False        # reads or writes vector registers or AM, or stores to SM: what the
-    #                                 functional queue of deferred runs and DMAs holds (mtemu.blocks)
-    is_plain: bool = False          # data-only: may be part of a straight-line run (mtemu.blocks); the
+    #                                 functional queue of deferred runs and DMAs holds (mtemu.fast.queues)
+    is_plain: bool = False          # data-only: may be part of a straight-line run (mtemu.fast.runs); the
     #                                 op then has a case in blocks.run_plain
     libm: bool = False              # rounds as the host's C maths library (not in functional runs)
     is_mac: bool = False            # counted as a vector multiply-accumulate (RunStats.vfma)

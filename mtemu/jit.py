@@ -1,7 +1,7 @@
 """Numba's setting for the jitted machine, made on its first use (never by ``import mtemu``).
 
 Numba keys a function's on-disk cache on its own file's timestamp only, so a compiled machine that
-inlines code from another file (blocks, isa, fp16) can go stale and crash. Every state of the
+inlines code from another file (fast/, isa, fp16) can go stale and crash. Every state of the
 jitted sources therefore gets its own cache folder, ``<numba>/mtemu-jit-<hash>``, where ``<numba>`` is
 ``NUMBA_CACHE_DIR`` if the user set it, else the mtemu cache's ``numba/`` (:mod:`rtcommon.caches`).
 
@@ -24,8 +24,8 @@ from rtcommon import caches
 from ._version import __version__
 
 # the files whose code the compiled machine holds
-JIT_SOURCES = ("machine.py", "blocks.py", "fused.py", "simd.py", "dma.py", "fp16.py", "isa.py", "trace.py",
-               "accuracy.py")
+JIT_SOURCES = ("machine.py", "fast/runs.py", "fast/queues.py", "fast/fused.py", "fast/simd.py", "dma.py", "fp16.py",
+               "isa.py", "trace.py", "accuracy.py")
 
 
 def _jit_state() -> str:
@@ -38,7 +38,7 @@ def _jit_state() -> str:
 
 
 # the state of the jitted sources, computed once: names Numba's cache folder and keys the machine's
-# prepared tables on disk (mtemu.prepared)
+# prepared tables on disk (mtemu.fast.prepared)
 JIT_STATE = _jit_state()
 
 

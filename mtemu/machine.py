@@ -35,6 +35,7 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from time import monotonic
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -42,25 +43,23 @@ from numba import njit
 from rtcommon.hostmem import check_host_memory, small_pages
 
 from . import isa
-from . import prepared as prepared_store
 from .assembler import Program
-from .blocks import (
+from .dma import move
+from .errors import MachineError
+from .fast import prepared as prepared_store
+from .fast.queues import (
     N_DEFER_TABLES,
     accept_data,
-    build_blocks,
     defer_buffers,
     defer_dma,
     defer_tables,
     deferrable,
-    empty_blocks,
     flush,
     may_flush,
     must_flush,
     settle,
-    try_skip,
 )
-from .dma import move
-from .errors import MachineError
+from .fast.runs import RunTables, build_blocks, empty_blocks, try_skip
 from .fp16 import f16_to_f32_into_reference, f32_to_f16_bits, widen_f16
 from .platform import DEFAULT, Platform, validate_platform
 from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_ISSUE, Trace, TraceOptions
@@ -69,7 +68,7 @@ from .trace import DMA_FIELDS, N_DMA_FIELDS, TS_BARRIER, TS_BRANCH, TS_DMA, TS_I
 E_OK, E_ADDR, E_ALIGN, E_PC, E_DEADLOCK, E_CYCLES, E_CHANNEL, E_DMA_LATE = 0, 1, 2, 3, 4, 5, 6, 7
 # run-state control words (``ctl``): DSP whose slice a budget cut (-1: none), finished flag,
 # bundles this call may still issue
-C_RESUME, C_DONE, C_BUDGET = 0, 1, 2
+CTL_RESUME, CTL_DONE, CTL_BUDGET = 0, 1, 2
 # Bundles per call of the jitted loop: between calls Python sees Ctrl-C and the wall clock.
 CHUNK_BUNDLES = 1 << 22
 # Largest cycle limit: emulated times stay far below int64 overflow.
@@ -135,31 +134,115 @@ def _tr_state(ev, nev, last, cut, d, t, st):
     nev[d] = k + 1
 
 
+class Linked(NamedTuple):
+    """The programs as the machine's loop runs them (:func:`_link`): every DSP's code in one array
+    (bundles, units, fields ``isa.F_*``), DSP d's PCs [lo[d], hi[d]), the descriptors (columns
+    ``isa.D_*``) and where DSP d's start."""
+
+    code: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    descs: np.ndarray
+    desc_off: np.ndarray
+
+
+class MachineState(NamedTuple):
+    """The cluster's registers and memory: scalar and vector registers per DSP, the flat memory as
+    uint16 and float32 views, each space's size and base (SM, AM, GSM, DDR; SM and AM per DSP), and the
+    FP16 -> FP32 table."""
+
+    sregs: np.ndarray
+    vregs: np.ndarray
+    mem16: np.ndarray
+    mem32: np.ndarray
+    caps: np.ndarray
+    bases: np.ndarray
+    f16tab: np.ndarray
+
+
+class Settings(NamedTuple):
+    """What one run does and the platform's timing figures the loop reads."""
+
+    functional: bool
+    dsps: int
+    lanes: int                  # vector lanes computed (1 in timing mode)
+    lat_branch: int             # cycles a taken branch adds
+    dma_latency: int            # cycles from issue to a transfer's start
+    bpc: np.ndarray             # bytes per cycle of the DDR, GSM and local servers
+    row_overhead: float         # cycles per transferred row
+    max_cycles: int
+    threads: bool               # waiting work may run over threads
+
+
+class Counters(NamedTuple):
+    """What the run counts: per DSP ``S_*`` columns, the error record (``E_*`` code and location), bytes
+    per server kind and busy cycles per server."""
+
+    stats: np.ndarray
+    err: np.ndarray
+    server_bytes: np.ndarray
+    server_busy: np.ndarray
+
+
+class TraceBuffers(NamedTuple):
+    """The trace's recording arrays (:func:`_trace_buffers`; zero-length when not tracing)."""
+
+    ev: np.ndarray              # (dsps, events, 2): cycle, TS_* state
+    nev: np.ndarray
+    last: np.ndarray
+    cut: np.ndarray
+    dma: np.ndarray             # (transfers, TD_*)
+    dma_t: np.ndarray
+    bar: np.ndarray
+    counts: np.ndarray          # transfers, barriers recorded
+
+
+class RunState(NamedTuple):
+    """Where the run stands between calls of the loop: each DSP's cycle, PC and state (0 running, 1 at
+    a barrier, 2 halted), the completion cycle of each channel's last transfer, when each DMA server
+    frees, and the control words (``CTL_*``)."""
+
+    time: np.ndarray
+    pc: np.ndarray
+    state: np.ndarray
+    chan: np.ndarray
+    srv_free: np.ndarray
+    ctl: np.ndarray
+
+
 @njit(cache=True)
-def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
-         functional, dsps, lanes, lat_branch, dma_latency, bpc, row_overhead,
-         max_cycles, f16tab, stats, err, server_bytes, server_busy,
-         tr_ev, tr_nev, tr_last, tr_cut, tr_dma, tr_dma_t, tr_bar, tr_counts,
-         blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis,
-         dq_touch, dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off,
-         bc_on, bc_val, threads,
-         time, pc, state, chan, srv_free, ctl):
-    """Run until every DSP halts (``ctl[C_DONE]`` = 1), a fault (``err``), or ``ctl[C_BUDGET]``
-    bundles; the run state (time, pc, state, chan, srv_free, ctl) lives in the caller's arrays,
-    so the next call continues exactly where this one stopped."""
+def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
+    """Run until every DSP halts (``ctl[CTL_DONE]`` = 1), a fault (``err``), or ``ctl[CTL_BUDGET]``
+    bundles; the run state lives in the caller's arrays, so the next call continues exactly where
+    this one stopped. Arguments: :class:`Linked`, :class:`MachineState`, :class:`Settings`,
+    :class:`Counters`, :class:`TraceBuffers`, :class:`~mtemu.fast.runs.RunTables`,
+    :class:`~mtemu.fast.queues.Queues`, :class:`RunState`."""
+    code, lo, hi, descs, desc_off = prog.code, prog.lo, prog.hi, prog.descs, prog.desc_off
+    sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
+    caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
+    functional, dsps, lanes, threads = settings.functional, settings.dsps, settings.lanes, settings.threads
+    lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
+    row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
+    stats, err, server_bytes, server_busy = counters.stats, counters.err, counters.server_bytes, counters.server_busy
+    tr_ev, tr_nev, tr_last, tr_cut = trace.ev, trace.nev, trace.last, trace.cut
+    tr_dma, tr_dma_t, tr_bar, tr_counts = trace.dma, trace.dma_t, trace.bar, trace.counts
+    blk_end = runs.end
+    dq_touch, dq_n, dq_range = queues.touches, queues.n, queues.ranges
+    time, pc, state, chan = run_state.time, run_state.pc, run_state.state, run_state.chan
+    srv_free, ctl = run_state.srv_free, run_state.ctl
     tracing = tr_nev.shape[0] > 0
     skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
-    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.blocks)
+    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.fast.queues)
     # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
     # of each channel's last transfer; srv_free: when each DMA server frees
     nunits = code.shape[1]
-    budget = ctl[C_BUDGET]
+    budget = ctl[CTL_BUDGET]
     while True:
         d = -1
-        if ctl[C_RESUME] >= 0:
+        if ctl[CTL_RESUME] >= 0:
             # finish the slice the budget cut: the others' clocks (and so `limit`) are unchanged
-            d = ctl[C_RESUME]
-            ctl[C_RESUME] = -1
+            d = ctl[CTL_RESUME]
+            ctl[CTL_RESUME] = -1
         else:
             best = np.int64(1) << 62
             for i in range(dsps):
@@ -225,18 +308,16 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
                 time[d] = t
                 return
-            # --- straight-line blocks (mtemu.blocks): the same counters as bundle by bundle ---
+            # --- straight-line blocks (mtemu.fast.runs): the same counters as bundle by bundle ---
             # (only where a run starts: a call passes dozens of array fields, and most bundles start
             # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
             if skipping and p < blk_end.shape[0] and blk_end[p] > p:
                 e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
-                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0,
-                             blk_end, blk_deltas, blk_creg, blk_cmem, blk_calign, blk_lo, blk_hi, blk_mis)
+                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0, runs)
                 if e >= 0:
                     if functional:
-                        accept_data(d, p, e, dq_ops, dq_off, dq_fused, dq_exits, dq_exit_off, sregs, vregs, mem16,
-                                    mem32, f16tab, bases, caps, lanes, blk_deltas, blk_creg, blk_cmem, blk_lo, blk_hi,
-                                    dq_n, dq_item, dq_regs, dq_range, dq_sm, dq_len, bc_on, bc_val, threads)
+                        accept_data(d, p, e, runs, queues, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                                    threads)
                     t += e - p
                     p = e
                     continue
@@ -245,12 +326,12 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 # out of bundles for this call: stop before bundle p, resume here next call
                 time[d] = t
                 pc[d] = p
-                ctl[C_RESUME] = d
+                ctl[CTL_RESUME] = d
                 return
             budget -= 1
             # yield before a shared-resource interaction if another DSP is behind us
-            sync = (code[p, isa.SIEU, 0] == isa.OP_DMA) or (code[p, isa.SBR, 0] == isa.OP_DMAWAIT) \
-                or (code[p, isa.SBR, 0] == isa.OP_BARRIER)
+            sync = (code[p, isa.SIEU, isa.F_OP] == isa.OP_DMA) or (code[p, isa.SBR, isa.F_OP] == isa.OP_DMAWAIT) \
+                or (code[p, isa.SBR, isa.F_OP] == isa.OP_BARRIER)
             if sync and t > limit:
                 break
             if deferring:
@@ -258,15 +339,14 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 if may_flush(p, code, dq_touch):
                     need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
                     if need > 0:            # (settle acts only then: 16 calls in a 1024^3 GEMM)
-                        settle(d, need, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16,
-                               mem32, f16tab, bases, caps, lanes, bc_on, bc_val, threads)
+                        settle(d, need, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
             next_p = p + 1
             extra = np.int64(0)
             extra_state = TS_BRANCH
             useful = False
             stop = False
             for u in range(nunits):
-                op = code[p, u, 0]
+                op = code[p, u, isa.F_OP]
                 if op == 0:
                     continue
                 if op == isa.OP_NOP:
@@ -276,22 +356,22 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 if op == isa.OP_VFMA:
                     stats[d, S_VFMA] += 1
                     if functional:
-                        vd = code[p, u, 1]
-                        va = code[p, u, 2]
-                        vb = code[p, u, 3]
+                        vd = code[p, u, isa.F_R0]
+                        va = code[p, u, isa.F_R1]
+                        vb = code[p, u, isa.F_R2]
                         for k in range(lanes):
                             vregs[d, vd, k] += vregs[d, va, k] * vregs[d, vb, k]
                 elif op == isa.OP_SVBCAST:
                     if functional:
-                        x = f16tab[sregs[d, code[p, u, 2]] & 0xFFFF]
-                        vd = code[p, u, 1]
+                        x = f16tab[sregs[d, code[p, u, isa.F_R1]] & 0xFFFF]
+                        vd = code[p, u, isa.F_R0]
                         for k in range(lanes):
                             vregs[d, vd, k] = x
                 elif op == isa.OP_VEXP or op == isa.OP_VLOG or op == isa.OP_VMAX:
                     if functional:
-                        vd = code[p, u, 1]
-                        va = code[p, u, 2]
-                        vb = code[p, u, 3]
+                        vd = code[p, u, isa.F_R0]
+                        va = code[p, u, isa.F_R1]
+                        vb = code[p, u, isa.F_R2]
                         for k in range(lanes):
                             xa = vregs[d, va, k]
                             if op == isa.OP_VEXP:
@@ -303,18 +383,18 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                                 vregs[d, vd, k] = xa if (xa > xb or xa != xa) else xb
                 elif op == isa.OP_SVBCASTW:
                     if functional:
-                        xw = np.uint32(sregs[d, code[p, u, 2]] & 0xFFFFFFFF).view(np.float32)
-                        vd = code[p, u, 1]
+                        xw = np.uint32(sregs[d, code[p, u, isa.F_R1]] & 0xFFFFFFFF).view(np.float32)
+                        vd = code[p, u, isa.F_R0]
                         for k in range(lanes):
                             vregs[d, vd, k] = xw
                 elif op == isa.OP_SADDI:
-                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SADD:
-                    sregs[d, code[p, u, 1]] = sregs[d, code[p, u, 2]] + sregs[d, code[p, u, 3]]
+                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + sregs[d, code[p, u, isa.F_R2]]
                 elif op == isa.OP_SMOVI:
-                    sregs[d, code[p, u, 1]] = code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SLDH or op == isa.OP_SSTH:
-                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     if a < 0 or a > caps[0] - 2:
                         _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
                         time[d] = t
@@ -326,11 +406,11 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     if functional:
                         idx = (bases[0] + d * caps[0] + a) >> 1
                         if op == isa.OP_SLDH:
-                            sregs[d, code[p, u, 1]] = mem16[idx]
+                            sregs[d, code[p, u, isa.F_R0]] = mem16[idx]
                         else:
-                            mem16[idx] = np.uint16(sregs[d, code[p, u, 3]] & 0xFFFF)
+                            mem16[idx] = np.uint16(sregs[d, code[p, u, isa.F_R2]] & 0xFFFF)
                 elif op == isa.OP_VLDH or op == isa.OP_VSTH or op == isa.OP_VLDW or op == isa.OP_VSTW:
-                    a = sregs[d, code[p, u, 2]] + code[p, u, 5]
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     half = op == isa.OP_VLDH or op == isa.OP_VSTH
                     size = lanes * 2 if half else lanes * 4
                     if a < 0 or a > caps[1] - size:
@@ -346,36 +426,36 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                         if op == isa.OP_VLDH:
                             i0 = base >> 1
                             src = mem16[i0:i0 + lanes]
-                            dst = vregs[d, code[p, u, 1]]
+                            dst = vregs[d, code[p, u, isa.F_R0]]
                             for k in range(lanes):
                                 dst[k] = widen_f16(src[k])
                         elif op == isa.OP_VLDW:
-                            vd = code[p, u, 1]
+                            vd = code[p, u, isa.F_R0]
                             i0 = base >> 2
                             for k in range(lanes):
                                 vregs[d, vd, k] = mem32[i0 + k]
                         elif op == isa.OP_VSTW:
-                            vs = code[p, u, 3]
+                            vs = code[p, u, isa.F_R2]
                             i0 = base >> 2
                             for k in range(lanes):
                                 mem32[i0 + k] = vregs[d, vs, k]
                         else:
-                            vs = code[p, u, 3]
+                            vs = code[p, u, isa.F_R2]
                             i0 = base >> 1
                             for k in range(lanes):
                                 mem16[i0 + k] = f32_to_f16_bits(vregs[d, vs, k])
                 elif op == isa.OP_DMA:
-                    ch = code[p, u, 1]
-                    di = desc_off[d] + code[p, u, 2]
-                    src_sp = descs[di, 0]
-                    dst_sp = descs[di, 1]
-                    rows = descs[di, 2]
-                    rowb = descs[di, 3]
-                    sstr = descs[di, 4]
-                    dstr = descs[di, 5]
-                    mode = descs[di, 6]
-                    sa = sregs[d, code[p, u, 3]] + code[p, u, 5]
-                    da = sregs[d, code[p, u, 4]] + code[p, u, 6]
+                    ch = code[p, u, isa.F_R0]
+                    di = desc_off[d] + code[p, u, isa.F_R1]
+                    src_sp = descs[di, isa.D_SRC]
+                    dst_sp = descs[di, isa.D_DST]
+                    rows = descs[di, isa.D_ROWS]
+                    rowb = descs[di, isa.D_ROWB]
+                    sstr = descs[di, isa.D_SSTR]
+                    dstr = descs[di, isa.D_DSTR]
+                    mode = descs[di, isa.D_MODE]
+                    sa = sregs[d, code[p, u, isa.F_R2]] + code[p, u, isa.F_IMM0]
+                    da = sregs[d, code[p, u, isa.F_R3]] + code[p, u, isa.F_IMM1]
                     sbase, scap = _space_base_cap(src_sp, d, caps, bases)
                     dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
                     align = 4 if mode == isa.DMA_REDUCE_ADD else 2
@@ -407,9 +487,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                             tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
                             if wait:
                                 defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
-                                          dstr, dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_range, dq_sm,
-                                          dq_len, vregs, mem16, mem32, f16tab, bases, caps, lanes, bc_on, bc_val,
-                                          threads)
+                                          dstr, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
                             else:
                                 move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
                     nbytes = rows * rowb
@@ -455,7 +533,7 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                     stats[d, S_DMA_BYTES] += nbytes
                     stats[d, S_DMAS] += 1
                 elif op == isa.OP_DMAWAIT:
-                    ch = code[p, u, 1]
+                    ch = code[p, u, isa.F_R0]
                     if chan[d, ch] > t + 1:
                         stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
                         extra += chan[d, ch] - (t + 1)
@@ -463,28 +541,28 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 elif op == isa.OP_BARRIER:
                     stop = True
                 elif op == isa.OP_BR:
-                    next_p = lo[d] + code[p, u, 5]
+                    next_p = lo[d] + code[p, u, isa.F_IMM0]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_BNZ:
-                    if sregs[d, code[p, u, 2]] != 0:
-                        next_p = lo[d] + code[p, u, 5]
+                    if sregs[d, code[p, u, isa.F_R1]] != 0:
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
                         extra += lat_branch
                         stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_BDEC:
-                    r = code[p, u, 2]
+                    r = code[p, u, isa.F_R1]
                     sregs[d, r] -= 1
                     if sregs[d, r] != 0:
-                        next_p = lo[d] + code[p, u, 5]
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
                         extra += lat_branch
                         stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_CALL:
-                    sregs[d, code[p, u, 1]] = p + 1 - lo[d]
-                    next_p = lo[d] + code[p, u, 5]
+                    sregs[d, code[p, u, isa.F_R0]] = p + 1 - lo[d]
+                    next_p = lo[d] + code[p, u, isa.F_IMM0]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_RET:
-                    next_p = lo[d] + sregs[d, code[p, u, 2]]
+                    next_p = lo[d] + sregs[d, code[p, u, isa.F_R1]]
                     extra += lat_branch
                     stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
                 elif op == isa.OP_HALT:
@@ -494,8 +572,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
                 # an all-nop bundle: padding for latency or branch
                 reason = isa.ST_LATENCY
                 for u in range(nunits):
-                    if code[p, u, 0] == isa.OP_NOP:
-                        reason = code[p, u, 5]
+                    if code[p, u, isa.F_OP] == isa.OP_NOP:
+                        reason = code[p, u, isa.F_IMM0]
                         break
                 stats[d, S_STALL0 + reason] += 1
                 # (the state test is inlined: a call per bundle would cost more than the bundle)
@@ -517,9 +595,8 @@ def _run(code, lo, hi, descs, desc_off, sregs, vregs, mem16, mem32, caps, bases,
         time[d] = t
         pc[d] = p
     if deferring:
-        flush(dq_ops, dq_off, dq_fused, dq_n, dq_item, dq_regs, dq_sm, dq_len, vregs, mem16, mem32, f16tab, bases,
-              caps, lanes, bc_on, bc_val, threads)
-    ctl[C_DONE] = 1
+        flush(queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+    ctl[CTL_DONE] = 1
     for i in range(dsps):
         stats[i, S_CYCLES] = time[i]
         end = time[i]
@@ -662,7 +739,7 @@ class Cluster:
         program's), so one code array can serve DSPs whose transfers differ in size.
         ``trace`` records the run (``RunStats.trace``); the counters are the same either way.
         ``fast_forward`` (without a trace): advance over straight-line runs of data-only bundles in
-        one step (:mod:`mtemu.blocks`); the counters and data are the same either way. Default: on,
+        one step (:mod:`mtemu.fast.runs`); the counters and data are the same either way. Default: on,
         unless the environment sets ``MTEMU_FAST_FORWARD=0`` (to check a result against the
         bundle-by-bundle run).
         ``max_cycles`` stops a run whose emulated time passes it; ``max_seconds`` one that takes
@@ -727,21 +804,23 @@ class Cluster:
             defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
         threads = p.dsps > 1 and threading.current_thread() is threading.main_thread()
-        run_state = (np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
-                     np.zeros((p.dsps, 64), np.int64), np.zeros(3 + p.dsps, np.float64),
-                     np.array([-1, 0, CHUNK_BUNDLES], np.int64))
-        ctl = run_state[-1]
+        run_state = RunState(np.zeros(p.dsps, np.int64), lo.copy(), np.zeros(p.dsps, np.int64),
+                             np.zeros((p.dsps, 64), np.int64), np.zeros(3 + p.dsps, np.float64),
+                             np.array([-1, 0, CHUNK_BUNDLES], np.int64))
+        ctl = run_state.ctl
         started = monotonic()
         code = code.view()
         code.flags.writeable = False    # one compiled signature for a program's own (frozen) code and a copy
+        records = (Linked(code, lo, hi, descs, desc_off),
+                   MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE),
+                   Settings(self.functional, p.dsps, lanes, p.latencies.branch_delay, p.dma_latency_cycles, bpc,
+                            float(p.dma_row_overhead_cycles), max_cycles, threads),
+                   Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks), defer)
         while True:
-            _run(code, lo, hi, descs, desc_off, self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases,
-                 self.functional, p.dsps, lanes, p.latencies.branch_delay,
-                 p.dma_latency_cycles, bpc, float(p.dma_row_overhead_cycles), max_cycles, F16_TABLE,
-                 stats, err, server_bytes, server_busy, *buf, *blocks, *defer, threads, *run_state)
+            _run(*records, run_state)
             if err[0] != E_OK:
                 raise MachineError(_describe_error(err, lo, p.dsps, stats, p))
-            if ctl[C_DONE]:
+            if ctl[CTL_DONE]:
                 break
             if max_seconds is not None and monotonic() - started > max_seconds:
                 raise MachineError(_describe_timeout(run_state, stats, lo, max_seconds, p))
@@ -786,8 +865,8 @@ PREPARED_ENTRIES = 8
 
 def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool) -> tuple:
     """``(code, descs, lo, hi, desc_off, blocks, defer_tables)`` of :func:`_link`, :func:`build_blocks` and
-    :func:`~mtemu.blocks.defer_tables` (None when not deferring), kept for frozen programs; for frozen
-    programs with an origin also on disk (:mod:`mtemu.prepared`), so a new process reads them."""
+    :func:`~mtemu.fast.queues.defer_tables` (None when not deferring), kept for frozen programs; for frozen
+    programs with an origin also on disk (:mod:`mtemu.fast.prepared`), so a new process reads them."""
     cacheable = all(isinstance(pr, Program) and pr.frozen for pr in programs)
     key = (tuple(id(pr) for pr in programs), tuple(int(k) for k in dsp_program), p, bool(functional), bool(skip))
     if cacheable and key in _PREPARED:

@@ -3,8 +3,9 @@
 This is the functional meaning of the instruction set (:mod:`mtemu.isa`): one function per opcode
 (:data:`EXECUTE`), over a :class:`ClusterState` of NumPy arrays. Timing (cycles, stalls, DMA
 bandwidth, which DSP runs when) is the machine's (:mod:`mtemu.machine`), not stated here. The
-jitted machine and its speed paths (:mod:`mtemu.blocks`, :mod:`mtemu.fused`, :mod:`mtemu.dma`)
-compute the same bits; ``tests/test_semantics.py`` runs random programs on both.
+jitted machine and its speed paths (:mod:`mtemu.fast.runs`, :mod:`mtemu.fast.queues`,
+:mod:`mtemu.fast.fused`, :mod:`mtemu.dma`) compute the same bits;
+``tests/test_semantics.py`` runs random programs on both.
 
 The rules every opcode follows:
 

@@ -389,7 +389,7 @@ def end_with_parent() -> None:
 
 def _pool_context() -> multiprocessing.context.BaseContext:
     """Forked workers, unless this process has launched GNU OpenMP threads (a functional emulation
-    did, mtemu.blocks): a forked child could not launch them again, so the workers are spawned."""
+    did, mtemu.fast.queues): a forked child could not launch them again, so the workers are spawned."""
     try:
         layer = numba.threading_layer()
     except ValueError:              # no parallel launch yet in this process

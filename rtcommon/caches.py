@@ -100,7 +100,7 @@ CACHES: tuple[Cache, ...] = (
           1, "mtemu.kernels.program_cache"),
     Cache("prepared", "mtemu", "prepared", "*.bin",
           "program names, DSP-to-program map, platform digest, mode, state of the jitted sources",
-          1, "mtemu.prepared (for mtemu.machine)"),
+          1, "mtemu.fast.prepared (for mtemu.machine)"),
     Cache("tune", "mtemu", "tune", "*.json",
           "kernel, loop order, shape, tiles, platform digest, emulator version",
           None, "mtemu.tune"),

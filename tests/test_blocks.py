@@ -1,4 +1,4 @@
-"""Straight-line blocks (mtemu.blocks): tables against their reference, and every counter of a
+"""Straight-line blocks (mtemu.fast.runs): tables against their reference, and every counter of a
 fast-forwarded timing run against the bundle-by-bundle run (kernels on many shapes, random
 programs, errors)."""
 import threading
@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mtemu import blocks, isa, machine
+from mtemu import isa, machine
 from mtemu.assembler import ProgramBuilder, ins, parse
-from mtemu.blocks import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
 from mtemu.errors import MachineError
+from mtemu.fast import queues
+from mtemu.fast.runs import MAX_CLASSES, MIN_BUNDLES, build_blocks, build_blocks_reference
 from mtemu.kernels.attention import (
     attention_backward_timing,
     attention_forward_timing,
@@ -287,8 +288,8 @@ def test_functional_gemms_equal_the_bundle_by_bundle_run(shape):
 def test_tiny_queues_and_sm_copy_buffers_change_no_bit(monkeypatch):
     """Queues of two entries and an SM copy buffer of one SM per DSP: the waiting work runs far more
     often (queue full, buffer full), and the product is the same."""
-    monkeypatch.setattr(blocks, "QUEUE", 2)
-    monkeypatch.setattr(blocks, "SM_COPY_BYTES", 0)
+    monkeypatch.setattr(queues, "QUEUE", 2)
+    monkeypatch.setattr(queues, "SM_COPY_BYTES", 0)
     shape = (100, 200, 300)
     rng = np.random.default_rng(3)
     a = rng.standard_normal(shape[:2]).astype(np.float16)
@@ -454,9 +455,9 @@ def test_random_programs_with_every_kind_of_dma_compute_alike(prog, seed):
 @pytest.mark.parametrize("n", [1, 5, 24, 48, 64])
 def test_the_flush_order_spreads_any_run_of_dsps_over_the_threads(n):
     """A parallel flush splits its loop into equal contiguous parts, one a thread: over
-    :func:`blocks.spread_order`, each of 2, 4 or 8 parts then holds DSPs from all over the range, and any
+    :func:`queues.spread_order`, each of 2, 4 or 8 parts then holds DSPs from all over the range, and any
     contiguous group of DSPs (the only ones with work in some flushes) is shared within one DSP."""
-    order = blocks.spread_order(n).tolist()
+    order = queues.spread_order(n).tolist()
     assert sorted(order) == list(range(n))
     for parts in (2, 4, 8):
         if n % parts:
@@ -472,23 +473,23 @@ def test_the_flush_order_spreads_any_run_of_dsps_over_the_threads(n):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_dma_program(), st.integers(0, 2**32 - 1))
 def test_the_loop_skips_must_flush_only_where_it_could_ask_nothing(prog, seed):
-    """:func:`blocks.may_flush` (the machine loop's test before it calls :func:`blocks.must_flush`) is
+    """:func:`queues.may_flush` (the machine loop's test before it calls :func:`queues.must_flush`) is
     False only at bundles where must_flush asks for no flush even with every DSP's queue full of work
     over every memory, whatever the registers hold; and True at every bundle that touches waiting state
     or issues a DMA."""
     code, descs, _lo, _hi, desc_off, _blocks, tables = machine._prepare([prog], [0] * THREE.dsps, THREE, True, True)
     touches = tables[0]
     dsps = THREE.dsps
-    qn = np.full(dsps, blocks.QUEUE, np.int64)
-    qrange = np.zeros((dsps, blocks.QUEUE, MAX_CLASSES, 3), np.int64)
+    qn = np.full(dsps, queues.QUEUE, np.int64)
+    qrange = np.zeros((dsps, queues.QUEUE, MAX_CLASSES, 3), np.int64)
     for space in range(4):
         qrange[:, :, space] = (space, -(1 << 60), 1 << 60)
     rng = np.random.default_rng(seed)
     sregs = rng.integers(0, 1 << 16, size=(dsps, THREE.scalar_registers)).astype(np.int64)
     for p in range(code.shape[0]):
-        may = blocks.may_flush(p, code, touches)
+        may = queues.may_flush(p, code, touches)
         assert may == (bool(touches[p]) or bool((code[p, :, 0] == isa.OP_DMA).any())), p
         for d in range(dsps):
-            need = blocks.must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange)
+            need = queues.must_flush(d, p, code, descs, desc_off, touches, sregs, qn, qrange)
             assert may or need == 0, (p, d, need)
             assert need > 0 or not touches[p], (p, d)          # with everything waiting, a touch asks

@@ -86,7 +86,7 @@ def test_a_cache_warning_is_one_line_on_the_cli(tmp_path, monkeypatch, capsys):
 
 
 def test_every_cache_warning_is_a_cache_warning():
-    from mtemu.prepared import PreparedCacheWarning
+    from mtemu.fast.prepared import PreparedCacheWarning
     assert issubclass(PreparedCacheWarning, caches.CacheWarning)
     assert issubclass(program_cache.ProgramCacheWarning, caches.CacheWarning)
     assert issubclass(caches.CacheWarning, UserWarning)

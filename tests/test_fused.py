@@ -1,8 +1,8 @@
-"""Fused stretches (mtemu.fused) against the instruction-by-instruction reference, bit for bit.
+"""Fused stretches (mtemu.fast.fused) against the instruction-by-instruction reference, bit for bit.
 
 A stretch is the multiply-accumulate core of a run: scalar loads, broadcasts, vector loads and
 ``vfma`` adding (broadcast) x (loaded vector) into accumulators nothing else in it touches.
-:func:`mtemu.fused.run_fused` compiles it once and runs it blocked (rows widened once, terms added
+:func:`mtemu.fast.fused.run_fused` compiles it once and runs it blocked (rows widened once, terms added
 eight at a time per accumulator, accumulators in rounds, one fused multiply-add per term). These
 tests build random stretches in the shapes a micro-kernel takes (and ones that break the rules in
 the middle), run them through ``run_plain`` (which fuses them) and through ``run_plain_reference``,
@@ -15,9 +15,7 @@ import pytest
 from numba import njit
 
 from mtemu import isa
-from mtemu.blocks import decode_ops, run_plain, run_plain_reference
-from mtemu.fp16 import add_fp16_product
-from mtemu.fused import (
+from mtemu.fast.fused import (
     FUSE_DEPTH,
     G_AUX,
     G_N,
@@ -38,18 +36,20 @@ from mtemu.fused import (
     N_STEP,
     O_FUSE_AT,
     O_FUSE_END,
-    S_GROUP,
-    S_INIT,
-    S_ONE8,
-    S_PAIR8,
-    S_QUAD8,
-    S_TAIL,
-    S_WIDEN,
+    STEP_GROUP,
+    STEP_INIT,
+    STEP_ONE8,
+    STEP_PAIR8,
+    STEP_QUAD8,
+    STEP_TAIL,
+    STEP_WIDEN,
     group_lanes,
     group_x16,
 )
+from mtemu.fast.queues import decode_ops, run_plain, run_plain_reference
+from mtemu.fast.simd import VECTOR_FP16
+from mtemu.fp16 import add_fp16_product
 from mtemu.machine import F16_TABLE
-from mtemu.simd import VECTOR_FP16
 
 LANES = 16
 SM_BYTES, AM_BYTES = 2048, 32768
@@ -236,13 +236,13 @@ def test_a_gemm_stretch_reads_its_rows_in_register_groups():
     rng = np.random.default_rng(7)
     code = _bundled(_stretch_program(rng, 6, 2, 64, False, False), rng, 3)
     fused, at, nl, kinds = _first_stretch_steps(code)
-    groups = kinds[kinds[:, 0] == S_GROUP]
+    groups = kinds[kinds[:, 0] == STEP_GROUP]
     assert nl == 128 and groups.shape[0] == 2
     assert groups[:, G_N].tolist() == [6, 6] and groups[:, G_TERMS].tolist() == [64, 64]
     assert sorted(groups[:, G_REGS:G_REGS + 6].ravel().tolist()) == list(range(12))
-    assert sorted(kinds[kinds[:, 0] == S_WIDEN, 1].tolist()) == [nl - 2, nl - 1]
+    assert sorted(kinds[kinds[:, 0] == STEP_WIDEN, 1].tolist()) == [nl - 2, nl - 1]
     assert fused[at + H_SLOTS] == 2
-    assert not np.isin(kinds[:, 0], [S_QUAD8, S_PAIR8]).any()
+    assert not np.isin(kinds[:, 0], [STEP_QUAD8, STEP_PAIR8]).any()
     _compare(code, 0, len(code), rng)
 
 
@@ -270,10 +270,10 @@ def test_gemm_shaped_stretches_add_in_register_groups_alike(mr, sizes, lanes, af
                 o[5] = 2 * lanes * int(rows[o[5] // (2 * lanes)])
     code = _bundled(ops, rng, 3)
     fused, at, _nl, kinds = _first_stretch_steps(code)
-    groups = kinds[kinds[:, 0] == S_GROUP]
+    groups = kinds[kinds[:, 0] == STEP_GROUP]
     assert groups[:, G_N].tolist() == sizes and (groups[:, G_TERMS] == 24).all()
     left = mr - sum(sizes)
-    assert np.isin(kinds[:, 0], [S_QUAD8, S_PAIR8, S_ONE8]).any() == (left > 0)
+    assert np.isin(kinds[:, 0], [STEP_QUAD8, STEP_PAIR8, STEP_ONE8]).any() == (left > 0)
     rows = [fused[at + g[G_AUX]] for g in groups]
     bcasts = [fused[at + g[G_AUX] + N_AFFINE * (1 + f)] for g in groups for f in range(g[G_N])]
     assert all(rows) and all(bcasts) if affine else not any(rows) and not all(bcasts)
@@ -291,9 +291,9 @@ def test_a_group_stops_where_its_shortest_member_does():
     drop = {i for i in fmas[-6 * 3:] if ops[i][1] in (1, 4)}
     code = _bundled([o for i, o in enumerate(ops) if i not in drop], rng, 3)
     _fused, _at, _nl, kinds = _first_stretch_steps(code)
-    groups = kinds[kinds[:, 0] == S_GROUP]
+    groups = kinds[kinds[:, 0] == STEP_GROUP]
     assert groups[:, G_N].tolist() == [6] and groups[:, G_TERMS].tolist() == [17]
-    assert (kinds[:, 0] == S_TAIL).sum() == 4
+    assert (kinds[:, 0] == STEP_TAIL).sum() == 4
     _compare(code, 0, len(code), rng, lanes=64)
 
 
@@ -331,9 +331,9 @@ def test_four_accumulators_a_column_read_their_rows_straight_from_am(seed):
     ks = 8 * int(rng.integers(2, 6))
     code = _bundled(_stretch_program(rng, 4, 3, ks, bool(seed % 2), False), rng, 3)
     fused, at, nl, kinds = _first_stretch_steps(code)
-    assert set(kinds[:, 0].tolist()) == {S_INIT, S_GROUP, S_WIDEN}
-    assert (kinds[:, 0] == S_GROUP).sum() == 3 and (kinds[kinds[:, 0] == S_GROUP, G_TERMS] == ks).all()
-    assert sorted(kinds[kinds[:, 0] == S_WIDEN, 1].tolist()) == [nl - 3, nl - 2, nl - 1]
+    assert set(kinds[:, 0].tolist()) == {STEP_INIT, STEP_GROUP, STEP_WIDEN}
+    assert (kinds[:, 0] == STEP_GROUP).sum() == 3 and (kinds[kinds[:, 0] == STEP_GROUP, G_TERMS] == ks).all()
+    assert sorted(kinds[kinds[:, 0] == STEP_WIDEN, 1].tolist()) == [nl - 3, nl - 2, nl - 1]
     _compare(code, 0, len(code), rng, loads=bool(seed % 2))
 
 

@@ -1,5 +1,6 @@
 """`import mtemu` stays light: the kernels (and numba) load on first use of a kernel name."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,16 @@ def test_the_cache_root_moves_numbas_cache_unless_the_user_set_its_own(numba_set
                   f"assert mtemu.jit.jit_cache_dir() == os.path.join({str(want)!r}, mtemu.jit.JIT_STATE); "
                   f"assert c.path('numba') == c.Path({str(want)!r}), c.path('numba')")
     assert out.returncode == 0, out.stderr
+
+
+def test_jit_state_hashes_every_jitted_source():
+    """JIT_STATE keys Numba's cache folder on the jitted sources: every file it names exists (a moved
+    file would otherwise drop out of the hash silently), and every mtemu file with jitted code is named."""
+    import mtemu.jit
+
+    package = ROOT / "mtemu"
+    named = set(mtemu.jit.JIT_SOURCES)
+    assert all((package / name).is_file() for name in named), sorted(n for n in named if not (package / n).is_file())
+    jitted = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+              if re.search(r"^@(njit|intrinsic)\b", p.read_text(), re.M)}
+    assert jitted <= named, sorted(jitted - named)

@@ -1,4 +1,4 @@
-"""The functional fast path of straight-line runs (mtemu.blocks.run_plain) against its plain statement.
+"""The functional fast path of straight-line runs (mtemu.fast.queues.run_plain) against its plain statement.
 
 ``run_plain`` decodes instructions into one list, defers broadcasts (a ``vfma`` multiplies by the
 broadcast scalar) and widens FP16 with the CPU's conversion instruction where there is one;
@@ -14,8 +14,8 @@ import pytest
 
 import mtemu
 from mtemu import isa
-from mtemu.blocks import _scalar_exit as scalar_exit
-from mtemu.blocks import decode_ops, exit_loads, run_plain, run_plain_reference
+from mtemu.fast.queues import _scalar_exit as scalar_exit
+from mtemu.fast.queues import decode_ops, exit_loads, run_plain, run_plain_reference
 from mtemu.machine import F16_TABLE
 from mtemu.tune import map_jobs
 

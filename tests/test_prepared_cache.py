@@ -1,4 +1,4 @@
-"""Prepared programs on disk (mtemu.prepared over rtcommon.arrayfile): the tables the machine derives
+"""Prepared programs on disk (mtemu.fast.prepared over rtcommon.arrayfile): the tables the machine derives
 from a kernel's program are written once and read back identical; a damaged file is derived again
 with a warning; programs nobody named, or a cache turned off, write nothing."""
 import os
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mtemu import machine
-from mtemu import prepared as prepared_store
 from mtemu.assembler import parse
+from mtemu.fast import prepared as prepared_store
 from mtemu.kernels import gemm_a_resident, program_cache
 from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, run_a_resident
 from mtemu.machine import Cluster

@@ -4,7 +4,7 @@ Building a Table 5 GEMM (list-scheduling its micro-kernels, assembling and hazar
 30 000 bundles) takes seconds; emulating it in timing mode takes a fraction of that. Each built
 program is kept as ``<cache>/programs/<key>.npz`` (``np.savez_compressed``: code, descriptors,
 per-DSP descriptor tables, and a JSON header with the labels, descriptor names, initial registers
-and the key itself). When a functional run keeps a program's prepared tables (:func:`mtemu.prepared.kept`),
+and the key itself). When a functional run keeps a program's prepared tables (:func:`mtemu.fast.prepared.kept`),
 this module keeps the program's code uncompressed as well (``<cache>/program-code/<hash>.bin``, an array
 file: int64, as the machine runs it), and a load maps that copy when it is there, instead of
 inflating and widening the compressed copy: a first call's 7 MB of code for a 1024^3 GEMM without
@@ -40,9 +40,9 @@ from rtcommon.fileio import atomic_write_bytes
 from rtcommon.hostmem import small_pages
 
 from .. import isa
-from .. import prepared as prepared_store
 from .._version import __version__
 from ..assembler import Program
+from ..fast import prepared as prepared_store
 from ..platform import Platform
 
 # bumped in rtcommon.caches when the file layout changes (programs 2: code stored as int32 where it fits)

@@ -1,9 +1,9 @@
 """Prepared programs on disk: the tables the machine derives from a program, kept between processes.
 
 Before it runs a program the machine derives tables from it (:func:`mtemu.machine._prepare`): the
-straight-line runs and their counters (:func:`mtemu.blocks.build_blocks`), and in functional mode
+straight-line runs and their counters (:func:`mtemu.fast.runs.build_blocks`), and in functional mode
 the decoded instructions, fused stretches and each run's last scalar loads
-(:func:`mtemu.blocks.defer_tables`). For a 1024^3 GEMM that takes some 25 ms, plus loading the
+(:func:`mtemu.fast.queues.defer_tables`). For a 1024^3 GEMM that takes some 25 ms, plus loading the
 jitted builders in a new process: more than a tenth of the functional run itself. In functional mode,
 programs whose content has a name (``Program.origin``, set by the kernels' program cache from its
 key) get those tables written once to ``<cache>/prepared/<hash>.bin`` and mapped back after
@@ -40,8 +40,8 @@ import numpy as np
 from rtcommon import caches
 from rtcommon.arrayfile import ArrayFileError, read_arrays, write_arrays
 
-from .jit import JIT_STATE
-from .platform import Platform
+from ..jit import JIT_STATE
+from ..platform import Platform
 
 FORMAT = caches.cache("prepared").version       # bumped there when what is stored changes
 DEFAULT_LIMIT_MB = 1024         # least recently used files beyond this are dropped (~11 MB per 1024^3 GEMM)

@@ -1,6 +1,6 @@
 """Fused stretches: the multiply-accumulate core of a straight-line run, compiled once and executed blocked.
 
-Most of a GEMM micro-kernel's run (:mod:`mtemu.blocks`) is a *stretch* of ``sldh``, ``svbcast``,
+Most of a GEMM micro-kernel's run (:mod:`mtemu.fast.runs`) is a *stretch* of ``sldh``, ``svbcast``,
 ``vldh`` and ``vfma`` in which every ``vfma`` adds (a broadcast FP16 scalar) x (an FP16 vector loaded
 in the stretch) to an accumulator that nothing else in the stretch reads or writes once it is one (it
 may start as a broadcast or a load of the stretch), and every address is based on a register the
@@ -13,7 +13,7 @@ sources, which terms per accumulator); :func:`run_fused` then
    register as it was on entry),
 2. adds the terms of each *group* of six or four accumulators that read the same rows (a GEMM's rows of
    C over one row of B per term) over all those rows at once, 32 or 48 lanes at a time with twelve
-   accumulator vectors held in host registers (:mod:`mtemu.simd`; a register-blocked GEMM
+   accumulator vectors held in host registers (:mod:`mtemu.fast.simd`; a register-blocked GEMM
    micro-kernel), each row read straight from AM and widened once for the group;
 3. adds the remaining terms :data:`FUSE_DEPTH` at a time per lane, in program order, over
    rounds in which every accumulator takes its next terms (four or two accumulators that share
@@ -38,13 +38,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from . import isa
-from .fp16 import add_fp16_product, widen_f16
+from .. import isa
+from ..fp16 import add_fp16_product, widen_f16
 from .simd import LANES_X16, VECTOR_FP16, fma_x16, load_f16x16, load_f32x16, store_f32x16
 
 MIN_FUSED_TERMS = 16        # shorter stretches run instruction by instruction
 FUSE_DEPTH = 8              # terms added per pass over an accumulator's lanes (_add_terms8)
-# columns of the decoded instruction list (mtemu.blocks.decode_ops)
+# columns of the decoded instruction list (mtemu.fast.queues.decode_ops)
 O_OP, O_R0, O_R1, O_R2, O_IMM = 0, 1, 2, 3, 4
 O_FUSE_END = 5              # a fused stretch starts at this op and ends before op O_FUSE_END (0: none)
 O_FUSE_AT = 6               # where its record starts in the `fused` array
@@ -52,9 +52,9 @@ N_OPCOLS = 7
 # A stretch record in the flat int64 `fused` array: a header of counts, then its sections
 #   loads    (base register, imm) per vldh, in order                  -> rows of widened lanes
 #            (base register -1: only affine group steps read the row, which address it themselves)
-#   bcasts   (source, a, b, c) per svbcast, in order: source 0 (_B_SM) = SM[s[a] + b], which the
-#            stretch's sldh number c loaded; 1 (_B_REG) = scalar register a as it was on entry;
-#            2 (_B_SKIP): as 0, but only affine group steps read it, which address it themselves
+#   bcasts   (source, a, b, c) per svbcast, in order: source 0 (_BSRC_SM) = SM[s[a] + b], which the
+#            stretch's sldh number c loaded; 1 (_BSRC_REG) = scalar register a as it was on entry;
+#            2 (_BSRC_SKIP): as 0, but only affine group steps read it, which address it themselves
 #   scalars  (register, base register, imm, sldh number): registers the stretch's sldh leave
 #   accs     (vector register, terms, start kind, number) in register order: the accumulator starts from
 #            its value on entry (kind 0), or from a broadcast (_K_BCAST) or loaded row (_K_LOAD) the
@@ -64,31 +64,31 @@ N_OPCOLS = 7
 #   steps    (kind, then N_STEP - 1 fields) per step of the static schedule (_schedule), which widens
 #            each row a step reads from a slot just before its first use and frees the slot after its last,
 #            so the rows in use stay in the host's L1 cache; from then on the load numbers of accs, finals
-#            and terms are slots, except the terms of S_QUAD8 and S_GROUP steps, which read their rows
+#            and terms are slots, except the terms of STEP_QUAD8 and STEP_GROUP steps, which read their rows
 #            straight from AM
-#   address blocks (N_AUX each) of the S_GROUP steps, in step order (below)
+#   address blocks (N_AUX each) of the STEP_GROUP steps, in step order (below)
 H_LOADS, H_BCASTS, H_SCALARS, H_ACCS, H_TERMS, H_FINALS, H_SLDH, H_STEPS, H_SLOTS = range(9)
 N_HEADER = 9
 _K_NONE, _K_BCAST, _K_LOAD, _K_ACC = 0, 1, 2, 3
 # schedule steps: widen load a into slot b | terms of accumulator(s) (at record-relative offsets) |
 # set the accumulators' start values
-#   S_WIDEN (load, slot)          S_PAIR8 (r, q, terms of r, of q)   S_ONE8 (r, terms)
-#   S_TAIL (r, first, end term)   S_INIT ()                          S_QUAD8 (r0..r3, terms of r0..r3)
-#   S_GROUP (n, terms, r0..r5, t0..t5, aux): n (six or four) accumulators whose next `terms` terms (at
+#   STEP_WIDEN (load, slot)          STEP_PAIR8 (r, q, terms of r, of q)   STEP_ONE8 (r, terms)
+#   STEP_TAIL (r, first, end term)   STEP_INIT ()                          STEP_QUAD8 (r0..r3, terms of r0..r3)
+#   STEP_GROUP (n, terms, r0..r5, t0..t5, aux): n (six or four) accumulators whose next `terms` terms (at
 #   record-relative offsets t0..) read the same rows, all added with the accumulators held in registers
-S_WIDEN, S_PAIR8, S_ONE8, S_TAIL, S_INIT, S_QUAD8, S_GROUP = 0, 1, 2, 3, 4, 5, 6
+STEP_WIDEN, STEP_PAIR8, STEP_ONE8, STEP_TAIL, STEP_INIT, STEP_QUAD8, STEP_GROUP = 0, 1, 2, 3, 4, 5, 6
 GROUP_MAX = 6               # accumulators in one group step (12 host vector registers of 16 lanes)
-G_N, G_TERMS, G_REGS = 1, 2, 3          # fields of an S_GROUP step; its term offsets follow its registers
+G_N, G_TERMS, G_REGS = 1, 2, 3          # fields of an STEP_GROUP step; its term offsets follow its registers
 G_TERMS_AT = G_REGS + GROUP_MAX
 G_AUX = G_TERMS_AT + GROUP_MAX          # record-relative offset of the step's address block (below)
 N_STEP = G_AUX + 1
 # A group step's address block: (affine, base register, first offset, stride) for its rows, then the
 # same for each accumulator's broadcasts (SM addresses): where term t's address is base + first +
 # stride * t, the step computes it instead of reading the per-load or per-broadcast tables, which are
-# then not filled for what only groups read (a load's base register -1, a broadcast's source _B_SKIP)
+# then not filled for what only groups read (a load's base register -1, a broadcast's source _BSRC_SKIP)
 N_AFFINE = 4
 N_AUX = N_AFFINE * (1 + GROUP_MAX)
-_B_SM, _B_REG, _B_SKIP = 0, 1, 2        # broadcast sources
+_BSRC_SM, _BSRC_REG, _BSRC_SKIP = 0, 1, 2        # broadcast sources
 MIN_GROUP_TERMS = 2 * FUSE_DEPTH        # fewer shared terms are left to the rounds
 
 
@@ -286,7 +286,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
         terms = (stop[q] - start[q]) >> 1
         for f in range(n):
             terms = min(terms, (stop[like[f]] - start[like[f]]) >> 1)
-        comp[nc, 0] = S_GROUP
+        comp[nc, 0] = STEP_GROUP
         comp[nc, G_N] = n
         comp[nc, G_TERMS] = terms
         for f in range(n):
@@ -323,7 +323,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
                         if m == 3:
                             break
                 if m == 3:
-                    comp[nc, 0] = S_QUAD8
+                    comp[nc, 0] = STEP_QUAD8
                     comp[nc, 5] = j - at
                     for f in range(3):
                         o = part[f]
@@ -332,18 +332,18 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
                 elif m > 0:
                     m = 1
                     o = part[0]
-                    comp[nc, 0] = S_PAIR8
+                    comp[nc, 0] = STEP_PAIR8
                     comp[nc, 2] = out[pa + 4 * o]
                     comp[nc, 3] = j - at
                     comp[nc, 4] = start[o] - at
                 else:
-                    comp[nc, 0] = S_ONE8
+                    comp[nc, 0] = STEP_ONE8
                 for f in range(m):
                     start[part[f]] += 2 * FUSE_DEPTH
                     done[part[f]] = rnd
                 j += 2 * FUSE_DEPTH
             else:
-                comp[nc, 0] = S_TAIL
+                comp[nc, 0] = STEP_TAIL
                 comp[nc, 3] = stop[q] - at
                 j = stop[q]
             nc += 1
@@ -351,7 +351,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             if j < stop[q]:
                 left += 1
     # each row's first and last use in a slot: -1 the accumulators' start, nc the finals (kept to the end);
-    # S_QUAD8 steps read their rows straight from AM (`direct` marks their terms), so need no slot
+    # STEP_QUAD8 steps read their rows straight from AM (`direct` marks their terms), so need no slot
     direct = np.zeros(nt, np.bool_)
     first = np.full(nl, nc + 1, np.int64)
     last = np.full(nl, -2, np.int64)
@@ -361,18 +361,18 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             first[w] = -1
             last[w] = max(last[w], -1)
     for c in range(nc):
-        if comp[c, 0] == S_GROUP:
+        if comp[c, 0] == STEP_GROUP:
             for f in range(comp[c, G_N]):
                 t0 = (at + comp[c, G_TERMS_AT + f] - pt) >> 1
                 direct[t0:t0 + comp[c, G_TERMS]] = True
             continue
-        if comp[c, 0] == S_QUAD8:
+        if comp[c, 0] == STEP_QUAD8:
             for f in range(5, 9):
                 t0 = (at + comp[c, f] - pt) >> 1
                 direct[t0:t0 + FUSE_DEPTH] = True
             continue
-        a = at + (comp[c, 3] if comp[c, 0] == S_PAIR8 else comp[c, 2])
-        b = at + comp[c, 3] if comp[c, 0] == S_TAIL else a + 2 * FUSE_DEPTH
+        a = at + (comp[c, 3] if comp[c, 0] == STEP_PAIR8 else comp[c, 2])
+        b = at + comp[c, 3] if comp[c, 0] == STEP_TAIL else a + 2 * FUSE_DEPTH
         for g in range(a + 1, b, 2):
             w = out[g]
             first[w] = min(first[w], c)
@@ -407,7 +407,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
                 slot[w] = nslots
                 nslots += 1
             g = base + N_STEP * nsteps
-            out[g] = S_WIDEN
+            out[g] = STEP_WIDEN
             out[g + 1] = w
             out[g + 2] = slot[w]
             for f in range(3, N_STEP):
@@ -415,7 +415,7 @@ def _schedule(out, at, pa, na, nl, nt, nf, p):
             nsteps += 1
         g = base + N_STEP * nsteps
         if c == -1:
-            out[g] = S_INIT
+            out[g] = STEP_INIT
             for f in range(1, N_STEP):
                 out[g + f] = 0
             nsteps += 1
@@ -454,7 +454,7 @@ def _affine(out, j, terms, rec, width, field, i):
     ok = True
     for t in range(terms):
         r = rec + width * out[j + 2 * t]
-        if (field > 0 and out[r] != _B_SM) or out[r + field] != out[r0 + field] \
+        if (field > 0 and out[r] != _BSRC_SM) or out[r + field] != out[r0 + field] \
                 or out[r + field + 1] != out[r0 + field + 1] + stride * t:
             ok = False
             break
@@ -479,9 +479,9 @@ def _address_blocks(out, at, pa, na, nl, nf, base, nsteps):
     end = base + N_STEP * nsteps
     for g in range(base, base + N_STEP * nsteps, N_STEP):
         kind = out[g]
-        if kind == S_WIDEN:
+        if kind == STEP_WIDEN:
             need_l[out[g + 1]] = True
-        elif kind == S_GROUP:
+        elif kind == STEP_GROUP:
             out[g + G_AUX] = end - at
             j = at + out[g + G_TERMS_AT]
             terms = out[g + G_TERMS]
@@ -494,19 +494,19 @@ def _address_blocks(out, at, pa, na, nl, nf, base, nsteps):
                     for t in range(terms):
                         need_b[out[j + 2 * t]] = True
             end += N_AUX
-        elif kind != S_INIT:
+        elif kind != STEP_INIT:
             # rounds: their terms' broadcasts, and the loads a quad reads straight from AM
-            if kind == S_QUAD8:
+            if kind == STEP_QUAD8:
                 for f in range(5, 9):
                     for t in range(at + out[g + f], at + out[g + f] + 2 * FUSE_DEPTH, 2):
                         need_l[out[t + 1]] = True
                         need_b[out[t]] = True
                 continue
-            j = at + (out[g + 3] if kind == S_PAIR8 else out[g + 2])
-            stop = at + out[g + 3] if kind == S_TAIL else j + 2 * FUSE_DEPTH
+            j = at + (out[g + 3] if kind == STEP_PAIR8 else out[g + 2])
+            stop = at + out[g + 3] if kind == STEP_TAIL else j + 2 * FUSE_DEPTH
             for t in range(j, stop, 2):
                 need_b[out[t]] = True
-            if kind == S_PAIR8:
+            if kind == STEP_PAIR8:
                 for t in range(at + out[g + 4], at + out[g + 4] + 2 * FUSE_DEPTH, 2):
                     need_b[out[t]] = True
     for q in range(na):
@@ -520,7 +520,7 @@ def _address_blocks(out, at, pa, na, nl, nf, base, nsteps):
             out[pl + 2 * q] = -1
     for q in range(nb):
         if not need_b[q]:
-            out[pb + 4 * q] = _B_SKIP
+            out[pb + 4 * q] = _BSRC_SKIP
     return end
 
 
@@ -582,9 +582,9 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     bval = np.empty(nb, np.float32)
     bc = fused[p:p + 4 * nb].reshape(nb, 4)       # (one view per stretch; unsigned indices below)
     for q in range(nb):
-        if bc[q, 0] == _B_REG:
+        if bc[q, 0] == _BSRC_REG:
             bval[q] = widen_f16(np.uint16(sr[bc[q, 1]] & 0xFFFF))
-        elif bc[q, 0] == _B_SM:
+        elif bc[q, 0] == _BSRC_SM:
             bval[q] = widen_f16(smem[np.uint64(sbase + sr[bc[q, 1]] + bc[q, 2]) >> np.uint64(1)])
     p += 4 * nb
     # the scalar registers the stretch's sldh leave (entry values are no longer needed after this)
@@ -602,29 +602,29 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
     rows = np.empty((max(fused[at + H_SLOTS], 1), lanes), np.float32)
     for g in range(ps, ps + N_STEP * fused[at + H_STEPS], N_STEP):
         kind = fused[g]
-        if kind == S_QUAD8:
+        if kind == STEP_QUAD8:
             _add_terms8_quad(v, fused[g + 1], fused[g + 2], fused[g + 3], fused[g + 4], mem16, src, bval, fused,
                              at + fused[g + 5], at + fused[g + 6], at + fused[g + 7], at + fused[g + 8], lanes)
-        elif kind == S_GROUP:
+        elif kind == STEP_GROUP:
             _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase)
-        elif kind == S_WIDEN:
+        elif kind == STEP_WIDEN:
             s0 = src[fused[g + 1]]
             w = fused[g + 2]
             for k in range(lanes):
                 rows[w, k] = widen_f16(mem16[s0 + np.uint64(k)])
-        elif kind == S_PAIR8:
+        elif kind == STEP_PAIR8:
             _add_terms8_pair(v, fused[g + 1], fused[g + 2], rows, bval, fused, at + fused[g + 3],
                              at + fused[g + 4], lanes)
-        elif kind == S_ONE8:
+        elif kind == STEP_ONE8:
             _add_terms8(v, fused[g + 1], rows, bval, fused, at + fused[g + 2], lanes)
-        elif kind == S_TAIL:
+        elif kind == STEP_TAIL:
             r = fused[g + 1]
             for j in range(at + fused[g + 2], at + fused[g + 3], 2):
                 x = bval[fused[j]]
                 w = fused[j + 1]
                 for k in range(lanes):
                     v[r, k] = add_fp16_product(v[r, k], x, rows[w, k])
-        else:                                   # S_INIT: the accumulators' start values
+        else:                                   # STEP_INIT: the accumulators' start values
             for q in range(na):
                 r = fused[pa + 4 * q]
                 kind = fused[pa + 4 * q + 2]
@@ -655,9 +655,9 @@ def run_fused(fused, at, sr, v, on, val, mem16, am0, lanes, smem, sbase):
 
 @njit(cache=True)
 def _run_group(v, fused, g, at, src, bval, mem16, lanes, sr, am0, smem, sbase):
-    """The S_GROUP step at ``fused[g]``: its accumulators' terms, all over the same rows (read straight
+    """The STEP_GROUP step at ``fused[g]``: its accumulators' terms, all over the same rows (read straight
     from AM), added with the accumulators held in host registers (:func:`x16_block` lanes a pass) where the host
-    has vector FP16 (:data:`mtemu.simd.VECTOR_FP16`), lane by lane for the rest."""
+    has vector FP16 (:data:`mtemu.fast.simd.VECTOR_FP16`), lane by lane for the rest."""
     n = fused[g + G_N]
     terms = fused[g + G_TERMS]
     regs = np.empty(GROUP_MAX, np.int64)

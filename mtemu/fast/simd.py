@@ -28,7 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .fp16 import HARDWARE_F16, HARDWARE_FMA
+from ..fp16 import HARDWARE_F16, HARDWARE_FMA
 
 __all__ = ["LANES_X16", "VECTOR_FP16", "f32x16", "fma_x16", "load_f16x16", "load_f32x16", "store_f32x16"]
 
