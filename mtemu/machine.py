@@ -709,8 +709,12 @@ class Cluster:
         self._ddr_view(addr, flat.size * 4)[:] = flat.view(np.uint16)
 
     def read_gsm_f32(self, addr: int, count: int) -> np.ndarray:
-        start = (int(self.bases[2]) + addr) // 2
-        return self.mem[start:start + count * 2].view(np.float32).copy()
+        """``count`` FP32 values at ``addr`` in GSM (bounds and 4-byte alignment checked)."""
+        if addr % 4:
+            raise MachineError(f"FP32 host read at unaligned GSM address {addr}")
+        if count < 0:
+            raise MachineError(f"FP32 host read of a negative count {count} from GSM")
+        return self.region("GSM", addr, count * 4).view(np.float32).copy()
 
     def region(self, space: str, addr: int, nbytes: int, dsp: int = 0) -> np.ndarray:
         """Writable byte view of ``nbytes`` at ``addr`` in SM/AM (of ``dsp``), GSM or DDR."""

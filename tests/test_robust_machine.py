@@ -196,3 +196,17 @@ def test_the_one_pass_check_refuses_exactly_what_the_named_checks_refuse():
                 assert fast == _named_checks_pass(prog), (int(ops[b, u]), f, value)
                 refused += not fast
     assert len(slots) > 10 and refused > 100          # the edge values do reach the checks
+
+
+def test_host_gsm_reads_are_bounds_and_alignment_checked():
+    c = Cluster(DEFAULT, ddr_bytes=1 << 20, functional=True)
+    gsm = DEFAULT.gsm_bytes
+    c.region("GSM", 0, 8)[:] = np.array([1.5, -2.0], dtype=np.float32).view(np.uint8)
+    assert c.read_gsm_f32(0, 2).tolist() == [1.5, -2.0]
+    assert c.read_gsm_f32(gsm - 4, 1).shape == (1,)
+    with pytest.raises(MachineError, match="outside"):
+        c.read_gsm_f32(gsm - 4, 2)                # would read on into DDR
+    with pytest.raises(MachineError, match="outside"):
+        c.read_gsm_f32(-4, 1)                     # would read AM
+    with pytest.raises(MachineError, match="unaligned"):
+        c.read_gsm_f32(2, 1)
