@@ -1,4 +1,4 @@
-"""Every test session gets its own cache root: no test reads or writes the user's caches.
+"""Every test run gets its own cache root: no test reads or writes the user's caches.
 
 The root (``RTCACHE_DIR``) points at a fresh temporary folder, and the per-package variables
 (``MTEMU_CACHE_DIR``, ``RATRAIN_CACHE_DIR``) are cleared so that it holds every cache. Tests of a cache

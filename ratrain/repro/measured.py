@@ -25,7 +25,6 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ratrain.cost.collectives import fit_allreduce
 from ratrain.cost.megatron import megatron_step
 from ratrain.errors import ConfigError
 from ratrain.repro.experiment import Check, Experiment
@@ -231,6 +230,12 @@ def validate(runs: list[MeasuredRun], platform: GpuPlatform, *, activation: str 
                     "measured_ms": run.measured_ms, "error": result.iteration_ms / run.measured_ms - 1.0,
                     "breakdown_ms": result.breakdown_ms,
                     "memory": peak_memory(run, platform, activation=activation, sequence_parallel=sequence_parallel)})
+    return compare(out, platform.name, activation=activation, sequence_parallel=sequence_parallel)
+
+
+def compare(out: list[dict], platform_name: str, *, activation: str = "ckpt",
+            sequence_parallel: bool = False) -> Validation:
+    """The measures over already simulated rows (``validate``'s rows, or a subset of them)."""
     mean, worst = _errors(out)
     groups, batch_groups = [], []
     keyed: dict = {}
@@ -259,7 +264,7 @@ def validate(runs: list[MeasuredRun], platform: GpuPlatform, *, activation: str 
                "batch_groups": len(ranked),
                "mean_top1_regret_pct": sum(g["top1_regret_pct"] for g in ranked) / len(ranked) if ranked else None,
                "max_top1_regret_pct": max(g["top1_regret_pct"] for g in ranked) if ranked else None,
-               "activation": activation, "sequence_parallel": sequence_parallel, "platform": platform.name}
+               "activation": activation, "sequence_parallel": sequence_parallel, "platform": platform_name}
     return Validation(out, summary, groups, batch_groups)
 
 
@@ -327,21 +332,22 @@ def format_validation(validation: Validation, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["COLUMNS", "MeasuredRun", "Validation", "error_table", "fit_allreduce", "format_validation",
+__all__ = ["COLUMNS", "MeasuredRun", "Validation", "compare", "error_table", "format_validation",
            "residual_table", "residuals", "run_measured",
            "plot_validation", "predict", "read_allreduce", "read_runs", "validate"]
 
 
 def error_table(runs: list[MeasuredRun], platform: GpuPlatform, fit_gpus: tuple[int, ...] = (2, 4)) -> list[str]:
     """The markdown rows of docs/VALIDATION.md's error table: all runs, the fit rows, the held-out rows."""
+    whole = validate(runs, platform).runs
     fit_label = f"fit ({', '.join(map(str, fit_gpus))} GPUs)"
-    parts = (("all", runs), (fit_label, [r for r in runs if r.gpus in fit_gpus]),
-             ("held out (other GPU counts)", [r for r in runs if r.gpus not in fit_gpus]))
+    parts = (("all", whole), (fit_label, [r for r in whole if r["gpus"] in fit_gpus]),
+             ("held out (other GPU counts)", [r for r in whole if r["gpus"] not in fit_gpus]))
     lines = []
     for label, rows in parts:
         if not rows:
             continue
-        s = validate(rows, platform).summary
+        s = compare(rows, platform.name).summary
         lines.append(f"| {label} | {s['runs']} | {100 * s['mean_abs_error']:.2f} % | "
                      f"{100 * s['max_abs_error']:.2f} % | "
                      f"{s['mean_group_tau']:.3f} / {s['min_group_tau']:.3f} | "
@@ -387,8 +393,8 @@ def run_measured(out: Path, prog, settings) -> Experiment:
     runs = read_runs(CALIBRATION_RUNS)
     prog(f"measured: {len(runs)} runs on {platform.name}")
     whole = validate(runs, platform)
-    fit = validate([r for r in runs if r.gpus in FIT_GPUS], platform).summary
-    held = validate([r for r in runs if r.gpus not in FIT_GPUS], platform).summary
+    fit = compare([r for r in whole.runs if r["gpus"] in FIT_GPUS], platform.name).summary
+    held = compare([r for r in whole.runs if r["gpus"] not in FIT_GPUS], platform.name).summary
     figure = Path(out) / "measured_validation.png"
     plot_validation(whole, figure)
     s = whole.summary
