@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "ratrain.cli.simulate",
     "ratrain.cli.plan",
     "ratrain.cli.time_to_train",
+    "ratrain.cli.task",
     "ratrain.cli.validate",
 ]
 

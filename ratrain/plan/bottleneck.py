@@ -17,7 +17,9 @@ For each ratio r (0.5, 2, 10) beside Amdahl's T'/T = 1 - f + f/r stands the simu
 step simulated again with the resource r times faster in the cost model's inputs (its operators'
 latencies in the profile, its DDR/HBM rates, the platform's link bandwidth; the input pipeline's
 stage rates), which also sees what overlaps (a link hidden behind compute gains nothing when it is
-faster; an input pipeline behind a queue stops costing anything once it keeps up).
+faster; an input pipeline behind a queue stops costing anything once it keeps up). The resource
+that decides is the one whose simulated step gains most at r = 2 (the largest share when none
+gains): a large share hidden behind another resource decides nothing.
 """
 from __future__ import annotations
 
@@ -145,9 +147,17 @@ def resource_table(scheme: SchemeResult, platform: AnyPlatform, pipeline=None,
                                  "simulated": None if simulated[res][r] is None else simulated[res][r] / total}
                                 for r in ratios],
                      **({"note": notes[res]} if res in notes else {})})
-    deciding = max(rows, key=lambda row: row["share"])["resource"]
+    # what decides is what pays when it is faster: the lowest simulated T'/T at the first ratio above 1
+    # (overlap can hide a resource with a large share), then the largest share
+    probe = next((j for j, r in enumerate(ratios) if r > 1), None)
+
+    def gain(row: dict) -> tuple[float, float]:
+        sim = row["ratios"][probe]["simulated"] if probe is not None else None
+        return (1.0 if sim is None else sim, -row["share"])
+
     return {"critical_stage": None if step.source == "mfu" else crit, "step_time_s": total, "rows": rows,
-            "deciding": deciding}
+            "largest_share": max(rows, key=lambda row: row["share"])["resource"],
+            "deciding": min(rows, key=gain)["resource"]}
 
 
 def required_efficiency(scheme: SchemeResult, failures, fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)) -> dict:

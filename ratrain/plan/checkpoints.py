@@ -138,7 +138,10 @@ def interval_table(checkpoint_s: float, restart_s: float, mtbf_s: float, async_s
         marks.append(async_optimal_interval(async_save, m))
     if intervals is None:
         centre = young if young > 0 else (marks[-1] if marks else 600.0)
-        intervals = sorted({*(centre * f for f in (0.25, 0.5, 1.0, 2.0, 4.0)), *marks})
+        intervals = []
+        for x in sorted([centre * 2.0 ** (k / 2) for k in range(-4, 5)] + marks):
+            if not intervals or x > intervals[-1] * (1.0 + 1e-3):     # one row per distinct interval
+                intervals.append(x)
     rows = []
     for x in intervals:
         row: dict = {"interval_s": x}

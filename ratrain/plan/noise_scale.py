@@ -99,7 +99,8 @@ def scaling_table(law: NoiseScaleLaw, reference_devices: int, reference_batch_se
                      "weak": {"batch_tokens": weak_batch, "steps": weak_steps, "tokens": law.tokens(weak_batch),
                               "step_s": reference_step_s, "completion_days": weak_s / 86400.0,
                               "speedup": s_ref / weak_steps},
-                     "strong": {"batch_tokens": ref_batch_tokens, "steps": s_ref, "tokens": law.tokens(ref_batch_tokens),
+                     "strong": {"batch_tokens": ref_batch_tokens, "steps": s_ref,
+                                "tokens": law.tokens(ref_batch_tokens),
                                 "step_s": strong_step,
                                 "completion_days": None if strong_s is None else strong_s / 86400.0,
                                 "speedup": k if strong_ok else None}})
