@@ -6,12 +6,14 @@ bandwidth-bound elementwise, embedding and loss operators and the optimizer's pa
 ``inter_link`` (MT-3000's inter-cluster link, a GPU cluster's NICs) and ``input`` (the per-step
 input wait; the host-to-device stage of the input pipeline is the host link).
 
-Share f of a resource: the time it is busy on the critical stage (the stage with the most serial
-work: every forward, backward and recomputation of its layers over the micro-batches, its
-lifecycle tasks and its stage-boundary transfers), over the step time T. A resource's busy time is
-read off the cost model by scaling it: the stage's serial work W(s) with that resource s times
-faster falls linearly in 1/s, so its part is (W(1) - W(s)) / (1 - 1/s) (s = 10). The input's is
-the exposed wait.
+Share f of a resource: the time it is busy on the critical stage (the stage whose resources are
+busy longest in all), over the step time T, read off the step's cost breakdown: per micro-batch
+and layer the profile's compute and memory operators of the forward, the backward and the
+recomputation (under ckpt and fsr), the tensor-parallel all-reduces of each pass and ZeRO-3's
+per-use gathers; per layer its gradient sync, update and prefetch; per micro-batch the stage's
+boundary transfers. Each collective is booked on the link its group uses (``crosses_nodes`` of
+the GPU collectives: inside a node or across; on MT-3000 every collective is on the one link).
+The input's busy time is the exposed wait.
 
 For each ratio r (0.5, 2, 10) beside Amdahl's T'/T = 1 - f + f/r stands the simulated value: the
 step simulated again with the resource r times faster in the cost model's inputs (its operators'
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ratrain.cost.collectives import collectives_for
 from ratrain.cost.profile import LayerProfile, OpProfile
+from ratrain.cost.terms import cost_terms
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
 from ratrain.plan.task import (
@@ -41,7 +45,6 @@ from ratrain.spec.platforms import AnyPlatform
 
 RESOURCES = ("compute", "memory", "intra_link", "inter_link", "input")
 RATIOS = (0.5, 2.0, 10.0)
-_PROBE = 10.0                              # the scale at which a resource's busy time is read off
 COMPUTE_KINDS = ("gemm", "attention")
 MEMORY_KINDS = ("elementwise", "embedding", "loss")
 # Model sizes of the deadline boundary: 1 B to 1 T parameters, three per decade
@@ -81,15 +84,48 @@ def applies(platform: AnyPlatform, resource: str) -> bool:
     return not (resource == "intra_link" and not isinstance(platform, GpuPlatform))
 
 
-def stage_work_ms(costs) -> list[float]:
-    """Serial work of each stage (ms): its layers' passes over the micro-batches, lifecycle tasks, transfers."""
-    P, A = costs.num_stages, costs.microbatches
+def _op_seconds(ops: list[OpProfile]) -> dict[str, tuple[float, float]]:
+    """(forward, backward) seconds of the compute and the memory operators."""
+    out = {}
+    for res, kinds in (("compute", COMPUTE_KINDS), ("memory", MEMORY_KINDS)):
+        out[res] = (sum(o.forward_s for o in ops if o.kind in kinds), sum(o.backward_s for o in ops if o.kind in kinds))
+    return out
+
+
+def stage_busy_s(scheme: SchemeResult, platform: AnyPlatform) -> list[dict[str, float]]:
+    """Per stage, the seconds each resource is busy in one step (module docstring)."""
+    step, model = scheme.step, scheme.task.model
+    cfg, prof, costs = step.config, step.profile, step.check.costs
+    net = collectives_for(platform, cfg.tp, cfg.dp, cfg.pp)
+    gpu = isinstance(platform, GpuPlatform)
+
+    def link(group: str) -> str:
+        return ("inter_link" if net.crosses_nodes(group) else "intra_link") if gpu else "inter_link"
+
+    parts = cost_terms(model, cfg, prof, platform).parts
+    ar_s, gather_s, transfer_s = (parts["tp_allreduce_ms"] / 1e3, parts["zero3_gather_ms"] / 1e3,
+                                  parts["transfer_ms"] / 1e3)
+    A, P = cfg.accum, cfg.pp
+    rec = cfg.activation in ("ckpt", "fsr")
+    layer, first, last = _op_seconds(prof.ops), _op_seconds(prof.first_ops), _op_seconds(prof.last_ops)
     out = []
     for p, layers in enumerate(costs.stages):
-        work = sum(A * (lc.forward_ms + lc.backward_ms + lc.recompute_ms) + lc.gradsync_ms + lc.update_ms
-                   + lc.prefetch_ms for lc in layers)
-        neighbours = (p > 0) + (p < P - 1)
-        out.append(work + 2 * A * neighbours * costs.transfer_ms)
+        n = len(layers)
+        busy = dict.fromkeys(("compute", "memory", "intra_link", "inter_link"), 0.0)
+        for res in ("compute", "memory"):
+            f, b = layer[res]
+            busy[res] += A * n * (f + b + (f if rec else 0.0))
+            for edge, present in ((first, p == 0), (last, p == P - 1)):
+                if present:
+                    busy[res] += A * sum(edge[res])
+        busy["memory"] += sum(lc.update_ms for lc in layers) / 1e3
+        # two all-reduces per pass and layer (forward, backward, recomputation); one at each edge
+        busy[link("tp")] += A * (n * (4 + (2 if rec else 0)) + (p == 0) + (p == P - 1)) * ar_s
+        # ZeRO-3 gathers at use: one per forward and backward (ckpt shares one with its recompute; fsr does not)
+        busy[link("dp")] += A * n * (2 + (cfg.activation == "fsr")) * gather_s
+        busy[link("dp")] += sum(lc.gradsync_ms + lc.prefetch_ms for lc in layers) / 1e3
+        busy[link("pp")] += 2 * A * ((p > 0) + (p < P - 1)) * transfer_s
+        out.append(busy)
     return out
 
 
@@ -120,20 +156,18 @@ def resource_table(scheme: SchemeResult, platform: AnyPlatform, pipeline=None,
             simulated.setdefault("compute", {})[r] = (step.train_s / r + _wait(scheme, step.train_s / r, 1.0, pipeline))
         notes["compute"] = "fixed MFU: the step is compute alone"
     else:
-        base = stage_work_ms(step.check.costs)
-        crit = max(range(len(base)), key=lambda p: base[p])
+        stages = stage_busy_s(scheme, platform)
+        crit = max(range(len(stages)), key=lambda p: sum(stages[p].values()))
         for res in ("compute", "memory", "intra_link", "inter_link"):
             if not applies(platform, res):
                 continue
+            busy[res] = stages[crit][res]
             try:
-                probe = stage_work_ms(_simulate(scheme, platform, res, _PROBE).costs)
-                busy[res] = max(0.0, (base[crit] - probe[crit]) / (1.0 - 1.0 / _PROBE)) / 1e3
                 for r in ratios:
                     train = _simulate(scheme, platform, res, r).simulated_ms / 1e3
                     simulated.setdefault(res, {})[r] = train + _wait(scheme, train, 1.0, pipeline)
             except ConfigError as err:       # a scaled link past the platform's sane range
                 notes[res] = str(err)
-                busy.setdefault(res, 0.0)
                 simulated[res] = {r: None for r in ratios}
     busy["input"] = step.input_wait_s
     simulated["input"] = {r: step.train_s + _wait(scheme, step.train_s, r, pipeline) for r in ratios}
@@ -187,4 +221,4 @@ def deadline_boundary(task: TrainingTask, platforms: list[AnyPlatform], mfu: flo
 
 
 __all__ = ["BOUNDARY_PARAMETERS", "RATIOS", "RESOURCES", "applies", "deadline_boundary", "required_efficiency",
-           "resource_table", "scaled_platform", "scaled_profile", "stage_work_ms"]
+           "resource_table", "scaled_platform", "scaled_profile", "stage_busy_s"]
