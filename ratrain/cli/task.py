@@ -163,11 +163,15 @@ def _text(payload: dict) -> str:
                      f"{'-' if aff is None else format_s(aff['margin_per_step_s']):>11}  {verdict}")
     for s in payload["schemes"]:
         head = f"{s['platform']} x {s['devices']}"
-        if s.get("affordable"):
-            aff = s["affordable"]
-            lines.append(f"{head}: each step could absorb {format_s(max(0.0, aff['margin_per_step_s']))} more exposed "
+        aff = s.get("affordable")
+        if aff and aff["margin_per_step_s"] >= 0:
+            lines.append(f"{head}: each step could absorb {format_s(aff['margin_per_step_s'])} more exposed "
                          f"communication or input wait, or compute {aff['compute_slowdown']:.2f}x slower "
                          f"(MFU down to {aff['min_mfu']:.3f} from {s['achieved_mfu']:.3f})")
+        elif aff:
+            lines.append(f"{head}: each step is {format_s(-aff['margin_per_step_s'])} over its "
+                         f"{format_s(aff['step_budget_s'])} budget (it would need MFU {aff['min_mfu']:.3f}, "
+                         f"has {s['achieved_mfu']:.3f})")
         res = s.get("resources")
         if res:
             lines.append(f"{head}: resource shares of the {format_s(res['step_time_s'])} step "
