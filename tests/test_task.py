@@ -214,6 +214,33 @@ def test_simulated_link_behind_the_backward_gains_less_than_amdahl():
             assert q["amdahl"] < q["simulated"] <= 1.0
 
 
+def test_busy_times_cover_every_pass_once():
+    """One GPU, one stage, no recomputation: the compute and memory operators' busy time is every
+    forward and backward of the step (A x the stage's passes) plus the update; no link is busy."""
+    task = TrainingTask(get_model(SMALL), 1e9, 1024, 8, 5.0)
+    platform = load_platform(A100)
+    scheme = evaluate_scheme(task, platform, 1, Failures(), layout=Layout(zero=0, activation="full"))
+    (busy,) = bottleneck.stage_busy_s(scheme, platform)
+    costs = scheme.step.check.costs
+    passes = sum(lc.forward_ms + lc.backward_ms for lc in costs.stages[0]) * costs.microbatches / 1e3
+    update = sum(lc.update_ms for lc in costs.stages[0]) / 1e3
+    assert busy["compute"] + busy["memory"] == pytest.approx(passes + update, rel=1e-12)
+    assert busy["intra_link"] == busy["inter_link"] == 0.0
+
+
+def test_mt3000_simulated_scheme_on_the_planner_pick():
+    task = TrainingTask(get_model(SMALL), 1e10, 1024, 64, 60.0)
+    platform = load_platform(None)
+    scheme = evaluate_scheme(task, platform, 16, Failures(), kernels="roofline")
+    assert scheme.step.source == "simulated" and scheme.step.config.clusters == 16 and scheme.memory_fits
+    table = bottleneck.resource_table(scheme, platform)
+    names = [row["resource"] for row in table["rows"]]
+    assert names == ["compute", "memory", "inter_link", "input"]          # MT-3000: no intra-node link
+    compute = table["rows"][0]
+    # roofline kernels scale exactly with the compute rate: twice as slow costs the whole compute share
+    assert compute["ratios"][0]["simulated"] == pytest.approx(compute["ratios"][0]["amdahl"], rel=1e-6)
+
+
 def test_required_efficiency_and_deadline_boundary():
     # 6 x 1e9 x 2e10 FLOPs = 1.2e20 in one day at MFU 0.5 on 312 TFLOP/s: 8.90 device-days, 9 devices
     assert deadline_devices(1e9, 2e10, A100_PEAK, 0.5, DAY) == 9
