@@ -22,8 +22,10 @@ from ratrain.plan.checkpoints import (
     interval_table,
 )
 from ratrain.plan.input_pipeline import InputPipeline
+from ratrain.plan.planner import simulate_config
 from ratrain.plan.task import Failures, Layout, TrainingTask, deadline_devices, evaluate_scheme
 from ratrain.spec.models import from_hf_config, get_model, parameter_count
+from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platforms import load_platform
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +113,18 @@ def test_layout_given_is_simulated_and_memory_checked():
     assert result.step.source == "simulated" and result.step.train_s == result.step.check.simulated_ms / 1e3
     assert result.memory_fits and result.overhead.total == 0.0
     assert result.completion_s == pytest.approx(1.0 * DAY + task.iterations * result.step.total_s, rel=1e-12)
+
+
+def test_cli_layout_flags_give_the_simulated_step(capsys):
+    out = _task_json(["--model", SMALL, "--tokens", "1e9", "--seq", "1024", "--global-batch", "64",
+                      "--deadline-days", "5", "--platform", A100, "--devices", "8", "--tp", "2", "--pp", "2",
+                      "--dp", "2", "--zero", "1", "--micro-batch", "2"], capsys)
+    cfg = ParallelConfig(pp=2, dp=2, tp=2, zero=1, micro_batch=2, accum=16, seq=1024, activation="ckpt")
+    check = simulate_config(get_model(SMALL), cfg, platform=load_platform(A100))
+    assert out["schemes"][0]["config"] == cfg.to_json()
+    assert out["step_time_s"] == pytest.approx(check.simulated_ms / 1e3, rel=1e-12)
+    assert out["overhead_share"] == 0.0
+    assert out["completion_days"] == pytest.approx(math.ceil(1e9 / 65536) * check.simulated_ms / 1e3 / DAY, rel=1e-12)
 
 
 def test_qwen3_hf_config_head_dim_and_untied_head(tmp_path, capsys):

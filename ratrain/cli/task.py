@@ -243,7 +243,8 @@ def run_task(args: argparse.Namespace) -> tuple[dict, str]:
             out["required_efficiency"] = bottleneck.required_efficiency(result, failures)
         if failures.mtbf_hours is not None and out["job_mtbf_s"]:
             out["checkpoint_intervals"] = interval_table(failures.checkpoint_s, failures.restart_s,
-                                                         out["job_mtbf_s"], failures.async_save)
+                                                         out["job_mtbf_s"], failures.async_save,
+                                                         chosen_s=failures.interval_s)
         if args.noise_scale is not None:
             law = noise_scale.fit_reference(args.noise_scale, task.tokens_per_step, task.tokens)
             out["scaling"] = {"law": law.to_json(),

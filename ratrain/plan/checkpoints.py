@@ -126,9 +126,9 @@ def async_optimal_interval(save: AsyncSave, mtbf_s: float) -> float:
 
 
 def interval_table(checkpoint_s: float, restart_s: float, mtbf_s: float, async_save: AsyncSave | None = None,
-                   intervals: list[float] | None = None) -> dict:
+                   intervals: list[float] | None = None, chosen_s: float | None = None) -> dict:
     """The save/redo/restart share per interval (sync first-order and exact, async first-order) and the
-    intervals that minimise them, beside Young's and Daly's."""
+    intervals that minimise them, beside Young's and Daly's (and the interval chosen, if one was)."""
     c, r, m = _check("checkpoint_s", checkpoint_s), _check("restart_s", restart_s), _check("mtbf_s", mtbf_s, True)
     young = young_daly_interval(c, m)
     daly = daly_interval(c, m)
@@ -136,6 +136,8 @@ def interval_table(checkpoint_s: float, restart_s: float, mtbf_s: float, async_s
     marks = [x for x in (young, daly, best) if x]
     if async_save is not None:
         marks.append(async_optimal_interval(async_save, m))
+    if chosen_s is not None:
+        marks.append(_check("chosen interval_s", chosen_s, positive=True))
     if intervals is None:
         centre = young if young > 0 else (marks[-1] if marks else 600.0)
         intervals = []
