@@ -163,6 +163,11 @@ def _text(payload: dict) -> str:
                      f"{'-' if aff is None else format_s(aff['margin_per_step_s']):>11}  {verdict}")
     for s in payload["schemes"]:
         head = f"{s['platform']} x {s['devices']}"
+        parts = s.get("step_breakdown")
+        if parts and parts["source"] == "simulated":
+            lines.append(f"{head}: step = compute {format_s(parts['compute_s'])} "
+                         f"+ memory {format_s(parts['memory_s'])} + exposed communication and bubbles {format_s(parts['exposed_other_s'])} + input wait "
+                         f"{format_s(parts['input_wait_s'])} (stage {parts['critical_stage']})")
         aff = s.get("affordable")
         if aff and aff["margin_per_step_s"] >= 0:
             lines.append(f"{head}: each step could absorb {format_s(aff['margin_per_step_s'])} more exposed "
@@ -237,7 +242,10 @@ def run_task(args: argparse.Namespace) -> tuple[dict, str]:
         result = evaluate_scheme(task, platform, devices, failures, layout=layout, mfu=args.mfu,
                                  input_wait_s=args.input_wait_s, pipeline=pipeline, kernels=args.profile,
                                  progress=not args.json)
+        parts = bottleneck.step_breakdown(result, platform)
+        result.extra["compute_s"] = parts["compute_s"]      # what a slower compute would stretch
         out = result.to_json()
+        out["step_breakdown"] = parts
         if args.resources:
             out["resources"] = bottleneck.resource_table(result, platform, pipeline)
             out["required_efficiency"] = bottleneck.required_efficiency(result, failures)

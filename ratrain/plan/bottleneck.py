@@ -129,6 +129,21 @@ def stage_busy_s(scheme: SchemeResult, platform: AnyPlatform) -> list[dict[str, 
     return out
 
 
+def step_breakdown(scheme: SchemeResult, platform: AnyPlatform) -> dict:
+    """Where a step goes: the critical stage's compute and memory work, the rest of the training step
+    (communication left exposed and pipeline bubbles) and the input wait (seconds)."""
+    step = scheme.step
+    if step.source == "mfu":
+        return {"source": "mfu", "compute_s": step.train_s, "memory_s": None, "exposed_other_s": None,
+                "input_wait_s": step.input_wait_s}
+    stages = stage_busy_s(scheme, platform)
+    crit = max(range(len(stages)), key=lambda p: sum(stages[p].values()))
+    work = stages[crit]["compute"] + stages[crit]["memory"]
+    return {"source": "simulated", "critical_stage": crit, "compute_s": stages[crit]["compute"],
+            "memory_s": stages[crit]["memory"], "links_busy_s": stages[crit]["intra_link"] + stages[crit]["inter_link"],
+            "exposed_other_s": max(0.0, step.train_s - work), "input_wait_s": step.input_wait_s}
+
+
 def _simulate(scheme: SchemeResult, platform: AnyPlatform, resource: str, r: float):
     step = scheme.step
     return simulate_config(scheme.task.model, step.config, platform=scaled_platform(platform, resource, r),
@@ -221,4 +236,4 @@ def deadline_boundary(task: TrainingTask, platforms: list[AnyPlatform], mfu: flo
 
 
 __all__ = ["BOUNDARY_PARAMETERS", "RATIOS", "RESOURCES", "applies", "deadline_boundary", "required_efficiency",
-           "resource_table", "scaled_platform", "scaled_profile", "stage_busy_s"]
+           "resource_table", "scaled_platform", "scaled_profile", "stage_busy_s", "step_breakdown"]
