@@ -166,8 +166,9 @@ def _text(payload: dict) -> str:
         parts = s.get("step_breakdown")
         if parts and parts["source"] == "simulated":
             lines.append(f"{head}: step = compute {format_s(parts['compute_s'])} "
-                         f"+ memory {format_s(parts['memory_s'])} + exposed communication and bubbles {format_s(parts['exposed_other_s'])} + input wait "
-                         f"{format_s(parts['input_wait_s'])} (stage {parts['critical_stage']})")
+                         f"+ memory {format_s(parts['memory_s'])} + exposed communication and bubbles "
+                         f"{format_s(parts['exposed_other_s'])} + input wait {format_s(parts['input_wait_s'])} "
+                         f"(stage {parts['critical_stage']})")
         aff = s.get("affordable")
         if aff and aff["margin_per_step_s"] >= 0:
             lines.append(f"{head}: each step could absorb {format_s(aff['margin_per_step_s'])} more exposed "
