@@ -104,6 +104,14 @@ def test_single_scheme_keys_at_the_top_and_async_save(capsys):
     assert out["meets_deadline"] is True and out["schemes"][0]["completion_days"] == out["completion_days"]
 
 
+def test_checkpoint_bytes_over_bandwidth_as_time_to_train(capsys):
+    base = ["--model", SMALL, "--tokens", "1e10", "--seq", "1024", "--global-batch", "64", "--deadline-days", "20",
+            "--platform", A100, "--devices", "8", "--mfu", "0.4", "--mtbf-hours", "1000"]
+    by_bytes = _task_json([*base, "--checkpoint-bytes", "6e10", "--checkpoint-gbps", "2"], capsys)
+    by_time = _task_json([*base, "--checkpoint-s", "30"], capsys)       # 6e10 B / 2e9 B/s
+    assert by_bytes["overhead_share"] == by_time["overhead_share"] == pytest.approx(_young_share(30, 0, 450000))
+
+
 def test_layout_given_is_simulated_and_memory_checked():
     task = TrainingTask(get_model(SMALL), 1e9, 1024, 64, 5.0, 1.0)
     platform = load_platform(A100)

@@ -11,6 +11,7 @@ from ratrain.plan import bottleneck, noise_scale, task_figures
 from ratrain.plan.checkpoints import AsyncSave, interval_table
 from ratrain.plan.input_pipeline import InputPipeline, parse_stage
 from ratrain.plan.task import Failures, Layout, TrainingTask, evaluate_scheme
+from ratrain.plan.time_to_train import Reliability
 from ratrain.spec.models import from_hf_config, get_model, list_models
 from ratrain.spec.platforms import load_platform
 from rtcommon.durations import format_s
@@ -69,7 +70,9 @@ def register(subparsers) -> None:
     s.add_argument("--input-queue", type=int, default=2, help="prepared batches the input queue holds (0: none)")
     f = p.add_argument_group("failures and checkpoints (as time-to-train; per device)")
     f.add_argument("--mtbf-hours", type=float, help="one device's mean time between failures")
-    f.add_argument("--checkpoint-s", type=float, default=0.0, help="seconds one synchronous save pauses training")
+    f.add_argument("--checkpoint-s", type=float, help="seconds one synchronous save pauses training")
+    f.add_argument("--checkpoint-bytes", type=float, help="checkpoint size in bytes (with --checkpoint-gbps)")
+    f.add_argument("--checkpoint-gbps", type=float, help="checkpoint write bandwidth in GB/s (1e9 bytes/s)")
     f.add_argument("--restart-s", type=float, default=0.0, help="seconds to restart after a failure")
     f.add_argument("--interval-s", type=float, help="work seconds between saves (default: the optimum)")
     f.add_argument("--async-pause-s", type=float, help="asynchronous save: the foreground snapshot (s)")
@@ -119,13 +122,19 @@ def _layout(args: argparse.Namespace) -> Layout | None:
 
 def _failures(args: argparse.Namespace) -> Failures:
     save = None
+    checkpoint_s = 0.0
+    if args.checkpoint_s is not None or args.checkpoint_bytes is not None or args.checkpoint_gbps is not None:
+        # the time-to-train rule: seconds, or bytes over a write bandwidth
+        checkpoint_s = Reliability(mtbf_hours=1.0, checkpoint_s=args.checkpoint_s,
+                                   checkpoint_bytes=args.checkpoint_bytes, write_gbps=args.checkpoint_gbps
+                                   ).save_seconds()
     if args.async_pause_s is not None or args.async_write_s is not None:
         if args.mtbf_hours is None:
             raise ConfigError("--async-pause-s/--async-write-s: give --mtbf-hours (saves only matter with failures)")
         save = AsyncSave(args.async_pause_s or 0.0, args.async_write_s or 0.0, args.async_slowdown)
-    elif args.mtbf_hours is None and (args.checkpoint_s or args.restart_s or args.interval_s is not None):
+    elif args.mtbf_hours is None and (checkpoint_s or args.restart_s or args.interval_s is not None):
         raise ConfigError("--checkpoint-s/--restart-s/--interval-s: give --mtbf-hours too")
-    return Failures(args.mtbf_hours, args.checkpoint_s, args.restart_s, args.interval_s, save)
+    return Failures(args.mtbf_hours, checkpoint_s, args.restart_s, args.interval_s, save)
 
 
 def _pipeline(args: argparse.Namespace) -> InputPipeline | None:

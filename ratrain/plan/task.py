@@ -237,15 +237,15 @@ def step_time(task: TrainingTask, platform: AnyPlatform, devices: int, *, layout
 def failure_overhead(failures: Failures, devices: int, step_s: float, steps: int) -> tuple[Overhead, dict]:
     """L's parts over ``devices`` devices and the interval it was taken at."""
     if failures.mtbf_hours is None:
-        return Overhead(0.0, 0.0, 0.0), {"job_mtbf_s": None, "interval_s": None, "model": "no failures"}
+        return Overhead(0.0, 0.0, 0.0), {"job_mtbf_s": None, "interval_s": None, "save_model": "no failures"}
     if failures.async_save is not None:
         m = job_mtbf_s(failures.mtbf_hours, devices)
         x = failures.interval_s or async_optimal_interval(failures.async_save, m)
         return async_overhead(x, failures.async_save, failures.restart_s, m), \
-            {"job_mtbf_s": m, "interval_s": x, "model": "asynchronous save"}
+            {"job_mtbf_s": m, "interval_s": x, "save_model": "asynchronous save"}
     rel = Reliability(mtbf_hours=failures.mtbf_hours, checkpoint_s=failures.checkpoint_s, restart_s=failures.restart_s)
     ttt = time_to_train(step_s, steps, devices, None, rel, failures.interval_s)
-    return ttt.overhead, {"job_mtbf_s": ttt.job_mtbf_s, "interval_s": ttt.interval_s, "model": "synchronous save"}
+    return ttt.overhead, {"job_mtbf_s": ttt.job_mtbf_s, "interval_s": ttt.interval_s, "save_model": "synchronous save"}
 
 
 @dataclass
