@@ -54,6 +54,8 @@ def completion_figure(schemes: list[dict], deadline_days: float, path: str | os.
         text = "no progress" if s["completion_days"] is None else \
             f"{s['completion_days']:.1f} d" + ("" if s["meets_deadline"] else " (late)")
         ax.annotate(text, (i, top), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=8)
+    tops = [r + b + v for r, b, v in zip(reserve, base, recovery, strict=True)] + [deadline_days]
+    ax.set_ylim(0, 1.12 * max(tops))      # headroom so the bar labels clear the title
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("days")
     ax.set_title("Completion time per scheme")
