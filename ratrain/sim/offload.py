@@ -25,10 +25,11 @@ activation transfers are main-path tasks (first come, first served).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ratrain.errors import ConfigError
-from ratrain.spec.host import HostSide
+from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.host import HostSide, host_of
 from ratrain.spec.offload import GRAD16, GRAD32, Offload
 
 # host-side Adam per parameter: FP32 master, m, v read and written (24 B), the 32-bit gradient
@@ -242,5 +243,40 @@ def _feeds(q, job) -> bool:
     return q in job.preds and q.kind in ("Convert", "ToHost", "FromHost")
 
 
+
+
+def device_stream_rate(platform, profile=None) -> float:
+    """The device's streaming rate for a gradient conversion (bytes/s): the profile's measured rate of
+    the optimizer's streams where there is a profile, else the platform's nominal memory bandwidth."""
+    if profile is not None:
+        return profile.ddr_rate("optimizer_update")
+    if isinstance(platform, GpuPlatform):
+        return platform.device.hbm_bandwidth * platform.kernels.hbm_efficiency
+    return platform.ddr_bandwidth
+
+
+def plan_for(offload: Offload, platform, *, dp: int, zero: int, profile=None,
+             host_link_bandwidth: float | None = None) -> OffloadPlan:
+    """The simulator's plan for ``offload`` on ``platform`` (its host side, the link bandwidth
+    overridden by ``host_link_bandwidth`` if given)."""
+    host = host_of(platform)
+    if host_link_bandwidth is not None:
+        host = replace(host, link_bandwidth=host_link_bandwidth)
+    return OffloadPlan(offload, host, dp=dp, zero=zero, device_stream_rate=device_stream_rate(platform, profile))
+
+
+def conversion_report(plan: OffloadPlan, grad_bytes: list[int]) -> dict:
+    """Both gradient-conversion paths for the largest layer shard and summed over the given layers'
+    shards, the faster, the link bandwidth where the choice flips, and each path's extra buffers."""
+    shards = [plan.shard_params(b) for b in grad_bytes if b > 0]
+    if not shards:
+        return {}
+    largest = conversion_paths(plan.host, max(shards), plan.device_stream_rate)
+    every = [conversion_paths(plan.host, n, plan.device_stream_rate) for n in shards]
+    return {"largest_layer": largest, "chosen": conversion_choice(plan, max(shards)),
+            "step_device_path_ms": sum(x["device_path_ms"] for x in every),
+            "step_host_path_ms": sum(x["host_path_ms"] for x in every)}
+
+
 __all__ = ["ADAM_FLOPS", "CONVERT_BYTES", "HOST_ADAM_BYTES", "OffloadPlan", "attach", "conversion_choice",
-           "conversion_paths", "transfer_summary"]
+           "conversion_paths", "conversion_report", "device_stream_rate", "plan_for", "transfer_summary"]

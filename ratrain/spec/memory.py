@@ -446,7 +446,7 @@ def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatfo
                           activation=cfg.activation, prefetch=cfg.prefetch, constants=constants,
                           offload=offload, host_path_convert=host_path_convert)
         host = bd.pop("host", {})
-        state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
+        state, act, buf = (sum(bd.get(k, 0) for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
                                   peak_bytes=state + act + buf, breakdown=bd, host=host))
