@@ -1038,6 +1038,10 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
     ``ratrain.sim.weight_split.weight_gradient_bytes``) everything else is freed
     at the end of B and those bytes live until the end of W; without it every
     set above lives until the end of W (an upper bound).
+
+    Offloaded activations (``ToHost``/``FromHost`` of the (layer, micro-batch)): the saved set lives
+    from the start of F to the end of its transfer to the host, and again from the start of its
+    transfer back to the end of its last use.
     """
     policy = result.mechanisms.policy
     P = costs.num_stages
@@ -1045,7 +1049,11 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
     b: dict[tuple[int, int], Task] = {}
     r: dict[tuple[int, int], Task] = {}
     w: dict[tuple[int, int], Task] = {}
+    away: dict[tuple[int, int], list[float]] = {}      # offloaded: [end of ToHost, start of FromHost]
     for t in result.tasks:
+        if t.kind in ("ToHost", "FromHost") and t.microbatch is not None:
+            got = away.setdefault((t.layer, t.microbatch), [0.0, 0.0])
+            got[0 if t.kind == "ToHost" else 1] = t.end_ms if t.kind == "ToHost" else t.start_ms
         if t.kind == "F":
             f[(t.layer, t.microbatch)] = t
         elif t.kind == "B":
@@ -1073,10 +1081,19 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
             nb = weight_grad_bytes if isinstance(weight_grad_bytes, int) else weight_grad_bytes[layer_index]
             live(bt.end_ms, wt.end_ms, int(nb))
 
+        gap = away.get((layer_index, m))
+
+        def saved(a: float, z: float, nbytes: int, gap: list | None = gap) -> None:
+            if gap is None:
+                live(a, z, nbytes)
+            else:
+                live(a, gap[0], nbytes)
+                live(gap[1], z, nbytes)
+
         if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
-            live(ft.start_ms, end, lc.act_full_bytes)
+            saved(ft.start_ms, end, lc.act_full_bytes)
             continue
-        live(ft.start_ms, end, lc.act_ckpt_bytes)
+        saved(ft.start_ms, end, lc.act_ckpt_bytes)
         live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
         rec_start = r[(layer_index, m)].start_ms if policy == "fsr" else bt.start_ms
         live(rec_start, end, lc.recovery_bytes)
