@@ -4,16 +4,24 @@ from __future__ import annotations
 import json
 import math
 
+from pathlib import Path
+
 import pytest
 
 from ratrain.cli import main as ratrain_main
-from ratrain.cost.collectives import ring_allreduce_ms
+from ratrain.cost.collectives import collectives_for, ring_allreduce_ms
 from ratrain.cost.tasks import PipelineCosts
+from ratrain.cost.terms import load_profile, pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.sim.bucket_sweep import bucket_sweep, default_sizes
 from ratrain.sim.buckets import GradBuckets, group_layers
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.sim.trace import chrome_trace
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
+from ratrain.spec.platforms import load_platform
+
+PLATFORMS = Path(__file__).resolve().parents[1] / "platforms"
 
 
 def _json(result) -> dict:
@@ -151,3 +159,20 @@ def test_cli_sweep_and_buckets(capsys):
     assert [q["bucket_bytes"] for q in sweep["points"]] == [100, 200]
     assert sweep["best"]["step_time_ms"] == min(q["step_time_ms"] for q in sweep["points"])
     assert math.isfinite(sweep["best"]["link_ms"])
+
+
+def test_one_bucket_is_the_step_end_collective_with_the_cost_model():
+    # Megatron's step end on a GPU cluster: each stage reduce-scatters its whole gradient after its
+    # last backward (ratrain.cost.megatron). With the cost model's per-layer GradSyncs and launch, one
+    # bucket of a stage is that one collective.
+    platform = load_platform(PLATFORMS / "dgx-a100.toml")
+    model = get_model("llama2-7b")
+    cfg = ParallelConfig(pp=2, dp=4, tp=1, zero=2, accum=4, activation="ckpt")
+    costs = pipeline_costs(model, cfg, load_profile(model, 1, cfg.seq, 1, platform=platform), platform)
+    net = collectives_for(platform, cfg.tp, cfg.dp, cfg.pp)
+    assert costs.gradsync_launch_ms == pytest.approx(net.reduce_scatter_ms(0, "dp"))
+    result = simulate(costs, mechanisms=Mechanisms.all_off(), buckets=GradBuckets(10 ** 15))
+    for b in result.buckets:
+        stage_bytes = sum(lc.grad_bytes for lc in costs.stages[b.stage])
+        assert b.nbytes == stage_bytes
+        assert b.end_ms - b.start_ms == pytest.approx(net.reduce_scatter_ms(stage_bytes, "dp"), rel=1e-9)

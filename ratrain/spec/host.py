@@ -17,9 +17,10 @@ inter-cluster traffic already takes through the CPU zone and its memory bridge (
 at 2 GHz with two 128-bit FMA pipes (16 FP32 FLOP/s per cycle: 32 GFLOP/s).
 
 GPU clusters: ``HostSide.pcie4_x16_share(gpus_per_node)`` is a PCIe 4.0 x16 slot per GPU (31.5 GB/s
-raw, about 25 GB/s achieved per direction, what pinned-memory copies measure) with a two-socket
-host of 8 DDR4-3200 channels per socket (409.6 GB/s) and 128 cores shared by the node's GPUs;
-GPU platform files may set their own ``[host]`` table.
+raw, about 25 GB/s achieved per direction, what pinned-memory copies measure) with a DGX A100-class
+two-socket host (two 64-core AMD EPYC 7742: 8 DDR4-3200 channels per socket, 409.6 GB/s, and 128
+cores at 2.25 GHz with two 256-bit FMA pipes, 72 GFLOP/s FP32 each) shared by the node's GPUs; these
+are choices, and a GPU platform file may set its own ``[host]`` table.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class HostSide:
         """A GPU's share of a two-socket PCIe 4.0 host (see the module docstring)."""
         n = max(1, gpus_per_node)
         return cls(link_bandwidth=25e9, link_latency_s=10e-6, memory_bandwidth=409.6e9 / n,
-                   cores=max(1, 128 // n), core_flops=2 * 2.25e9 * 16 * 2)
+                   cores=max(1, 128 // n), core_flops=2.25e9 * 2 * 8 * 2)
 
     def transfer_ms(self, nbytes: float) -> float:
         """One transfer between device and host memory (0 bytes: nothing moves, no latency)."""
