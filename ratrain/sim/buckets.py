@@ -107,6 +107,16 @@ def check_bucketable(stage: int, layers: list[int], grad_bytes: dict[int, int], 
                               f"than one collective's launch ({launch_ms:g} ms)")
 
 
+def bucket_records(sim) -> list[BucketRecord]:
+    """The buckets of a finished simulation (``ratrain.sim.simulator._Sim``): when each waited on what."""
+    out = []
+    for p, k, layers, g in sim.bucket_jobs:
+        done = [sim.acc_done[p][layer].end for layer in layers] if sim.mech.layerwise else [sim.main_chain[p][-1].end]
+        nbytes = sum(sim.flat[layer].grad_bytes for layer in layers)
+        out.append(BucketRecord(p, k, tuple(layers), nbytes, min(done), max(done), g.start, g.end))
+    return out
+
+
 def bucket_summary(records: list[BucketRecord], last_backward_ms: list[float]) -> dict:
     """Per stage: buckets, link time of its collectives, and the communication left exposed after
     its last backward (end of its last bucket less the end of its last backward, >= 0)."""
@@ -124,4 +134,5 @@ def bucket_summary(records: list[BucketRecord], last_backward_ms: list[float]) -
             "link_ms": max((s["link_ms"] for s in out), default=0.0)}
 
 
-__all__ = ["BucketRecord", "GradBuckets", "bucket_ms", "bucket_summary", "check_bucketable", "group_layers"]
+__all__ = ["BucketRecord", "GradBuckets", "bucket_ms", "bucket_records", "bucket_summary", "check_bucketable",
+           "group_layers"]

@@ -238,6 +238,35 @@ def transfer_summary(records: list[tuple]) -> dict:
     return out
 
 
+def offload_report(sim, plan: OffloadPlan, res_busy: list[list[float]], res_names: tuple[str, ...]) -> dict:
+    """What moved over the host link, how long each direction and the host were busy, and the device
+    buffers state transfers held: a layer's state from the start of its fetch to the end of its
+    write-back, a 32-bit gradient from the start of its conversion to the end of its transfer."""
+    index = {r: res_names.index(r) for r in ("d2h", "h2d", "host")}
+    ddr = res_names.index("ddr")
+    events: list[list[tuple[float, int]]] = [[] for _ in range(sim.P)]
+    converting: dict[tuple[int, int], float] = {}
+    for job, what, nbytes, _ in sim.host_records:
+        ev = events[job.stage]
+        if what == "optimizer state":
+            ev.append((job.start, nbytes) if job.kind == "FromHost" else (job.end, -nbytes))
+        elif what == "gradient conversion" and job.res % len(res_names) == ddr:
+            converting[(job.stage, job.layer)] = job.start
+        elif what == "gradients" and (job.stage, job.layer) in converting:
+            ev += [(converting[(job.stage, job.layer)], nbytes), (job.end, -nbytes)]
+    return {**plan.offload.to_json(), "host": plan.host.to_json(), "transfers": transfer_summary(sim.host_records),
+            "stages": [{"stage": p, **{f"{r}_busy_ms": res_busy[p][i] for r, i in index.items()},
+                        "state_buffer_peak_bytes": _peak_bytes(events[p])} for p in range(sim.P)]}
+
+
+def _peak_bytes(events: list[tuple[float, int]]) -> int:
+    cur = peak = 0
+    for _, d in sorted(events):            # frees (negative) sort before allocations at one instant
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
 def _feeds(q, job) -> bool:
     """Whether ``q`` is part of the transfer chain that ends in ``job`` (a conversion before it)."""
     return q in job.preds and q.kind in ("Convert", "ToHost", "FromHost")
@@ -279,4 +308,5 @@ def conversion_report(plan: OffloadPlan, grad_bytes: list[int]) -> dict:
 
 
 __all__ = ["ADAM_FLOPS", "CONVERT_BYTES", "HOST_ADAM_BYTES", "OffloadPlan", "attach", "conversion_choice",
-           "conversion_paths", "conversion_report", "device_stream_rate", "plan_for", "transfer_summary"]
+           "conversion_paths", "conversion_report", "device_stream_rate", "offload_report", "plan_for",
+           "transfer_summary"]

@@ -60,8 +60,16 @@ from typing import Sequence
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim import offload as offload_tasks
-from ratrain.sim.buckets import BucketRecord, GradBuckets, bucket_ms, bucket_summary, check_bucketable, group_layers
-from ratrain.sim.offload import OffloadPlan, transfer_summary
+from ratrain.sim.buckets import (
+    BucketRecord,
+    GradBuckets,
+    bucket_ms,
+    bucket_records,
+    bucket_summary,
+    check_bucketable,
+    group_layers,
+)
+from ratrain.sim.offload import OffloadPlan, offload_report
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import HOST_TASK_KINDS, Task
@@ -904,46 +912,10 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     return SimResult(tasks=tasks, notes=notes, step_time_ms=T, exposed_tail_ms=T - last_b,
                      last_backward_end_ms=last_b, stages=summaries, schedule=pipeline.name, mechanisms=mechanisms,
                      next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
-                     stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=_bucket_records(sim),
-                     offload=None if offload is None else _offload_report(sim, offload, res_busy))
+                     stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=bucket_records(sim),
+                     offload=None if offload is None else offload_report(sim, offload, res_busy, RES_NAMES))
 
 
-def _bucket_records(sim: _Sim) -> list[BucketRecord]:
-    out = []
-    for p, k, layers, g in sim.bucket_jobs:
-        done = [sim.acc_done[p][layer].end for layer in layers] if sim.mech.layerwise else [sim.main_chain[p][-1].end]
-        nbytes = sum(sim.flat[layer].grad_bytes for layer in layers)
-        out.append(BucketRecord(p, k, tuple(layers), nbytes, min(done), max(done), g.start, g.end))
-    return out
-
-
-def _offload_report(sim: _Sim, plan: OffloadPlan, res_busy: list[list[float]]) -> dict:
-    """What moved over the host link, how long each direction and the host were busy, and the device
-    buffers state transfers held: a layer's state from the start of its fetch to the end of its
-    write-back, a 32-bit gradient from the start of its conversion to the end of its transfer."""
-    names = {r: RES_NAMES.index(r) for r in ("d2h", "h2d", "host")}
-    events: list[list[tuple[float, int]]] = [[] for _ in range(sim.P)]
-    converting: dict[tuple[int, int], float] = {}
-    for job, what, nbytes, _ in sim.host_records:
-        ev = events[job.stage]
-        if what == "optimizer state":
-            ev.append((job.start, nbytes) if job.kind == "FromHost" else (job.end, -nbytes))
-        elif what == "gradient conversion" and job.res % NRES == _DDR:
-            converting[(job.stage, job.layer)] = job.start
-        elif what == "gradients" and (job.stage, job.layer) in converting:
-            ev += [(converting[(job.stage, job.layer)], nbytes), (job.end, -nbytes)]
-    return {**plan.offload.to_json(), "host": plan.host.to_json(),
-            "transfers": transfer_summary(sim.host_records),
-            "stages": [{"stage": p, **{f"{r}_busy_ms": res_busy[p][i] for r, i in names.items()},
-                        "state_buffer_peak_bytes": _peak_bytes(events[p])} for p in range(sim.P)]}
-
-
-def _peak_bytes(events: list[tuple[float, int]]) -> int:
-    cur = peak = 0
-    for _, d in sorted(events):            # frees (negative) sort before allocations at one instant
-        cur += d
-        peak = max(peak, cur)
-    return peak
 
 
 def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
