@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +20,13 @@ from ratrain.sim.offload import (
     conversion_paths,
 )
 from ratrain.sim.simulator import Mechanisms, activation_residency, simulate
-from ratrain.spec.host import HostSide
+from ratrain.spec.host import HostSide, host_of
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import get_model
 from ratrain.spec.offload import Offload
 from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import TrainingPlatform
+from ratrain.spec.platforms import load_platform
 
 # 1 GB/s, no latency: a transfer of V bytes lasts V / 1e6 ms
 HOST = HostSide(link_bandwidth=1e9, link_latency_s=0.0, memory_bandwidth=8e9, cores=4, core_flops=1e9)
@@ -207,3 +209,13 @@ def test_cli_offload_reports(capsys):
     mem = json.loads(capsys.readouterr().out)
     assert mem["max_peak_bytes"] <= mem["offload"]["resident_max_peak_bytes"]
     assert all(st["host"]["optimizer_state"] > 0 for st in mem["stages"])
+
+
+def test_platform_host_table_round_trips(tmp_path):
+    path = tmp_path / "mt.toml"
+    path.write_text('name = "mt-fast-host"\n[host]\nlink_bandwidth = 16e9\ncores = 8\n')
+    plat = load_platform(path)
+    assert host_of(plat) == HostSide(link_bandwidth=16e9, cores=8)
+    assert TrainingPlatform.from_dict(plat.to_json()) == plat
+    gpu = load_platform(Path(__file__).resolve().parents[1] / "platforms" / "dgx-a100.toml")
+    assert host_of(gpu) == HostSide.pcie4_x16_share(8)
