@@ -42,6 +42,11 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   last W); the deadline is the next step's first Forward(l). Deadline-aware
   UpdateShard/PrefetchW are queued earliest-deadline-first on their resource;
   GradSync is FIFO unless a state task shares the link with it (then EDF too).
+* Gradient buckets (``buckets``, ``ratrain.sim.buckets``): GradSync runs per bucket of layers
+  instead of per layer, once the bucket's last gradient exists. Offloading (``offload``,
+  ``ratrain.sim.offload``): transfers to and from host memory on each stage's ``d2h`` / ``h2d``
+  resources and a host-side update on its ``host`` resource, joined to the graph before it runs;
+  without either the graph is the one described above.
 * Step time: the smallest period T at which the step's timeline repeats with
   no resource running two tasks at once and every next-step Forward(l) starting
   after PrefetchW(l) of this step (without deadline-aware update-prefetch:
