@@ -131,7 +131,7 @@ class Platform:
 
 # Top-level entries of a combined platform file that belong to the training side (ratrain reads
 # them; the emulator only checks that nothing else sits beside [cluster]).
-COMBINED_SECTIONS = ("name", "kind", "training", "kernels", "derived")
+COMBINED_SECTIONS = ("name", "kind", "training", "kernels", "host", "derived")
 
 _INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector_lanes",
                "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles"}

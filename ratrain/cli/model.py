@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ratrain.cli.args import add_platform_args, any_platform_from_args
+from ratrain.sim.offload import conversion_choice, plan_for
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
@@ -14,6 +15,7 @@ from ratrain.spec.models import (
     list_models,
     parameter_count,
 )
+from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS, Offload
 from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PARTITIONS,
@@ -54,6 +56,14 @@ def register(subparsers) -> None:
     p.add_argument("--activation", default="fsr", choices=ACTIVATION_POLICIES)
     p.add_argument("--prefetch", default="layerwise", choices=PREFETCH_POLICIES)
     p.add_argument("--partition", default="balanced", choices=PARTITIONS)
+    p.add_argument("--offload", metavar="TARGETS",
+                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
+    p.add_argument("--host-adam", action="store_true",
+                   help="optimizer update on the host (implies --offload optimizer,master,grads)")
+    p.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
+                   help="host-side update: where gradients become 32-bit (auto: the faster on the platform)")
+    p.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
+                   help="activation offload: reloads that may arrive ahead of their backward (default 1)")
     add_platform_args(p)
     p.set_defaults(handler=run_memory)
 
@@ -97,7 +107,16 @@ def run_memory(args) -> tuple[dict, str]:
                          accum=args.accum, seq=args.seq, activation=args.activation,
                          prefetch=args.prefetch, partition=args.partition)
     platform = any_platform_from_args(args)
-    stages = stage_memory(spec, cfg, platform)
+    offload = None
+    if args.offload or args.host_adam:
+        offload = Offload.parse(args.offload, host_adam=args.host_adam, convert=args.grad_convert,
+                                reload_lookahead=args.reload_lookahead)
+    host_path = False
+    if offload is not None and offload.host_adam:
+        plan = plan_for(offload, platform, dp=cfg.dp, zero=cfg.zero)
+        largest = max(layer_parameter_count(spec) // cfg.tp, 1) * 2
+        host_path = conversion_choice(plan, plan.shard_params(largest)) == "host"
+    stages = stage_memory(spec, cfg, platform, offload=offload, host_path_convert=host_path)
     peak = max_peak(stages)
     fits = peak <= platform.memory_budget_bytes
     payload = {
@@ -111,6 +130,13 @@ def run_memory(args) -> tuple[dict, str]:
         "max_peak_bytes": peak,
         "fits": fits,
     }
+    if offload is not None:
+        resident = max_peak(stage_memory(spec, cfg, platform))
+        payload["offload"] = {**offload.to_json(), "gradient_conversion_path": "host" if host_path else "device",
+                              "resident_max_peak_bytes": resident,
+                              "host_bytes": [sum(st.host.values()) for st in stages]}
+        for entry, st in zip(payload["stages"], stages, strict=True):
+            entry["host"] = st.host
     lines = [f"{spec.name} {cfg.describe(verbose=True)}  (GiB = 2**30 bytes)",
              f"{'stage':>5} {'layers':>9} {'N_act':>5} {'state':>8} {'act':>8} {'buffers':>8} {'peak':>8}"]
     for st in stages:
@@ -119,4 +145,9 @@ def run_memory(args) -> tuple[dict, str]:
                      f"{st.buffer_bytes / GIB:>8.2f} {st.peak_bytes / GIB:>8.2f}")
     lines.append(f"max peak {peak / GIB:.2f} GiB vs budget {platform.memory_budget_bytes / GIB:.2f} GiB: "
                  + ("fits" if fits else "does NOT fit"))
+    if offload is not None:
+        off = payload["offload"]
+        resident = off["resident_max_peak_bytes"] / GIB
+        lines.append(f"offload {','.join(offload.targets)}: resident max peak {resident:.2f} GiB; host memory per "
+                     "stage " + ", ".join(f"{b / GIB:.2f}" for b in off["host_bytes"]) + " GiB")
     return payload, "\n".join(lines)

@@ -48,6 +48,8 @@ class LayerCosts:
     ZeRO-1/2 with D > 1 the all-gather of the updated shards, on the link).
     act_full_bytes / act_ckpt_bytes: activations one micro-batch leaves resident
     under full-save / checkpointing; recovery_bytes: the recovery buffer R fills.
+    grad_bytes: the layer's FP16 gradient on this rank (what GradSync reduces; gradient buckets
+    group layers by it, offloading sizes the layer's state from it); 0 when unknown.
     """
     forward_ms: float
     backward_ms: float
@@ -58,11 +60,12 @@ class LayerCosts:
     act_full_bytes: int = 0
     act_ckpt_bytes: int = 0
     recovery_bytes: int = 0
+    grad_bytes: int = 0
 
     def __post_init__(self) -> None:
         for name in LAYER_TIME_FIELDS:
             object.__setattr__(self, name, _check_time(f"LayerCosts.{name}", getattr(self, name)))
-        for name in LAYER_BYTE_FIELDS:
+        for name in LAYER_BYTE_FIELDS + ("grad_bytes",):
             _check_count(f"LayerCosts.{name}", getattr(self, name), 0)
 
 
@@ -76,6 +79,8 @@ class PipelineCosts:
     ``bulk_update_ms``: if set, bulk step-end processing uses one monolithic
     ``Update`` task of this length per stage instead of per-layer UpdateShards.
     ``dp`` is informational (the gradsync costs already include it).
+    ``gradsync_launch_ms``: the fixed part of one GradSync collective (its cost at zero bytes: launch
+    and per-step latencies), what merging layers into one gradient bucket saves per merge.
     """
     stages: list[list[LayerCosts]]
     transfer_ms: float
@@ -85,6 +90,7 @@ class PipelineCosts:
     recovery_resource: str = "compute"
     update_resource: str = "ddr"
     prefetch_resource: str = "ddr"
+    gradsync_launch_ms: float = 0.0
     _ranges: list[range] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +107,7 @@ class PipelineCosts:
         self.transfer_ms = _check_time("PipelineCosts.transfer_ms", self.transfer_ms)
         _check_count("PipelineCosts.microbatches", self.microbatches, 1)
         _check_count("PipelineCosts.dp", self.dp, 1)
+        self.gradsync_launch_ms = _check_time("PipelineCosts.gradsync_launch_ms", self.gradsync_launch_ms)
         if self.bulk_update_ms is not None:
             self.bulk_update_ms = _check_time("PipelineCosts.bulk_update_ms", self.bulk_update_ms)
         for name, allowed in (("recovery_resource", STATE_RESOURCES), ("update_resource", LIFECYCLE_RESOURCES),
@@ -148,11 +155,12 @@ class PipelineCosts:
                 t_transfer: float = 0.0, t_update: float = 0.0, layers_per_stage: int = 1,
                 t_recompute: float = 0.0, t_gradsync: float = 0.0, t_prefetch: float = 0.0,
                 act_full_bytes: int = 0, act_ckpt_bytes: int = 0, recovery_bytes: int = 0,
-                **options) -> "PipelineCosts":
+                grad_bytes: int = 0, **options) -> "PipelineCosts":
         """Identical stages; every per-stage time (ms) is split evenly over ``layers_per_stage``.
 
-        The byte arguments are per layer and micro-batch. ``options`` pass through
-        to the constructor (``bulk_update_ms``, ``dp``, ``*_resource``).
+        The activation byte arguments are per layer and micro-batch, ``grad_bytes`` per layer.
+        ``options`` pass through to the constructor (``bulk_update_ms``, ``dp``, ``*_resource``,
+        ``gradsync_launch_ms``).
         """
         _check_count("stages", stages, 1)
         _check_count("layers_per_stage", layers_per_stage, 1)
@@ -162,7 +170,7 @@ class PipelineCosts:
             _check_time(f"t_{name[:-3]}", value)
         n = layers_per_stage
         layer = LayerCosts(**{k: v / n for k, v in per.items()}, act_full_bytes=act_full_bytes,
-                           act_ckpt_bytes=act_ckpt_bytes, recovery_bytes=recovery_bytes)
+                           act_ckpt_bytes=act_ckpt_bytes, recovery_bytes=recovery_bytes, grad_bytes=grad_bytes)
         return cls(stages=[[layer] * n for _ in range(stages)], transfer_ms=t_transfer,
                    microbatches=microbatches, **options)
 

@@ -112,6 +112,7 @@ class LayerKind:
     gradsync: float
     update: float
     prefetch: float
+    params: int = 0           # the layer's parameters on one TP rank (its gradient is 2 B each)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
         # the all-gather streams into DDR as it arrives: the slower of the two sets the time
         pre = max(net.all_gather_ms(params * FP16, "dp"), 1e3 * params * FP16 / prefetch_rate) \
             if prefetch_gather else 0.0
-        return LayerKind(fwd, bwd, rec, sync, upd, pre)
+        return LayerKind(fwd, bwd, rec, sync, upd, pre, params)
 
     mid = kind(0.0, 0.0, 0.0, 0.0, layer_params)
     first = kind(fx_first, bx_first, first_f_comm, 0.0, layer_params + emb_params)
@@ -208,6 +209,9 @@ def cost_terms(model: ModelSpec, cfg: ParallelConfig, profile, platform: Trainin
         "tp_allreduce_ms": ar, "tp_comm_per_layer_mb_ms": 4 * ar,
         "zero3_gather_ms": net.all_gather_ms(layer_params * FP16, "dp") if per_use_gather else 0.0,
         "transfer_ms": net.p2p_ms(act),      # used only between stages (P > 1)
+        # GradSync's cost at zero bytes: what one collective pays whatever its size (gradient buckets)
+        "gradsync_launch_ms": ((net.reduce_scatter_ms(0, "dp") if Z >= 2 else net.allreduce_ms(0, "dp"))
+                               if D > 1 else 0.0),
     }
     return CostTerms(mid, first, last, only, parts["transfer_ms"], parts)
 
@@ -248,13 +252,14 @@ def pipeline_costs(model: ModelSpec, cfg: ParallelConfig, profile,
             got = cache[id(k)] = LayerCosts(
                 forward_ms=k.forward, backward_ms=k.backward, recompute_ms=k.recompute,
                 gradsync_ms=k.gradsync, update_ms=k.update, prefetch_ms=k.prefetch,
-                act_full_bytes=full, act_ckpt_bytes=ckpt, recovery_bytes=full - ckpt)
+                act_full_bytes=full, act_ckpt_bytes=ckpt, recovery_bytes=full - ckpt,
+                grad_bytes=k.params * FP16)
         return got
 
     stages = [[lc(k) for k in ks] for ks in stage_kinds(terms, parts)]
     return PipelineCosts(stages=stages, transfer_ms=terms.transfer, microbatches=cfg.accum, dp=cfg.dp,
                          recovery_resource=recovery_resource, update_resource="ddr",
-                         prefetch_resource=PREFETCH_RESOURCE)
+                         prefetch_resource=PREFETCH_RESOURCE, gradsync_launch_ms=terms.parts["gradsync_launch_ms"])
 
 
 def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, source: str = "emulated",

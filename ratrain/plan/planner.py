@@ -491,9 +491,11 @@ class SimCheck:
 def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
                     platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
                     profile_fn: Callable | None = None, recovery_resource: str = "compute",
-                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b") -> SimCheck:
+                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b", buckets=None,
+                    offload=None) -> SimCheck:
     """Build PipelineCosts for ``cfg`` and run ``ratrain.sim.simulator.simulate`` with the method's
-    Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction."""
+    Mechanisms (or ``mechanisms``) in ``schedule`` order, gradient ``buckets`` and ``offload`` as
+    ``simulate`` takes them; also returns the planner's analytic prediction (which has neither)."""
     platform = platform or TrainingPlatform()
     planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                       partition=cfg.partition, recovery_resource=recovery_resource)
@@ -502,7 +504,7 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
     mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
     costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)
-    result = simulate(costs, schedule=schedule, mechanisms=mech)
+    result = simulate(costs, schedule=schedule, mechanisms=mech, buckets=buckets, offload=offload)
     terms = planner.terms(cfg)
     bd = step_breakdown(stage_kinds(terms, planner.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
                         activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,

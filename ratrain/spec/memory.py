@@ -47,6 +47,7 @@ from ratrain.spec.models import (
     layer_tp_parameter_count,
     stage_edge_parameters,
 )
+from ratrain.spec.offload import Offload, offload_stage_terms
 from ratrain.spec.parallel import (
     ACTIVATION_MODES,
     ParallelConfig,
@@ -125,6 +126,7 @@ class StageMemory:
     buffer_bytes: int
     peak_bytes: int
     breakdown: dict[str, int] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)     # host-memory terms when state is offloaded
 
     @property
     def peak_gib(self) -> float:
@@ -133,6 +135,8 @@ class StageMemory:
     def to_json(self) -> dict:
         out = asdict(self)
         out["layers"] = [self.layers.start, self.layers.stop]
+        if not self.host:
+            out.pop("host")
         return out
 
 
@@ -335,9 +339,11 @@ def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_par
 
 def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: bool, n_layers: int, n_act: int,
                  dp: int, tp: int, zero: int, tokens_per_mb: int, activation: str, prefetch: str,
-                 constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict[str, int]:
+                 constants: MemoryConstants = DEFAULT_CONSTANTS, offload: Offload | None = None,
+                 host_path_convert: bool = True) -> dict[str, int]:
     """Eq. 9's terms for one stage: the single home of the memory model (stage_memory and the
-    planner's PeakMemory both call it)."""
+    planner's PeakMemory both call it). With ``offload``: the device terms, and the host terms
+    under the key ``"host"`` (``ratrain.spec.offload``)."""
     d, z, m = dp, zero, tokens_per_mb
     layer_params, emb_params, head_params = sizes.layer_params, sizes.embedding_params, sizes.head_params
     rec = sizes.full - sizes.ckpt
@@ -395,13 +401,19 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
         ws = max(ws, sizes.head_workspace)
     bd["workspace"] = ws
     bd["runtime_reserve"] = constants.runtime_reserve_bytes
+    if offload is not None:
+        per_layer = sizes.full if activation == "full" else sizes.selective if activation == "selective" else sizes.ckpt
+        dev, host = offload_stage_terms(bd, offload, params=params, biggest=biggest, dp=d, zero=z, n_act=n_act,
+                                        n_layers=n_layers, per_layer_act=per_layer, tokens=tokens,
+                                        grad_bytes=constants.grad_bytes, host_path_convert=host_path_convert)
+        return {**dev, "host": host}
     return bd
 
 
 _STATE = ("weights", "gradients", "optimizer")
 _ACTIVATION = ("saved_activations", "checkpoints", "recovery_buffer")
 _BUFFER = ("working_weights", "gradsync_staging", "boundary_staging", "tp_staging", "prefetch_buffer",
-           "recompute_buffer", "workspace", "runtime_reserve")
+           "recompute_buffer", "workspace", "runtime_reserve", "host_state_buffer", "grad_convert_buffer")
 
 
 def _check_vocab(model: ModelSpec, tp: int) -> None:
@@ -412,12 +424,16 @@ def _check_vocab(model: ModelSpec, tp: int) -> None:
 
 def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatform | None = None,
                  constants: MemoryConstants = DEFAULT_CONSTANTS, *,
-                 sequence_parallel: bool = False) -> list[StageMemory]:
+                 sequence_parallel: bool = False, offload: Offload | None = None,
+                 host_path_convert: bool = True) -> list[StageMemory]:
     """Eq. 9 for every pipeline stage of `cfg` (one cluster = one TP rank of one stage).
 
     `platform` is accepted for symmetry with `fits`; the bytes themselves do not depend on it.
     ``sequence_parallel``: Megatron's sequence parallelism (norm and dropout regions, layer
     inputs and stage boundaries hold 1/T of the tokens on each TP rank).
+    ``offload``: state or activations in host memory (``ratrain.spec.offload``); each stage's
+    ``host`` then holds the host-memory terms; ``host_path_convert``: a host-side update's gradients
+    cross as 16-bit (``ratrain.sim.offload.conversion_choice`` says which path is faster).
     """
     _check_vocab(model, cfg.tp)
     parts = partition_model(model, cfg.pp, cfg.partition)
@@ -427,11 +443,13 @@ def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatfo
         n_act = in_flight_microbatches(p, cfg.pp, cfg.accum)
         bd = _stage_bytes(model, sizes, first=p == 0, last=p == cfg.pp - 1, n_layers=len(layers), n_act=n_act,
                           dp=cfg.dp, tp=cfg.tp, zero=cfg.zero, tokens_per_mb=cfg.micro_batch * cfg.seq,
-                          activation=cfg.activation, prefetch=cfg.prefetch, constants=constants)
-        state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
+                          activation=cfg.activation, prefetch=cfg.prefetch, constants=constants,
+                          offload=offload, host_path_convert=host_path_convert)
+        host = bd.pop("host", {})
+        state, act, buf = (sum(bd.get(k, 0) for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
-                                  peak_bytes=state + act + buf, breakdown=bd))
+                                  peak_bytes=state + act + buf, breakdown=bd, host=host))
     return result
 
 
