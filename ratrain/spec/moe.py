@@ -25,8 +25,8 @@ Routing of one all-to-all group (``tokens`` tokens, ``tokens x k`` dispatches):
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 from ratrain.errors import ConfigError
 from rtcommon.checks import is_finite_number, is_integer, show_value

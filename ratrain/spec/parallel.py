@@ -72,7 +72,7 @@ class ParallelConfig:
         if self.seq % self.cp:
             raise ConfigError(f"parallel config: context parallelism CP={self.cp} must divide the sequence "
                               f"length {self.seq}")
-        self.routing          # checks the capacity factor and the imbalance
+        Routing(self.capacity_factor, self.hot_share, self.hot_load)      # checks c and the imbalance
 
     @property
     def routing(self) -> Routing:
