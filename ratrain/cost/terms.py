@@ -88,7 +88,7 @@ from ratrain.spec.models import (
     layer_device_parameter_count,
     stage_edge_parameters,
 )
-from ratrain.spec.moe import route
+from ratrain.spec.moe import capacity_factors, capacity_sweep, route
 from ratrain.spec.parallel import ParallelConfig, partition_model
 from ratrain.spec.platform import TrainingPlatform
 
@@ -390,5 +390,28 @@ def load_profile(model: ModelSpec, micro_batch: int, seq: int, tp: int = 1, sour
 
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "PREFETCH_RESOURCE", "PROFILE_SOURCES", "CostTerms", "LayerKind",
-           "all_gather_ms", "allreduce_ms", "attention_and_linear_ms", "microbatch_scales",
+           "all_gather_ms", "allreduce_ms", "attention_and_linear_ms", "mechanism_report", "microbatch_scales",
            "cost_terms", "load_profile", "p2p_ms", "pipeline_costs", "reduce_scatter_ms", "stage_kinds"]
+
+
+def mechanism_report(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform | GpuPlatform,
+                     lengths: LengthPlan | None = None, factors: tuple[float, ...] = ()) -> dict:
+    """What the MoE layers, context parallelism and a length distribution do to one configuration's
+    step: the busiest device's experts, the all-to-alls and the routing per capacity factor (``moe``:
+    ``capacity_factors`` of ``factors``),
+    the K/V ring (``context_parallel``), the micro-batches and their time factors (``lengths``). Empty
+    for a dense model at CP = 1 and uniform lengths."""
+    terms = cost_terms(model, cfg, profile, platform)
+    out: dict = {}
+    if "moe" in terms.exchange:
+        moe = dict(terms.exchange["moe"])
+        tokens = cfg.micro_batch * (cfg.seq // cfg.cp) * cfg.ep
+        moe["capacity"] = capacity_sweep(model.moe, tokens, cfg.ep, cfg.routing,
+                                         capacity_factors(factors, cfg.capacity_factor))
+        moe["group_tokens"] = tokens
+        out["moe"] = moe
+    if "context_parallel" in terms.exchange:
+        out["context_parallel"] = terms.exchange["context_parallel"]
+    if lengths is not None:
+        out["lengths"] = lengths.to_json(*attention_and_linear_ms(profile))
+    return out

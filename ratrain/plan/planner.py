@@ -48,6 +48,7 @@ from ratrain.plan.schedule_search import (
 from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.sim.weight_split import weight_fractions
+from ratrain.spec.lengths import LengthDistribution
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     MemoryConstants,
@@ -235,7 +236,8 @@ class Planner:
     def __init__(self, model: ModelSpec, platform: TrainingPlatform | None = None, *,
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
-                 recovery_resource: str = "compute", progress: bool | None = None):
+                 recovery_resource: str = "compute", progress: bool | None = None,
+                 lengths: LengthDistribution | None = None):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
         if profile_source not in PROFILE_SOURCES:
@@ -248,6 +250,9 @@ class Planner:
         self.constants = constants
         self.recovery_resource = recovery_resource
         self.progress = progress
+        # a length distribution: the finalists are simulated on it and re-ranked (the analytic
+        # estimate and the memory check are the uniform step's at the target length)
+        self.lengths = lengths
         self.memory = PeakMemory(model, partition, constants)
         self.schedule_memory = ScheduleMemory(model, partition, constants)
         self._profiles: dict[tuple, object] = {}
@@ -337,7 +342,9 @@ class Planner:
         """The simulator's step (ms) of a candidate under its schedule, on the planner's profiles."""
         cfg = cand.config
         prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp)
-        costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource)
+        plan = self.lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if self.lengths is not None else None
+        costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource,
+                               lengths=plan)
         order = layout_schedule(cand.schedule, self.model, cfg, costs, prof)
         mech = replace(mechanisms_for(cand.method, cfg.activation, cfg.prefetch),
                        fsr_buffer_layers=self.constants.fsr_buffer_layers)
@@ -414,7 +421,7 @@ class Planner:
             reordered = order != list(range(confirmed))
             ranked = [finalists[i] for i in order] + ranked[confirmed:]
         simulated, sim_error = 0, None
-        if choices != (ONE_F_ONE_B,) and ranked and confirm > 0:
+        if (choices != (ONE_F_ONE_B,) or self.lengths is not None) and ranked and confirm > 0:
             # the schedule estimates are rougher than 1F1B's: the simulator orders the finalists
             finalists = ranked[:confirm]
             for cand in finalists:
@@ -491,9 +498,12 @@ class SimCheck:
 def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
                     platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
                     profile_fn: Callable | None = None, recovery_resource: str = "compute",
-                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b") -> SimCheck:
+                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b",
+                    lengths: LengthDistribution | None = None) -> SimCheck:
     """Build PipelineCosts for ``cfg`` and run ``ratrain.sim.simulator.simulate`` with the method's
-    Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction."""
+    Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction.
+    ``lengths``: the step's micro-batches from a length distribution (the simulation scales each one;
+    the analytic prediction stays the uniform step's)."""
     platform = platform or TrainingPlatform()
     planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                       partition=cfg.partition, recovery_resource=recovery_resource)
@@ -501,7 +511,8 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
         planner._profiles[(profile_source, cfg.micro_batch, cfg.seq, cfg.tp)] = profile
     prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
     mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
-    costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)
+    plan = lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if lengths is not None else None
+    costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource, lengths=plan)
     result = simulate(costs, schedule=schedule, mechanisms=mech)
     terms = planner.terms(cfg)
     bd = step_breakdown(stage_kinds(terms, planner.stage_layers(cfg.pp)), terms.transfer, cfg.accum,

@@ -245,5 +245,25 @@ def plan_lengths(lengths: list[int], seq: int, micro_batch: int, accum: int, pac
     return LengthPlan(packing, attention_cost, seq, micro_batch, tuple(mbs))
 
 
-__all__ = ["ATTENTION_COSTS", "LengthPlan", "MicroBatch", "PACKINGS", "causal_pairs", "check_lengths",
-           "microbatch_scale", "parse_lengths", "plan_lengths", "read_lengths"]
+@dataclass(frozen=True)
+class LengthDistribution:
+    """A length distribution and how to batch it: what ``--seq-lengths``, ``--packing`` and
+    ``--attention-cost`` give; ``plan`` builds a configuration's step from it."""
+    lengths: tuple[int, ...]
+    packing: str = "pad"
+    attention_cost: str = "kernel"
+
+    def __post_init__(self) -> None:
+        check_lengths(list(self.lengths))
+        if self.packing not in PACKINGS:
+            raise ConfigError(f"packing must be one of {', '.join(PACKINGS)}, got {self.packing!r}")
+        if self.attention_cost not in ATTENTION_COSTS:
+            raise ConfigError(f"attention cost must be one of {', '.join(ATTENTION_COSTS)}, "
+                              f"got {self.attention_cost!r}")
+
+    def plan(self, seq: int, micro_batch: int, accum: int) -> LengthPlan:
+        return plan_lengths(list(self.lengths), seq, micro_batch, accum, self.packing, self.attention_cost)
+
+
+__all__ = ["ATTENTION_COSTS", "LengthDistribution", "LengthPlan", "MicroBatch", "PACKINGS", "causal_pairs",
+           "check_lengths", "microbatch_scale", "parse_lengths", "plan_lengths", "read_lengths"]

@@ -179,8 +179,17 @@ def route(moe: MoeSpec, tokens: int, ep: int, routing: Routing) -> RoutingReport
                          dropless_capacity_factor=dropless_capacity_factor(loads, tokens, k))
 
 
+# Capacity factors every routing report lists (Switch and GShard used 1 to 2)
+REPORT_CAPACITY_FACTORS = (1.0, 1.25, 1.5, 2.0)
+
+
+def capacity_factors(extra: tuple[float, ...] = (), chosen: float | None = None) -> tuple[float, ...]:
+    """The report's capacity factors: REPORT_CAPACITY_FACTORS, ``extra`` and the chosen one, sorted."""
+    return tuple(sorted(set(REPORT_CAPACITY_FACTORS) | set(extra) | ({chosen} if chosen is not None else set())))
+
+
 def capacity_sweep(moe: MoeSpec, tokens: int, ep: int, routing: Routing,
-                   factors: tuple[float, ...] = (1.0, 1.25, 1.5, 2.0)) -> dict:
+                   factors: tuple[float, ...] = REPORT_CAPACITY_FACTORS) -> dict:
     """The routing report at each capacity factor, dropless, and the c at which nothing drops."""
     rows = [route(moe, tokens, ep, Routing(c, routing.hot_share, routing.hot_load)).to_json() for c in factors]
     dropless = route(moe, tokens, ep, Routing(None, routing.hot_share, routing.hot_load))
@@ -188,5 +197,6 @@ def capacity_sweep(moe: MoeSpec, tokens: int, ep: int, routing: Routing,
             "no_drop_capacity_factor": dropless.dropless_capacity_factor}
 
 
-__all__ = ["MAX_EXPERTS", "MoeSpec", "Routing", "RoutingReport", "capacity_sweep", "dropless_capacity_factor",
+__all__ = ["MAX_EXPERTS", "REPORT_CAPACITY_FACTORS", "MoeSpec", "Routing", "RoutingReport", "capacity_factors",
+           "capacity_sweep", "dropless_capacity_factor",
            "expert_capacity", "expert_loads", "hot_expert_count", "route"]
