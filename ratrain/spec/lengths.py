@@ -86,10 +86,10 @@ def read_lengths(path: str | os.PathLike) -> list[int]:
 
 def parse_lengths(text: str) -> list[int]:
     """Lengths from the command line: a file name, or a comma-separated list such as 512,2048,4096."""
-    if os.path.exists(text) or not text.replace(",", "").strip().isdigit():
+    items = [x.strip() for x in text.split(",")]
+    if os.path.exists(text) or not all(x.lstrip("+-").isdigit() for x in items):
         return read_lengths(text)
-    values = [int(x) for x in text.split(",") if x.strip()]
-    return check_lengths(values, "--seq-lengths")
+    return check_lengths([int(x) for x in items], "--seq-lengths")
 
 
 def check_lengths(lengths: list[int], where: str = "lengths") -> list[int]:
