@@ -265,3 +265,13 @@ def test_trace_without_costs_has_no_exchange_events(mixtral):
     ev = [e for e in chrome_trace(result.tasks, costs=costs)["traceEvents"] if e.get("cat") == "Exchange"]
     assert len(ev) == 2 * spec.layers * 2                        # every F and B of 4 layers x 2 micro-batches
 
+
+
+def test_explicit_ep1_cp1_flags_change_nothing(capsys):
+    for argv in (["simulate", "--model", "llama2-7b", "--profile", "roofline", "--pp", "2", "--dp", "2",
+                  "--accum", "4", "--json"],
+                 ["memory", "--model", "llama2-70b", "--pp", "8", "--dp", "4", "--tp", "2", "--json"]):
+        assert cli.main(argv) == 0
+        plain = capsys.readouterr().out
+        assert cli.main(argv + ["--ep", "1", "--cp", "1"]) == 0
+        assert capsys.readouterr().out == plain

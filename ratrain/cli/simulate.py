@@ -265,6 +265,10 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     payload = result.to_json(timeline=True)
     payload.update(extra)
     payload.update(report)          # moe, context_parallel, lengths: only where they apply
+    if "lengths" in report:
+        # what a step of unequal documents achieves: real (unpadded) tokens over all replicas per second
+        ln = report["lengths"]
+        ln["real_tokens_per_s"] = ln["tokens_real"] * costs.dp / (result.step_time_ms / 1e3)
     P, A, v = costs.num_stages, costs.microbatches, result.virtual_stages
     # where the analytic memory model (Eq. 5: 1F1B's N_act = min(P - p, A)) departs from this schedule
     payload["in_flight"] = {
@@ -332,7 +336,8 @@ def render_mechanisms(report: dict) -> str:
         lines.append(f"lengths ({ln['packing']}, attention cost {ln['attention_cost']}): {ln['tokens_real']:,} real of "
                      f"{ln['tokens_executed']:,} executed tokens (padding {100 * ln['padding_fraction']:.2f}%), "
                      f"attention pairs {ln['pairs_executed']:,} vs {ln['pairs_uniform']:,} uniform; micro-batch "
-                     f"time factors {min(ln['scales']):.4f}..{max(ln['scales']):.4f}")
+                     f"time factors {min(ln['scales']):.4f}..{max(ln['scales']):.4f}; "
+                     f"{ln['real_tokens_per_s']:,.0f} real tokens/s")
     return "".join("\n" + line for line in lines)
 
 
