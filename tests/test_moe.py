@@ -13,7 +13,7 @@ from ratrain.cost.terms import cost_terms, load_profile, pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.sim.simulator import simulate
 from ratrain.sim.trace import chrome_trace
-from ratrain.spec.memory import layer_saved_tensors, stage_memory
+from ratrain.spec.memory import PeakMemory, layer_saved_tensors, max_peak, stage_memory
 from ratrain.spec.models import (
     EXPERT_OPERATORS,
     from_hf_config,
@@ -275,3 +275,23 @@ def test_explicit_ep1_cp1_flags_change_nothing(capsys):
         plain = capsys.readouterr().out
         assert cli.main(argv + ["--ep", "1", "--cp", "1"]) == 0
         assert capsys.readouterr().out == plain
+
+
+@pytest.mark.parametrize("fields", [{}, {"ep": 4}, {"cp": 2}, {"ep": 4, "cp": 2},
+                                    {"ep": 2, "capacity_factor": 1.5, "hot_share": 0.25, "hot_load": 2.0}])
+@pytest.mark.parametrize("zero", [1, 3])
+def test_planner_memory_check_is_stage_memory(fields, zero):
+    spec = from_hf_config(MIXTRAL)
+    cfg = ParallelConfig(pp=2, dp=4, tp=1, zero=zero, micro_batch=2, accum=4, seq=1024, **fields)
+    fast = PeakMemory(spec, "balanced").peak(2, 4, 1, zero, 2, 4, 1024, "fsr", "layerwise", moe_cp=fields)
+    assert fast == max_peak(stage_memory(spec, cfg))
+
+
+def test_plan_searches_with_ep_and_cp(capsys):
+    argv = ["plan", "--hf-config", str(MIXTRAL), "--clusters", "16", "--global-batch", "32", "--seq", "1024",
+            "--profile", "roofline", "--ep", "4", "--cp", "2", "--top", "3", "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    best = out["best"]["config"]
+    assert best["ep"] == 4 and best["cp"] == 2
+    assert best["pp"] * best["dp"] * best["tp"] * 2 == 16 and (best["dp"] * 2) % 4 == 0

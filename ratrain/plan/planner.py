@@ -237,7 +237,7 @@ class Planner:
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
                  recovery_resource: str = "compute", progress: bool | None = None,
-                 lengths: LengthDistribution | None = None):
+                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
         if profile_source not in PROFILE_SOURCES:
@@ -253,6 +253,8 @@ class Planner:
         # a length distribution: the finalists are simulated on it and re-ranked (the analytic
         # estimate and the memory check are the uniform step's at the target length)
         self.lengths = lengths
+        # EP, CP and the routing every candidate takes (ParallelConfig fields; empty: today's search)
+        self.moe_cp = dict(moe_cp or {})
         self.memory = PeakMemory(model, partition, constants)
         self.schedule_memory = ScheduleMemory(model, partition, constants)
         self._profiles: dict[tuple, object] = {}
@@ -286,7 +288,8 @@ class Planner:
         source = source or self.profile_source
         # cost_terms depends on P only through whether the tied head needs its own copy
         tied_split = self.model.tied_embeddings and cfg.pp > 1
-        key = (source, cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split)
+        key = (source, cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split,
+               cfg.ep, cfg.cp, cfg.capacity_factor, cfg.hot_share, cfg.hot_load)
         got = self._terms.get(key)
         if got is None:
             prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source)
@@ -317,8 +320,9 @@ class Planner:
     def schedule_peak(self, cfg: ParallelConfig, schedule: PipelineSchedule) -> int:
         """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
         if schedule == ONE_F_ONE_B:
+            extra = {k: getattr(cfg, k) for k in ("ep", "cp", "capacity_factor", "hot_share", "hot_load")}
             return self.memory.peak(cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum, cfg.seq,
-                                    cfg.activation, cfg.prefetch)
+                                    cfg.activation, cfg.prefetch, moe_cp=extra)
         return self.schedule_memory.peak(schedule, cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum,
                                          cfg.seq, cfg.activation, cfg.prefetch)
 
@@ -366,6 +370,15 @@ class Planner:
         for name, value in (("clusters", clusters), ("global_batch", global_batch), ("seq", seq), ("top", top)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan: {name} must be a positive integer, got {value!r}")
+        ep, cp = self.moe_cp.get("ep", 1), self.moe_cp.get("cp", 1)
+        if (ep > 1 or cp > 1) and choices != (ONE_F_ONE_B,):
+            raise ConfigError("plan: with EP or CP above 1 only the 1f1b schedule is searched")
+        if clusters % cp:
+            raise ConfigError(f"plan: context parallelism CP={cp} must divide the {clusters} clusters")
+        if seq % cp:
+            raise ConfigError(f"plan: context parallelism CP={cp} must divide the sequence length {seq}")
+        if ep > 1 and self.model.moe is None:
+            raise ConfigError(f"plan: expert parallelism EP={ep} needs a MoE model; {self.model.name} is dense")
         t0 = time.perf_counter()
         p0 = self.profile_s
         budget = self.platform.memory_budget_bytes
@@ -375,9 +388,11 @@ class Planner:
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
-        for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
+        for c in search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
                               tp_degrees=tp_degrees, zero_stages=zero_stages):
             p, d, t, z, b, a, act, pref = c
+            if (d * cp) % ep or (self.model.moe is not None and self.model.moe.experts % ep):
+                continue            # EP divides the data ranks and the experts
             for si, choice in enumerate(choices):
                 plain = plain_1f1b[si]
                 if not plain and (not runnable(choice, self.model.layers, p, a) or (p == 1 and one_stage_1f1b_only)):
@@ -385,14 +400,14 @@ class Planner:
                 enumerated += 1
                 # Eq. 10 first: nothing is timed (or profiled) unless it fits
                 if plain:
-                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
+                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref, moe_cp=self.moe_cp)
                 else:
                     peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
                 if peak > budget:
                     pruned += 1
                     continue
                 cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
-                                     prefetch=pref, partition=self.partition)
+                                     prefetch=pref, partition=self.partition, **self.moe_cp)
                 bd = self.estimate(cfg, method, fast) if plain else \
                     self.estimate(cfg, method, fast, schedule=choice)
                 timed.append((bd.step_ms, peak, c, si, cfg, bd))

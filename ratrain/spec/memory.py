@@ -563,17 +563,27 @@ class PeakMemory:
         return got
 
     def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
-             activation: str, prefetch: str, sequence_parallel: bool = False) -> int:
+             activation: str, prefetch: str, sequence_parallel: bool = False, *, moe_cp: dict | None = None) -> int:
+        """``moe_cp``: the ParallelConfig fields of EP, CP and the routing (``ep``, ``cp``,
+        ``capacity_factor``, ``hot_share``, ``hot_load``); None or a dense model at EP = CP = 1: today's sizes."""
         key = (b, seq, tp, pp, sequence_parallel)
+        layout, cp = None, 1
+        if moe_cp or self.model.moe is not None:
+            cfg = ParallelConfig(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, accum=accum, seq=seq,
+                                 activation=activation, prefetch=prefetch, partition=self.partition,
+                                 **(moe_cp or {}))
+            layout, cp = MoeCpLayout.of(self.model, cfg), cfg.cp
+            if layout is not None:
+                key += (layout,)
         sizes = self._sizes.get(key)
         if sizes is None:
             _check_vocab(self.model, tp)
-            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel)
+            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel, layout)
         best = 0
         for p, n in enumerate(self.counts(pp)):
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
-                              n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
-                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch,
+                              n_act=in_flight_microbatches(p, pp, accum), dp=dp * cp, tp=tp, zero=zero,
+                              tokens_per_mb=b * (seq // cp), activation=activation, prefetch=prefetch,
                               constants=self.constants)
             best = max(best, sum(bd.values()))
         return best
