@@ -231,6 +231,10 @@ def plan_lengths(lengths: list[int], seq: int, micro_batch: int, accum: int, pac
         if not is_integer(value) or value < 1:
             raise ConfigError(f"{label} must be a positive integer, got {show_value(value)}")
     needed = micro_batch * accum
+    pieces = needed * -(-seq // min(lengths)) if packing in ("pack", "pack-masked") else needed
+    if pieces > MAX_DOCUMENTS:
+        raise ConfigError(f"length plan: {needed:,} sequences of {seq} tokens could take {pieces:,} document pieces "
+                          f"(shortest document {min(lengths)}); at most {MAX_DOCUMENTS:,} are batched")
     if packing in ("pack", "pack-masked"):
         seqs = _packed(lengths, seq, needed)
     else:
