@@ -96,3 +96,14 @@ def lengths_from_args(args: argparse.Namespace) -> LengthDistribution | None:
             raise ConfigError("--packing and --attention-cost apply to --seq-lengths: give the length distribution")
         return None
     return LengthDistribution(tuple(parse_lengths(args.seq_lengths)), args.packing, args.attention_cost)
+
+
+def add_run_choice_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The MoE, CP and length-distribution flags of a command that runs steps (simulate, plan)."""
+    add_moe_cp_args(p, sweep)
+    add_length_args(p)
+
+
+def run_choices_from_args(args: argparse.Namespace) -> tuple[dict, LengthDistribution | None]:
+    """(the ParallelConfig fields of the MoE and CP flags, the length distribution or None)."""
+    return moe_cp_from_args(args), lengths_from_args(args)

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import (
-    add_length_args,
-    add_moe_cp_args,
-    add_platform_args,
-    any_platform_from_args,
-    lengths_from_args,
-    moe_cp_from_args,
-)
+from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
@@ -75,8 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--zero-stages", type=_stage_list, default=None, metavar="Z1,Z2,...",
                    help="ZeRO stages to try (default: the space's; wide: 0,1,2,3)")
     p.add_argument("--partition", choices=("balanced", "uniform"), default="balanced")
-    add_moe_cp_args(p)
-    add_length_args(p)
+    add_run_choice_args(p)
     add_platform_args(p)
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="finalists re-estimated on emulated kernels after ranking every candidate on the fast "
@@ -163,9 +155,9 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
             setattr(args, name, getattr(space, name))
     check_search_space(model, args)
     schedules = parse_schedules(args.schedules, args.virtual_stages)
-    lengths = lengths_from_args(args)
+    fields, lengths = run_choices_from_args(args)
     # EP, CP and the routing every candidate takes (ParallelConfig checks them); only the non-defaults
-    moe_cp = {k: v for k, v in moe_cp_from_args(args).items()
+    moe_cp = {k: v for k, v in fields.items()
               if v != {"ep": 1, "cp": 1, "capacity_factor": None, "hot_share": 0.0, "hot_load": 1.0}[k]}
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
                       progress=not args.json, lengths=lengths, moe_cp=moe_cp)

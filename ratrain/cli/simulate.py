@@ -19,14 +19,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ratrain.cli.args import (
-    add_length_args,
-    add_moe_cp_args,
-    add_platform_args,
-    any_platform_from_args,
-    lengths_from_args,
-    moe_cp_from_args,
-)
+from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
 from ratrain.errors import ConfigError
@@ -85,8 +78,7 @@ def register(subparsers) -> None:
                    help="parameter prefetch: per layer, overlapped (layerwise, default) or in bulk")
     g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
                    help="latency profile: emulated kernels (default) or the analytic roofline (fast)")
-    add_moe_cp_args(p, sweep=True)
-    add_length_args(p)
+    add_run_choice_args(p, sweep=True)
     add_platform_args(p)
     p.add_argument("--stages", type=int, help="uniform mode: pipeline stages P")
     p.add_argument("--microbatches", type=int, help="uniform mode: micro-batches per step A")
@@ -217,10 +209,9 @@ def _model_step(args: argparse.Namespace):
     """Costs from the model's latency profile via the cost model; also the planner's prediction."""
     model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
+    fields, lengths = run_choices_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
-                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch,
-                         **moe_cp_from_args(args))
-    lengths = lengths_from_args(args)
+                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch, **fields)
     if args.capacity_factors is not None and model.moe is None:
         raise ConfigError(f"--capacity-factors is for MoE models; {model.name} is dense")
     platform = any_platform_from_args(args)
