@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--model", help=f"built-in model: {', '.join(list_models())}")
     group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
-    p.add_argument("--clusters", type=int, required=True, help="clusters N = P * D * T")
+    p.add_argument("--clusters", type=int, required=True, help="clusters N = P * D * T (* CP with --cp)")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step G = D * b * A")
     p.add_argument("--seq", type=int, default=2048, help="sequence length")
     p.add_argument("--method", choices=METHODS, default="ratrain", help="RATrain or a baseline")
