@@ -12,14 +12,19 @@ Examples::
     ratrain simulate --model llama2-7b --pp 4 --dp 8 --accum 8 --profile roofline --bucket-sweep
     ratrain simulate --model llama2-7b --pp 4 --dp 8 --accum 8 --profile roofline \
         --offload activations --host-adam --json
+    ratrain simulate --hf-config mixtral.json --profile roofline --pp 2 --dp 4 --ep 4 \
+        --capacity-factor 1.25 --hot-experts 0.25:2 --capacity-factors 1,1.5,2 --json
+    ratrain simulate --model llama2-7b --seq 4096 --seq-lengths docs.txt --packing pack-masked \
+        --attention-cost mask --cp 2 --json
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from ratrain.cli.args import add_platform_args, any_platform_from_args
+from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.cost.terms import load_profile, pipeline_costs
+from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
 from ratrain.sim.bucket_sweep import bucket_sweep
@@ -80,6 +85,7 @@ def register(subparsers) -> None:
                    help="parameter prefetch: per layer, overlapped (layerwise, default) or in bulk")
     g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
                    help="latency profile: emulated kernels (default) or the analytic roofline (fast)")
+    add_run_choice_args(p, sweep=True)
     add_platform_args(p)
     p.add_argument("--stages", type=int, help="uniform mode: pipeline stages P")
     p.add_argument("--microbatches", type=int, help="uniform mode: micro-batches per step A")
@@ -259,8 +265,11 @@ def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: 
     offload plan (None without offload) and the memory model's peaks with and without it."""
     model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
+    fields, lengths = run_choices_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
-                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
+                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch, **fields)
+    if args.capacity_factors is not None and model.moe is None:
+        raise ConfigError(f"--capacity-factors is for MoE models; {model.name} is dense")
     platform = any_platform_from_args(args)
     profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile, platform=platform)
     sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
@@ -271,7 +280,7 @@ def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: 
                                                  host_link_bandwidth=args.host_link_bandwidth)
     check = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
                             recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched,
-                            buckets=buckets, offload=plan)
+                            buckets=buckets, offload=plan, lengths=lengths)
     memory = None
     if offload is not None:
         host_path = conversion_report(plan, [lc.grad_bytes for s in check.costs.stages for lc in s]
@@ -282,20 +291,36 @@ def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: 
                   "stages": [{"stage": st.stage, "resident_peak_bytes": r.peak_bytes, "peak_bytes": st.peak_bytes,
                               "breakdown": st.breakdown, "host": st.host}
                              for st, r in zip(moved, resident, strict=True)]}
-    return model, cfg, check, plan, memory
+    length_plan = lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if lengths is not None else None
+    report = mechanism_report(model, cfg, profile, platform, length_plan, args.capacity_factors or ())
+    if args.capacity_factors is not None:
+        # the step at each capacity factor: the busiest device's rows, and so the step, follow c
+        steps = []
+        for c in args.capacity_factors:
+            other = replace(cfg, capacity_factor=c)
+            run_c = simulate_config(model, other, platform=platform, profile=profile, profile_source=args.profile,
+                                    recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched,
+                                    buckets=buckets, offload=plan, lengths=lengths)
+            routing = mechanism_report(model, other, profile, platform)["moe"]["routing"]
+            steps.append({"capacity_factor": c, "step_time_ms": run_c.result.step_time_ms, **{
+                k: routing[k] for k in ("capacity", "dropped_fraction", "padding_fraction", "busiest_device_rows",
+                                        "load_factor")}})
+        report["moe"]["steps_per_capacity_factor"] = steps
+    return model, cfg, check, plan, memory, report
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
-    extra = {}
+    extra, report = {}, {}
     buckets, offload = lifecycle_from_args(args)
     memory = None
     if args.model or args.hf_config:
-        model, cfg, check, plan, memory = _model_step(args, buckets, offload)
+        model, cfg, check, plan, memory, report = _model_step(args, buckets, offload)
         costs, result, bd = check.costs, check.result, check.breakdown
         extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
                  "predicted_step_ms": bd.step_ms, "prediction_basis": "analytic 1F1B (Eq. 11-13)",
                  "breakdown": bd.to_json()}
     else:
+        _refuse_model_flags(args)
         sched = schedule_from_args(args)
         costs = costs_from_args(args)
         plan = None
@@ -314,6 +339,11 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     if args.bucket_sweep:
         points, best = bucket_sweep(costs, schedule=result.pipeline, mechanisms=result.mechanisms, offload=plan)
         payload["bucket_sweep"] = {"points": [q.to_json() for q in points], "best": best.to_json()}
+    payload.update(report)          # moe, context_parallel, lengths: only where they apply
+    if "lengths" in report:
+        # what a step of unequal documents achieves: real (unpadded) tokens over all replicas per second
+        ln = report["lengths"]
+        ln["real_tokens_per_s"] = ln["tokens_real"] * costs.dp / (result.step_time_ms / 1e3)
     P, A, v = costs.num_stages, costs.microbatches, result.virtual_stages
     # where the analytic memory model (Eq. 5: 1F1B's N_act = min(P - p, A)) departs from this schedule
     payload["in_flight"] = {
@@ -329,7 +359,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
                          "recovery_resource": costs.recovery_resource,
                          "update_resource": costs.update_resource, "prefetch_resource": costs.prefetch_resource}
     if args.trace:
-        write_chrome_trace(args.trace, result)
+        write_chrome_trace(args.trace, result, costs=costs)
         payload["trace"] = args.trace
     if args.window and not args.plot:
         raise ConfigError("--window applies to --plot: give the PNG to draw the window into")
@@ -339,12 +369,51 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         payload["plot"] = args.plot
     if args.grid:
         payload["grid"] = format_grid(result)
-    text = render_text(result, costs, payload)
+    text = render_text(result, costs, payload) + render_mechanisms(report)
     if extra:
         basis = "" if result.schedule == "1f1b" else " (analytic 1F1B model)"
         text = (f"{extra['model']} {extra['label']}\nplanner prediction{basis} {format_ms(extra['predicted_step_ms'])} "
                 f"({(extra['predicted_step_ms'] / result.step_time_ms - 1) * 100:+.2f}% vs simulated)\n") + text
     return payload, text
+
+
+def _refuse_model_flags(args: argparse.Namespace) -> None:
+    given = [flag for flag, value, default in (
+        ("--ep", args.ep, 1), ("--cp", args.cp, 1), ("--capacity-factor", args.capacity_factor, None),
+        ("--hot-experts", args.hot_experts, None), ("--capacity-factors", args.capacity_factors, None),
+        ("--seq-lengths", args.seq_lengths, None)) if value != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} need a model (--model or --hf-config), not --uniform")
+
+
+def render_mechanisms(report: dict) -> str:
+    """Text lines of the MoE, context-parallel and length-distribution reports (empty without them)."""
+    lines = []
+    if "moe" in report:
+        moe, r = report["moe"], report["moe"]["routing"]
+        cap = "dropless" if r["capacity"] is None else f"capacity {r['capacity']} rows/expert"
+        lines.append(f"MoE EP={moe['ep']}: {cap}, dropped {100 * r['dropped_fraction']:.2f}%, padding "
+                     f"{100 * r['padding_fraction']:.2f}%, busiest device {r['busiest_device_rows']} rows "
+                     f"({r['load_factor']:.3f} x mean); all-to-all {format_ms(moe['alltoall_ms'])} each, 2 per F and B")
+        lines.append(f"  nothing dropped from capacity factor {moe['capacity']['no_drop_capacity_factor']:.4g}")
+        for row in moe["capacity"]["per_capacity_factor"]:
+            lines.append(f"  c={row['capacity_factor']:<5g} capacity {row['capacity']:>7} dropped "
+                         f"{100 * row['dropped_fraction']:6.2f}%  padding {100 * row['padding_fraction']:6.2f}%  "
+                         f"busiest {row['busiest_device_rows']} rows")
+        for row in moe.get("steps_per_capacity_factor", []):
+            lines.append(f"  step at c={row['capacity_factor']:g}: {format_ms(row['step_time_ms'])}")
+    if "context_parallel" in report:
+        cp = report["context_parallel"]
+        lines.append(f"CP={cp['cp']}: K/V ring {cp['steps']} steps of {cp['chunk_bytes']:,} bytes; forward waits "
+                     f"{format_ms(cp['forward_wait_ms'])}, backward {format_ms(cp['backward_wait_ms'])} per layer")
+    if "lengths" in report:
+        ln = report["lengths"]
+        lines.append(f"lengths ({ln['packing']}, attention cost {ln['attention_cost']}): {ln['tokens_real']:,} real of "
+                     f"{ln['tokens_executed']:,} executed tokens (padding {100 * ln['padding_fraction']:.2f}%), "
+                     f"attention pairs {ln['pairs_executed']:,} vs {ln['pairs_uniform']:,} uniform; micro-batch "
+                     f"time factors {min(ln['scales']):.4f}..{max(ln['scales']):.4f}; "
+                     f"{ln['real_tokens_per_s']:,.0f} real tokens/s")
+    return "".join("\n" + line for line in lines)
 
 
 def render_text(result, costs: PipelineCosts, payload: dict) -> str:

@@ -385,7 +385,10 @@ class _Sim:
                 layers = self.chunks[g] if op == "F" else self.chunks[g][::-1]
                 jobs = []
                 for layer_index in layers:
-                    j = self._job(p, op, m, layer_index, "compute", self._durations(layer_index, policy)[op], _MAIN)
+                    dur = self._durations(layer_index, policy)[op]
+                    if c.microbatch_scales is not None:     # unequal micro-batches (ratrain.spec.lengths)
+                        dur *= c.microbatch_scales[m]
+                    j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
                     if chain:
                         _edge(chain[-1], j)
                     chain.append(j)
@@ -442,7 +445,8 @@ class _Sim:
                         gate = self.B[(gg, gm)][0]
                     for i, layer_index in enumerate(self.chunks[g]):
                         lc = self.flat[layer_index]
-                        r = self._job(p, "R", m, layer_index, c.recovery_resource, lc.recompute_ms, _FSR,
+                        r = self._job(p, "R", m, layer_index, c.recovery_resource,
+                                      lc.recompute_ms * c.microbatch_scale(m), _FSR,
                                       key=(bi, -layer_index))
                         _edge(self.F[(g, m)][i], r)
                         if gate is not None:
