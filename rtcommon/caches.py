@@ -94,7 +94,7 @@ CACHES: tuple[Cache, ...] = (
           None, "numba (for mtemu.machine and the modules it compiles)"),
     Cache("programs", "mtemu", "programs", "*.npz",
           "kernel, hash of its generator's sources, shape, tiles, platform digest",
-          2, "mtemu.kernels.program_cache"),
+          3, "mtemu.kernels.program_cache"),
     Cache("program-code", "mtemu", "program-code", "*.bin",
           "the program's name (its programs entry's key hash); kept when a functional run prepares it",
           1, "mtemu.kernels.program_cache"),
