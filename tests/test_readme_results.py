@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from mtemu.platform import DEFAULT as DEFAULT_PLATFORM
+from mtemu.version import emulator_version
 from ratrain.repro import report
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment
+from ratrain.repro.kernels import FULL_SEARCH, full_search_gap
 from ratrain.repro.report import registry, reproduce
 from ratrain.repro.summary import by_key, readme_block, shipped_summary, splice_readme, summarize, summary_markdown
 from rtcommon.progress import Progress
@@ -115,3 +118,23 @@ def test_a_full_run_writes_its_summary_beside_the_report(tmp_path, monkeypatch):
     assert summary == json.loads(json.dumps(summarize({e.key: e.to_json() for e in done})))
     assert (tmp_path / "summary.md").read_text() == summary_markdown(summary) + "\n"
     assert "passed 1 of 2 checks" in summary_markdown(summary)
+
+
+def test_readme_and_report_state_what_tuned_tiles_leave_against_the_full_search():
+    exps = by_key(shipped_summary())
+    full = json.loads(FULL_SEARCH.read_text())
+    shape = "x".join(map(str, full["shape"]))
+    default = next(ours for name, ours, *_r in exps["table5"]["values"] if name == f"{shape} utilization")
+    gain = next(ours for name, ours, *_r in exps["tune"]["values"] if name == f"{shape}: tuned over default")
+    tuned = (default + gain) / 100            # both checks are rounded to 0.01 pp
+    sentence = full_search_gap([{"shape": shape, "loop_order": full["loop_order"], "best_utilization": tuned}])
+    assert sentence and "tuned tiles leave 11.9 pp" in sentence
+    assert sentence in " ".join(README.split())
+    assert full["platform_digest"] == DEFAULT_PLATFORM.digest() and full["emulated"] > 60
+    # the report's tuner section carries the sentence (its rows from the run)
+    row = {"shape": shape, "loop_order": full["loop_order"], "best_utilization": full["best"]["utilization"]}
+    assert "leave 0.0 pp" in full_search_gap([row])
+
+
+def test_the_shipped_full_search_is_of_the_current_emulator():
+    assert json.loads(FULL_SEARCH.read_text())["emulator_version"] == emulator_version("gemm")
