@@ -192,7 +192,7 @@ def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, gr
 
 
 def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
-              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
+              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = None,
               progress: bool = True, cache: bool = True, emulate_top: int | None = None,
               loop_order: str = DEFAULT_GEMM) -> TuneResult:
     """Tile sweep of the FP16 GEMM in ``loop_order`` (``mtemu.kernels.registry``), ranked by
@@ -512,7 +512,7 @@ def attention_candidates(heads: int, kv_heads: int, seq: int, d: int, grid: dict
 
 def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platform: Platform = DEFAULT,
                    grid: dict | None = None, workers: int | None = None, scheduler: str | None = None,
-                   out_dir: str | Path | None = "results/tune", progress: bool = True,
+                   out_dir: str | Path | None = None, progress: bool = True,
                    cache: bool = True) -> TuneResult:
     """Tile sweep of the resident Algorithm-1 backward (causal), ranked by emulated utilization."""
     platform = as_platform(platform)
