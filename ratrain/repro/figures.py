@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rtcommon.figstyle import DPI, finish, subplots  # noqa: E402
 from rtcommon.fileio import atomic_write_figure  # noqa: E402
 
 __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_figure", "stage_memory_figure",
@@ -16,8 +17,10 @@ __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_
 
 
 def save_figure(fig, path: Path) -> None:
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    """Write ``fig`` in the house style (rtcommon.figstyle): readable tick labels, fitted layout, nothing
+    outside the canvas (legends placed below a panel are kept)."""
+    finish(fig)
+    atomic_write_figure(path, fig, dpi=DPI, bbox_inches="tight")
 
 
 def bar_comparison(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None) -> None:
@@ -96,14 +99,14 @@ def table5_figure(rows, variants, path: Path, tiles_text: str = "") -> None:
     stall breakdown, labelled with its loop order."""
     matplotlib.use("Agg")
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), width_ratios=(1, 1.2))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(13, 4.6), width_ratios=(1, 1.2))
     labels = [f"{r.k}x{r.n}" for r in rows]
     x = np.arange(len(rows))
     ax1.bar(x - 0.2, [100 * r.utilization for r in rows], 0.4, label="mtemu (emulated)", color="#1f77b4")
     ax1.bar(x + 0.2, [100 * r.paper_utilization for r in rows], 0.4, label="paper", color="#bbbbbb")
     for i, r in enumerate(rows):
         ax1.text(i - 0.2, 100 * r.utilization + 0.5, f"{100 * r.utilization:.1f}", ha="center", fontsize=8)
-    ax1.set_xticks(x, labels, rotation=20, ha="right")
+    ax1.set_xticks(x, labels)
     ax1.set_ylim(0, 90)
     ax1.set_ylabel("MAC utilization (%)")
     ax1.set_title("FP16 GEMM, M=2048 (weights K x N)" + (f"\n{tiles_text}" if tiles_text else ""), fontsize=10)
@@ -123,8 +126,7 @@ def table5_figure(rows, variants, path: Path, tiles_text: str = "") -> None:
     ax2.set_title("Why: stall breakdown on 2048x4096x4096\n(pipeline and tile variants of the c-stationary loop "
                   "order)", fontsize=10)
     ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(kinds), frameon=False)
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    save_figure(fig, path)
 
 
 def attention_figure(rows, path: Path, lo: float, hi: float) -> None:
