@@ -54,6 +54,17 @@ def overlapping_xtick_labels(fig) -> list[tuple[str, str]]:
     return pairs
 
 
+def overlapping_titles(fig) -> list[tuple[str, str]]:
+    """Pairs of axes titles (and the figure's title) whose drawn extents overlap."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    titles = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    if fig._suptitle is not None:
+        titles.append(fig._suptitle)
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in titles if t.get_visible() and t.get_text()]
+    return [(a, b) for (a, box_a), (b, box_b) in combinations(boxes, 2) if box_a.overlaps(box_b)]
+
+
 def _overlaps(ax, renderer) -> bool:
     boxes = [t.get_window_extent(renderer) for t in _visible_labels(ax)]
     return any(a.overlaps(b) for a, b in combinations(boxes, 2))

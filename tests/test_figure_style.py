@@ -71,3 +71,16 @@ def test_bar_comparisons_of_any_width_read(monkeypatch, tmp_path, n):
     figures.bar_comparison(tmp_path / "b.png", labels, [1.0] * n, [1.1] * n, "slowdown (x)", "Table 2")
     (fig,) = kept
     assert figstyle.overlapping_xtick_labels(fig) == []
+
+
+def test_table3_memory_titles_do_not_collide(monkeypatch, tmp_path):
+    kept = _captured(monkeypatch)
+    stage = {"state_gb": 12.0, "activation_gb": 2.0, "buffer_gb": 3.0}
+    rows = [{"model": model, "config": f"P={p},D=2,Z=2,b=1,A=128,seq=2048,FSR,layerwise,balanced",
+             "stages": [stage] * p} for model, p in (("llama2-7b", 2), ("baichuan2-13b", 8),
+                                                    ("qwen2.5-32b", 24), ("llama2-70b", 48))]
+    figures.stage_memory_figure(rows, tmp_path / "table3_memory.png")
+    (fig,) = kept
+    assert figstyle.overlapping_titles(fig) == [] and figstyle.overlapping_xtick_labels(fig) == []
+    ticks = [float(t.get_text().replace("\u2212", "-")) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert ticks and all(t == int(t) for t in ticks)            # stages are whole numbers

@@ -1,6 +1,7 @@
 """Figures of the reproduction (PNG, written atomically): paper vs ours, side by side."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -8,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rtcommon.figstyle import DPI, finish, subplots  # noqa: E402
 from rtcommon.fileio import atomic_write_figure  # noqa: E402
@@ -75,7 +77,7 @@ def ablation_figure(rows, path: Path) -> None:
 
 
 def stage_memory_figure(rows, path: Path) -> None:
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(rows), figsize=(4 * len(rows), 4.2), squeeze=False)
     for ax, r in zip(axes[0], rows, strict=False):
         st = r.get("stages") or []
         x = np.arange(len(st))
@@ -85,11 +87,15 @@ def stage_memory_figure(rows, path: Path) -> None:
             ax.bar(x, vals, bottom=bottom, color=color, label=key.replace("_gb", ""))
             bottom += vals
         ax.axhline(20, color="red", lw=1, ls="--", label="20 GB budget")
-        ax.set_title(f"{r['model']}: {r.get('config', 'none fits')}", fontsize=8)
+        # the layout on lines of its own: four panels' one-line titles ran into each other
+        config = textwrap.fill(str(r.get("config", "none fits")).replace(",", ", "), 34)
+        ax.set_title(f"{r['model']}\n{config}", fontsize=8)
         ax.set_xlabel("stage")
         ax.set_ylabel("GB (2^30 bytes)")
         ax.set_ylim(0, 22)
-    axes[0][0].legend(fontsize=7, loc="lower left")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.06), frameon=False)
     fig.suptitle("Table 3: per-stage memory of the smallest feasible footprint found")
     save_figure(fig, path)
 
