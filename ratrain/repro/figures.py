@@ -25,17 +25,26 @@ def save_figure(fig, path: Path) -> None:
     atomic_write_figure(path, fig, dpi=DPI, bbox_inches="tight")
 
 
-def bar_comparison(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None) -> None:
-    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4))
+def bar_comparison(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None,
+                   missing: str = "n/a") -> None:
+    """Ours beside the paper's per label; a zero or missing value is marked ``missing`` at its bar's foot,
+    the legend sits outside the bars."""
+    fig, ax = subplots(figsize=(max(7, 1.1 * len(labels)), 4))
     x = np.arange(len(labels))
+    ours = [v or 0.0 for v in ours]
+    theirs = [v or 0.0 for v in theirs]
     ax.bar(x - 0.2, ours, 0.4, label="ours (simulated)", color="#1f77b4")
     ax.bar(x + 0.2, theirs, 0.4, label="paper", color="#bbbbbb")
+    for xs, values in ((x - 0.2, ours), (x + 0.2, theirs)):
+        for xi, v in zip(xs, values, strict=True):
+            if not v:
+                ax.text(xi, 0, missing, rotation=90, ha="center", va="bottom", fontsize=7, color="#555555")
     if ref is not None:
         ax.axhline(ref, color="k", lw=0.8, ls=":")
-    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xticks(x, labels)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     save_figure(fig, path)
 
 
