@@ -1,10 +1,12 @@
 """The shipped examples: outputs against NumPy, cycles against the numbers derived by hand in each file."""
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mtemu.cli import main as mtemu_main
 from mtemu.explain import explain
 from mtemu.platform import load_platform
 from mtemu.program_runner import load_kernel, run_kernel
@@ -96,3 +98,10 @@ def test_the_pipelined_schedule_is_vmac_bound():
     vmac_cycles = sorted(c for c, instrs in at.items() for i in instrs if i.op == "vfma")
     # one FMA every cycle from T0 on: the VMAC slot never idles inside the k loop
     assert vmac_cycles == list(range(gemm.T0, gemm.T0 + gemm.ROWS * gemm.VECS * gemm.K))
+
+
+@pytest.mark.parametrize("name, cycles", [("vector_add.s", 1382), ("dot_gsm.py", 7093), ("gemm_pipelined.py", 1883)])
+def test_the_readme_command_gives_the_derived_cycles(name, cycles, capsys, tmp_path):
+    # `mtemu run examples/NAME --mode timing --json`, as the README shows it, on the default platform
+    assert mtemu_main(["run", str(EXAMPLES / name), "--mode", "timing", "--out-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cycles"] == cycles
