@@ -73,11 +73,9 @@ def _overlaps(ax, renderer) -> bool:
 def readable_xticks(fig) -> None:
     """Rotate each axes' x tick labels by the least of :data:`TICK_ROTATIONS` at which none overlap
     (right-aligned under their tick when slanted); a panel whose labels fit stays as it is."""
-    for ax in fig.axes:
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        if not _visible_labels(ax) or not _overlaps(ax, renderer):
-            continue
+    fig.canvas.draw()                        # one draw to find the crowded panels, one per rotation tried
+    renderer = fig.canvas.get_renderer()
+    for ax in [ax for ax in fig.axes if _visible_labels(ax) and _overlaps(ax, renderer)]:
         for rotation in TICK_ROTATIONS[1:]:
             for t in ax.get_xticklabels():
                 t.set_rotation(rotation)
