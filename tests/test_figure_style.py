@@ -84,3 +84,18 @@ def test_table3_memory_titles_do_not_collide(monkeypatch, tmp_path):
     assert figstyle.overlapping_titles(fig) == [] and figstyle.overlapping_xtick_labels(fig) == []
     ticks = [float(t.get_text().replace("\u2212", "-")) for t in fig.axes[0].get_xticklabels() if t.get_text()]
     assert ticks and all(t == int(t) for t in ticks)            # stages are whole numbers
+
+
+def test_ablation_scaleout_and_attention_figures_read(monkeypatch, tmp_path):
+    kept = _captured(monkeypatch)
+    variants = ["full", "w/o FSR", "w/o update-prefetch", "w/o layer-wise sync", "all off"]
+    figures.ablation_figure([{"variant": v, "normalized_step": 1.0 + i / 10, "paper_normalized_step": 1.1,
+                              "tail_amplification": 2.0, "paper_tail_amplification": None}
+                             for i, v in enumerate(variants)], tmp_path / "ablation.png")
+    figures.scaleout_figure([{"clusters": c, "tokens_per_s": 1e5 * c / 256, "paper_tokens_per_s": 0.98e5 * c / 256,
+                              "efficiency": 0.999} for c in (256, 512, 768, 1024)], tmp_path / "table6_scaleout.png")
+    figures.attention_figure([{"seq": s, "speedup": 3.0 + s / 2048} for s in (512, 1024, 2048, 4096)],
+                             tmp_path / "attention_speedup.png", 1.24, 1.54)
+    assert len(kept) == 3
+    for fig in kept:
+        assert figstyle.overlapping_xtick_labels(fig) == [] and figstyle.overlapping_titles(fig) == []

@@ -156,5 +156,4 @@ def attention_figure(rows, path: Path, lo: float, hi: float) -> None:
     ax.set_ylabel("speedup over DDR-staged (x)")
     ax.set_title("Attention backward: memory-resident vs DDR-staged")
     ax.legend()
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    save_figure(fig, path)
