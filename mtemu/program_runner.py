@@ -312,8 +312,8 @@ def _interrupt(thread: threading.Thread) -> None:
 
 
 def _with_deadline(call, seconds: float | None, path: Path):
-    """``call()`` in a daemon thread, stopped after ``seconds``; threads started meanwhile and left
-    running (the user's) are stopped too, so the user's code leaves nothing behind."""
+    """``call()`` in a daemon thread, stopped after ``seconds``; threads running the program's code
+    that it left running are stopped too (others it started are daemons, as its thread is)."""
     before = set(threading.enumerate())
     box: dict = {}
     if not getattr(threading.excepthook, "mtemu_deadline", False):
@@ -329,9 +329,15 @@ def _with_deadline(call, seconds: float | None, path: Path):
     worker.start()
     worker.join(seconds)
     timed_out = worker.is_alive()
-    for thread in set(threading.enumerate()) - before:
+    # the program's own threads only (their code is the program's module): a thread another part of
+    # the process started meanwhile is not the program's to stop
+    module = _module_name(path)
+    theirs = [t for t in set(threading.enumerate()) - before
+              if t is worker or type(t).__module__ == module
+              or getattr(getattr(t, "_target", None), "__module__", None) == module]
+    for thread in theirs:
         _interrupt(thread)
-    for thread in set(threading.enumerate()) - before:
+    for thread in theirs:
         thread.join(0.5)
     if timed_out:
         raise MtemuError(f"{path}: loading and build(platform) did not finish within {seconds:g} s of wall "
@@ -364,8 +370,13 @@ def _load_python(path: Path, platform: Platform, dsps: int | None) -> tuple[Kern
     return built, plat
 
 
+def _module_name(path: Path) -> str:
+    """The name a Python program is imported under (``sys.modules``)."""
+    return "mtemu_program_" + re.sub(r"\W", "_", path.stem)
+
+
 def _import(path: Path):
-    name = "mtemu_program_" + re.sub(r"\W", "_", path.stem)
+    name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise MtemuError(f"{path}: cannot load as a Python module")
