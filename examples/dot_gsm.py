@@ -14,9 +14,9 @@ Numerics: the products of FP16 values are exact in FP32; the sums are FP32 in a 
 order their y loads finish, below; then the halving tree), so the result is bit-exact with
 :func:`reference` (NumPy, same order).
 
-Cycles, by hand, for P DSPs (default platform; tests use P = 4). DDR moves 256/15 bytes per cycle,
-GSM 1024/15; DMA latency 600; 2.1 server cycles per row. One 1536-byte chunk holds the DDR server
-D = 1536 * 15 / 256 + 2.1 = 92.1 cycles.
+Cycles, by hand, for P DSPs (default platform; tests use P = 4). DDR moves 51/1.7578125 bytes per
+cycle, GSM 1024/15; DMA latency 600; no per-row overhead. One 1536-byte chunk holds the DDR server
+D = 1536 * 1.7578125 / 51 = 52.94 cycles.
 
 - Cycle 0: every DSP issues its x load. The machine runs the DSP with the smallest clock until
   it reaches a DMA, wait or barrier while another DSP is behind it: DSPs 0..P-2 stop at their
@@ -25,15 +25,17 @@ D = 1536 * 15 / 256 + 2.1 = 92.1 cycles.
   from cycle 600: y_{P-1} is done at T_{P-1} = ceil(600 + (P + 1) D) and y_d (d < P-1) at
   T_d = ceil(600 + (P + d + 2) D). The last, T_{P-2} (T_0 if P = 1), is ceil(600 + 2 P D).
 - From T_d: 37 bundles (loads, 4 FMAs 6 cycles apart, the store and its landing), then the
-  reduce DMA at T_d + 37: 768 bytes on the GSM server, 768 * 15 / 1024 + 2.1 = 13.35 cycles, done
-  at ceil(T_d + 37 + 600 + 13.35) = T_d + 651 (the DSPs are 92 cycles apart: no queueing). The
-  dmawait at T_d + 38 releases at T_d + 651, the barrier bundle issues there: arrival T_d + 652.
-- The barrier releases at R = ceil(600 + 2 P D) + 652.
+  reduce DMA at T_d + 37: 768 bytes on the GSM server, 768 * 15 / 1024 = 11.25 cycles, done
+  at ceil(T_d + 37 + 600 + 11.25) = T_d + 649 (the DSPs are 53 cycles apart: no queueing). The
+  dmawait at T_d + 38 releases at T_d + 649, the barrier bundle issues there: arrival T_d + 650.
+- The barrier releases at R = ceil(600 + 2 P D) + 650.
 - DSP 0 then issues one bundle (the not-taken branch) and eight dependent GSM -> GSM folds and the
-  DDR copy, each ``dma; dmawait`` releasing at ceil(issue + 600 + bytes / rate + 2.1):
-  96 lanes (384 B) +608, 48 +605, 24 +604, then 12, 6, 3, 1, 1 lanes and the 4-byte DDR copy +603
-  each, then the halt: R + 1 + 608 + 605 + 604 + 6 * 603 + 1 = R + 5437.
-- P = 4: T_2 = ceil(600 + 8 * 92.1) = ceil(1336.8) = 1337, R = 1989, total 7426 cycles.
+  DDR copy, each ``dma; dmawait`` releasing at ceil(issue + 600 + bytes / rate):
+  96 lanes (384 B) +606, 48 +603, 24 +602, then 12, 6, 3, 1, 1 lanes and the 4-byte DDR copy +601
+  each, then the halt: R + 1 + 606 + 603 + 602 + 6 * 601 + 1 = R + 5419.
+- P = 4: T_2 = ceil(600 + 8 * 52.94) = ceil(1023.53) = 1024, R = 1674, total 7093 cycles
+  (:func:`expected_cycles` is this derivation for any P and platform rates; on
+  platforms/mt3000-30gbps.toml, 2.1 cycles per row, 7426).
 """
 from __future__ import annotations
 
@@ -50,11 +52,20 @@ AM_X, GSM_ACC = 0, 0
 
 
 def expected_cycles(dsps: int, platform: Platform) -> int:
-    """The hand derivation above as a formula (default latencies and rates)."""
-    d = VECTORS * platform.vector_lanes * 2 / (platform.ddr_bandwidth / platform.clock_hz) + \
-        platform.dma_row_overhead_cycles
-    t_last = int(np.ceil(600 + 2 * dsps * d))
-    return t_last + 652 + 5437
+    """The hand derivation above as a formula of the platform's rates, latency and row overhead."""
+    lat, over = platform.dma_latency_cycles, platform.dma_row_overhead_cycles
+    ddr, gsm = platform.ddr_bandwidth / platform.clock_hz, platform.gsm_bandwidth / platform.clock_hz
+    lane_sums = platform.vector_lanes * 4                          # bytes of the FP32 lane sums
+    chunk = VECTORS * platform.vector_lanes * 2 / ddr + over       # one x or y chunk on the DDR server
+    t_last = int(np.ceil(lat + 2 * dsps * chunk))
+    arrival = 37 + int(np.ceil(lat + lane_sums / gsm + over)) + 1  # from T_d to the barrier
+    folds, width = [], platform.vector_lanes                        # lanes each fold moves, as build() folds
+    while width % 2 == 0:
+        width //= 2
+        folds.append(width)
+    folds += [1] * (width - 1)
+    done = sum(int(np.ceil(lat + 4 * w / gsm + over)) for w in folds) + int(np.ceil(lat + 4 / ddr + over))
+    return t_last + arrival + 1 + done + 1
 
 
 def build(platform: Platform) -> Kernel:

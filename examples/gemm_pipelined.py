@@ -23,20 +23,20 @@ checks (change a cycle above and it refuses the program, naming bundle, unit and
 Numerics: FP16 products are exact in FP32 and each accumulator sums over k in order, rounded to
 FP16 once (``vsth``): bit-exact with :func:`reference`.
 
-Cycles, by hand, K = 16 (platforms/mt3000-30gbps.toml: DDR 256/15 bytes per cycle, DMA latency 600, 2.1
-server cycles per row):
+Cycles, by hand, K = 16 (default platform: DDR 51/1.7578125 bytes per cycle, DMA latency 600, no
+per-row overhead):
 
-- cycle 0: dma A (128 B): DDR server from 600, 128 * 15 / 256 + 2.1 = 9.6 cycles -> done 610;
-  cycle 1: dma B (12288 B): starts when the server frees (609.6), 720 + 2.1 cycles -> ends
-  1331.7, done 1332; cycle 2: dmawait A until 610; cycle 610: dmawait B until 1332.
-- compute from S = 1332: the last FMA issues at T0 + 8(K - 1) + 7 = 8K + 10 = 138 and lands at
+- cycle 0: dma A (128 B): DDR server from 600, 128 * 1.7578125 / 51 = 4.41 cycles -> done 605;
+  cycle 1: dma B (12288 B): starts when the server frees (604.41), 423.53 cycles -> ends
+  1027.94, done 1028; cycle 2: dmawait A until 605; cycle 605: dmawait B until 1028.
+- compute from S = 1028: the last FMA issues at T0 + 8(K - 1) + 7 = 8K + 10 = 138 and lands at
   144; accumulator i = 2r + c is stored as it lands, at 8K + 9 + i, the last at 8K + 16 = 144;
-  three nops let that store land; the C DMA issues at S + 8K + 20 = 1480.
-- dma C (3072 B): 600 + 180 + 2.1 -> done at 1480 + 783 = 2263; the dmawait at 1481 waits until
-  then; the halt issues at 2263: total 2264 cycles (pipelined).
+  three nops let that store land; the C DMA issues at S + 8K + 20 = 1176.
+- dma C (3072 B): 600 + 105.88 -> done at 1176 + 706 = 1882; the dmawait at 1177 waits until
+  then; the halt issues at 1882: total 1883 cycles (pipelined).
 - Not pipelined, each k takes 19 cycles (loads 0..3, broadcasts 7..10, FMAs 11..18): accumulator
   i lands at 19(K - 1) + 17 + i and is stored then, 19K - 2 .. 19K + 5; three nops; the C DMA at
-  S + 19K + 9 = 1645 is done at 2428: total 2429 cycles. The pipeline saves 11 cycles per k
+  S + 19K + 9 = 1341 is done at 2047: total 2048 cycles. The pipeline saves 11 cycles per k
   (165 here); with the DMAs around it the kernel is still latency-bound (``mtemu explain``).
 """
 from __future__ import annotations

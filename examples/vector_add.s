@@ -10,17 +10,17 @@
 # @input  y=DDR:1536:768:float16
 # @output z=DDR:3072:768:float16
 #
-# Cycles, by hand (platforms/mt3000-30gbps.toml: DDR 30 GB/s at 1.7578125 GHz = 256/15 bytes per cycle, DMA
-# latency 600 cycles, 2.1 server cycles per row). A 1536-byte row holds the DDR server for
-# 1536 * 15 / 256 + 2.1 = 92.1 cycles.
-#   cycle 0      dma x: starts at 0 + 600, ends 692.1 -> channel 0 done at ceil = 693
-#   cycle 1      dma y: starts when the server frees, 692.1, ends 784.2 -> channel 1 done at 785
-#   cycle 2      dmawait 0 blocks until 693;  cycle 693: dmawait 1 blocks until 785
-#   785..803     19 compute bundles (loads, 9-cycle load latency, 4 FMAs, 6-cycle FMA latency, 4 stores)
-#   804..806     3 nops: the last store lands 4 cycles after it issues, before the DMA reads AM
-#   cycle 807    dma z: starts at 807 + 600 = 1407 (server idle), ends 1499.1 -> done at 1500
-#   cycle 808    dmawait 2 blocks until 1500;  cycle 1500: halt
-#   total        1501 cycles
+# Cycles, by hand (default platform: DDR 51 GB/s at 1.7578125 GHz = 51/1.7578125 bytes per cycle,
+# DMA latency 600 cycles, no per-row overhead). A 1536-byte row holds the DDR server for
+# 1536 * 1.7578125 / 51 = 2700/51 = 52.94 cycles.
+#   cycle 0      dma x: starts at 0 + 600, ends 652.94 -> channel 0 done at ceil = 653
+#   cycle 1      dma y: starts when the server frees, 652.94, ends 705.88 -> channel 1 done at 706
+#   cycle 2      dmawait 0 blocks until 653;  cycle 653: dmawait 1 blocks until 706
+#   706..724     19 compute bundles (loads, 9-cycle load latency, 4 FMAs, 6-cycle FMA latency, 4 stores)
+#   725..727     3 nops: the last store lands 4 cycles after it issues, before the DMA reads AM
+#   cycle 728    dma z: starts at 728 + 600 = 1328 (server idle), ends 1380.94 -> done at 1381
+#   cycle 729    dmawait 2 blocks until 1381;  cycle 1381: halt
+#   total        1382 cycles (on platforms/mt3000-30gbps.toml, 30 GB/s and 2.1 cycles per row: 1501)
 .desc in  src=DDR dst=AM rows=1 row_bytes=1536 src_stride=1536 dst_stride=1536 mode=copy
 .desc out src=AM dst=DDR rows=1 row_bytes=1536 src_stride=1536 dst_stride=1536 mode=copy
 { dma 0, in, [s0+0], [s0+0] | smovi s1, 0x3c00 }   # x -> AM[0, 1536); s1 = FP16 bits of 1.0

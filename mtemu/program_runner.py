@@ -25,11 +25,13 @@ written only after a run that succeeded, each atomically.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import io
 import math
 import re
 import sys
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,6 +59,9 @@ MAX_CYCLES_PER_DDR_CYCLE = 16
 # wall-clock guard on every run, whatever its cycle limit (--max-cycles 2**60 on an endless loop
 # would otherwise run for days); the jitted loop checks it between chunks, about once a second
 DEFAULT_MAX_SECONDS = 600.0
+# wall-clock cap on loading a Python program and running its build(platform): the user's code runs
+# in a daemon thread (threads it starts inherit that, so none keeps the process alive)
+DEFAULT_BUILD_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -258,32 +263,21 @@ def _pragmas(text: str, source: str) -> tuple[dict, list[tuple[int, int, int]]]:
     return decl, sregs
 
 
-def load_kernel(path: str | Path, platform: Platform, dsps: int | None = None) -> tuple[Kernel, Platform]:
+def load_kernel(path: str | Path, platform: Platform, dsps: int | None = None,
+                build_seconds: float | None = DEFAULT_BUILD_SECONDS) -> tuple[Kernel, Platform]:
     """Load a text or Python program; returns the kernel and the platform it runs on.
 
     ``dsps`` (the ``--dsps`` flag) wins over what the program declares, which wins over the platform.
+    A Python program's loading and ``build`` together get ``build_seconds`` of wall time (None: no cap).
     """
     path = Path(path)
     if not path.is_file():
         raise MtemuError(f"{path}: no such program file")
     if path.suffix == ".py":
-        module = _import(path)
-        declared = getattr(module, "DSPS", None)
-        plat = _with_dsps(platform, dsps if dsps is not None else declared, str(path))
-        build = getattr(module, "build", None)
-        if not callable(build):
-            raise MtemuError(f"{path}: a Python program must define build(platform) -> Kernel or Program")
-        try:
-            built = build(plat)
-        except MtemuError:
-            raise
-        except (Exception, SystemExit) as exc:   # the user's code: report it on one line, naming the file
-            raise MtemuError(f"{path}: build(platform) failed: {type(exc).__name__}: {exc}") from None
-        if isinstance(built, Program):
-            built = Kernel([built])
-        if not isinstance(built, Kernel):
-            raise MtemuError(f"{path}: build(platform) returned {type(built).__name__}, not a Kernel or Program")
-        return built, plat
+        if build_seconds is not None:
+            build_seconds = checked_number(build_seconds, "--build-seconds", integer=False, lo=1e-3, hi=1e7,
+                                           error=MtemuError)
+        return _with_deadline(lambda: _load_python(path, platform, dsps), build_seconds, path)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -296,8 +290,93 @@ def load_kernel(path: str | Path, platform: Platform, dsps: int | None = None) -
                   ddr_bytes=decl["ddr_bytes"]), plat
 
 
+class _DeadlinePassed(BaseException):
+    """Raised inside the user's code when its wall-time cap has passed (not an Exception: a bare
+    ``except Exception`` in the program does not swallow it)."""
+
+
+def _quiet_deadline_hook(previous):
+    """A thread's exception hook that says nothing when the thread ended on its deadline."""
+    def hook(args) -> None:
+        if not issubclass(args.exc_type, _DeadlinePassed):
+            previous(args)
+    hook.mtemu_deadline = True
+    return hook
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise :class:`_DeadlinePassed` in ``thread`` at its next Python instruction (a thread blocked
+    in C, e.g. in ``time.sleep``, gets it when the call returns; as a daemon it never holds the exit)."""
+    if thread.ident is not None and thread.is_alive():
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_DeadlinePassed))
+
+
+def _with_deadline(call, seconds: float | None, path: Path):
+    """``call()`` in a daemon thread, stopped after ``seconds``; threads running the program's code
+    that it left running are stopped too (others it started are daemons, as its thread is)."""
+    before = set(threading.enumerate())
+    box: dict = {}
+    if not getattr(threading.excepthook, "mtemu_deadline", False):
+        threading.excepthook = _quiet_deadline_hook(threading.excepthook)
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:      # handed to the caller's thread as it is
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name=f"mtemu-build-{path.name}", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    timed_out = worker.is_alive()
+    # the program's own threads only (their code is the program's module): a thread another part of
+    # the process started meanwhile is not the program's to stop
+    module = _module_name(path)
+    theirs = [t for t in set(threading.enumerate()) - before
+              if t is worker or type(t).__module__ == module
+              or getattr(getattr(t, "_target", None), "__module__", None) == module]
+    for thread in theirs:
+        _interrupt(thread)
+    for thread in theirs:
+        thread.join(0.5)
+    if timed_out:
+        raise MtemuError(f"{path}: loading and build(platform) did not finish within {seconds:g} s of wall "
+                         "time (--build-seconds)")
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, _DeadlinePassed):
+            raise MtemuError(f"{path}: build(platform) was stopped (--build-seconds)") from None
+        raise exc
+    return box["value"]
+
+
+def _load_python(path: Path, platform: Platform, dsps: int | None) -> tuple[Kernel, Platform]:
+    module = _import(path)
+    declared = getattr(module, "DSPS", None)
+    plat = _with_dsps(platform, dsps if dsps is not None else declared, str(path))
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise MtemuError(f"{path}: a Python program must define build(platform) -> Kernel or Program")
+    try:
+        built = build(plat)
+    except MtemuError:
+        raise
+    except (Exception, SystemExit) as exc:   # the user's code: report it on one line, naming the file
+        raise MtemuError(f"{path}: build(platform) failed: {type(exc).__name__}: {exc}") from None
+    if isinstance(built, Program):
+        built = Kernel([built])
+    if not isinstance(built, Kernel):
+        raise MtemuError(f"{path}: build(platform) returned {type(built).__name__}, not a Kernel or Program")
+    return built, plat
+
+
+def _module_name(path: Path) -> str:
+    """The name a Python program is imported under (``sys.modules``)."""
+    return "mtemu_program_" + re.sub(r"\W", "_", path.stem)
+
+
 def _import(path: Path):
-    name = "mtemu_program_" + re.sub(r"\W", "_", path.stem)
+    name = _module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise MtemuError(f"{path}: cannot load as a Python module")
@@ -608,11 +687,12 @@ def _load_npy(path: str, name: str) -> np.ndarray:
 def run_program(path: str | Path, platform: Platform, *, inputs: list[str] = (), outputs: list[str] = (),
                 out_dir: str | Path | None = ".", mode: str = "functional", dsps: int | None = None,
                 max_cycles: int | None = None, trace: TraceOptions | None = None,
-                max_seconds: float | None = DEFAULT_MAX_SECONDS) -> RunResult:
+                max_seconds: float | None = DEFAULT_MAX_SECONDS,
+                build_seconds: float | None = DEFAULT_BUILD_SECONDS) -> RunResult:
     """``mtemu run``: load, check, run, then write each output as ``out_dir/NAME.npy`` (None: write none)."""
     if mode not in ("functional", "timing"):
         raise MtemuError(f"mode must be 'functional' or 'timing', got {mode!r}")
-    kernel, plat = load_kernel(path, platform, dsps)
+    kernel, plat = load_kernel(path, platform, dsps, build_seconds)
     given = {}
     for spec in inputs:
         name, file, where = parse_input_spec(spec)

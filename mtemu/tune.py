@@ -192,7 +192,7 @@ def _write_outputs(result: TuneResult, out_dir: str | Path | None, stem: str, gr
 
 
 def tune_gemm(m: int, k: int, n: int, *, platform: Platform = DEFAULT, grid: dict | None = None,
-              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = "results/tune",
+              workers: int | None = None, scheduler: str | None = None, out_dir: str | Path | None = None,
               progress: bool = True, cache: bool = True, emulate_top: int | None = None,
               loop_order: str = DEFAULT_GEMM) -> TuneResult:
     """Tile sweep of the FP16 GEMM in ``loop_order`` (``mtemu.kernels.registry``), ranked by
@@ -420,7 +420,13 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
             i, j = mgs.index(t[ya]), n2s.index(t[xa])
             zb[i, j] = np.nanmax([zb[i, j], 100 * c.bound_utilization])
     fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(n2s) + 2), max(3.5, 0.8 * len(mgs) + 1.8)))
-    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower")
+    # one colour scale over emulated cells and the screened ones' bounds (faded): with the bound's top
+    # few emulated, a scale over those alone would span a few points and say nothing of the grid
+    both = np.concatenate([z[~np.isnan(z)], zb[~np.isnan(zb)]])
+    lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 100.0)
+    if not np.isnan(zb).all():
+        ax.imshow(zb, cmap="viridis", aspect="auto", origin="lower", vmin=lo, vmax=hi, alpha=0.35)
+    im = ax.imshow(z, cmap="viridis", aspect="auto", origin="lower", vmin=lo, vmax=max(hi, lo + 1e-9))
     for i in range(len(mgs)):
         for j in range(len(n2s)):
             if not np.isnan(z[i, j]):
@@ -512,7 +518,7 @@ def attention_candidates(heads: int, kv_heads: int, seq: int, d: int, grid: dict
 
 def tune_attention(seq: int, heads: int, kv_heads: int, head_dim: int, *, platform: Platform = DEFAULT,
                    grid: dict | None = None, workers: int | None = None, scheduler: str | None = None,
-                   out_dir: str | Path | None = "results/tune", progress: bool = True,
+                   out_dir: str | Path | None = None, progress: bool = True,
                    cache: bool = True) -> TuneResult:
     """Tile sweep of the resident Algorithm-1 backward (causal), ranked by emulated utilization."""
     platform = as_platform(platform)

@@ -108,7 +108,8 @@ def _user_versions() -> Path:
 
 
 def _read_versions(path: Path) -> dict:
-    return read_json_cache(path) or {}       # damaged: warned, and rebuilt below
+    # damaged or edited: warned, and rebuilt below; the shipped file carries no checksum
+    return read_json_cache(path, checksum=path != SHIPPED_VERSIONS) or {}
 
 
 def program_version(kernel: str) -> str:

@@ -2,6 +2,11 @@
 :class:`~rtcommon.caches.CacheWarning` (then rebuilt by the caller), never trusted and never fatal.
 A cache folder that cannot be written degrades to running without the cache (also with a warning).
 
+Every entry carries a checksum (``_checksum``) of its file name (its key) and its content, written
+with it and checked on every read: a copy edited by hand (even to plausible values), truncated, or
+renamed to another key is discarded and rebuilt, never used. Shipped data read through the same
+functions (``checksum=False``) is checked only when it carries one.
+
 Usage::
 
     def valid(data):                       # None if usable, else the reason
@@ -13,6 +18,8 @@ Usage::
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from pathlib import Path
@@ -27,13 +34,23 @@ from .jsonio import parse_json
 MAX_CACHE_BYTES = 256 * 2 ** 20
 
 Validator = Callable[[Any], "str | None"]
+CHECKSUM_FIELD = "_checksum"
 
-def read_json_cache(path: str | os.PathLike, validate: Validator | None = None) -> dict | None:
-    """The JSON object cached at ``path``, or None when it is missing or unusable.
+
+def entry_checksum(name: str, data: dict) -> str:
+    """The checksum of a cache entry: its file name and its JSON content (as read back, keys sorted)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()
+
+
+def read_json_cache(path: str | os.PathLike, validate: Validator | None = None, checksum: bool = True) -> dict | None:
+    """The JSON object cached at ``path`` (without its checksum field), or None when it is missing or
+    unusable.
 
     Unusable (warned and ignored): unreadable, not UTF-8, not JSON, NaN/Infinity, deeply nested,
-    not an object, or refused by ``validate`` (which returns None when the entry is good, else the
-    reason; an exception it raises counts as a refusal)."""
+    not an object, a checksum missing (unless ``checksum`` is False: shipped data) or not matching,
+    or refused by ``validate`` (which returns None when the entry is good, else the reason; an
+    exception it raises counts as a refusal)."""
     where = os.fspath(path)
     try:
         size = os.path.getsize(where)
@@ -58,6 +75,13 @@ def read_json_cache(path: str | os.PathLike, validate: Validator | None = None) 
     if not isinstance(data, dict):
         warn(f"{where}: not a JSON object; ignored (it will be rebuilt)")
         return None
+    stored = data.pop(CHECKSUM_FIELD, None)
+    if stored is None and checksum:
+        warn(f"{where}: has no checksum (not written by this version); ignored (it will be rebuilt)")
+        return None
+    if stored is not None and stored != entry_checksum(Path(where).name, data):
+        warn(f"{where}: checksum mismatch (edited or damaged since it was written); ignored (it will be rebuilt)")
+        return None
     if validate is not None:
         try:
             reason = validate(data)
@@ -70,10 +94,13 @@ def read_json_cache(path: str | os.PathLike, validate: Validator | None = None) 
 
 
 def write_json_cache(path: str | os.PathLike, obj: Any) -> bool:
-    """Write a cache entry atomically; on an OS error (read-only or full disk, a file where the
-    folder should be) warn once and return False, so the caller runs on without the cache."""
+    """Write a cache entry atomically, with its checksum; on an OS error (read-only or full disk, a
+    file where the folder should be) warn once and return False, so the caller runs on without the cache."""
+    content = json.loads(json.dumps(obj, allow_nan=False))      # as a reader will see it (tuples, int keys)
+    content.pop(CHECKSUM_FIELD, None)
+    content[CHECKSUM_FIELD] = entry_checksum(Path(path).name, content)
     try:
-        atomic_write_json(path, obj)
+        atomic_write_json(path, content)
     except OSError as exc:
         warn(f"cannot write the cache in {Path(path).parent} ({exc.strerror or exc}); running without it")
         return False

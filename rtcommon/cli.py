@@ -29,6 +29,39 @@ OUTPUT_FILES = {"trace", "plot", "roofline"}
 OUTPUT_DIRS = {"out", "out_dir"}
 
 
+# help of the flags many commands share, given where a command's own definition has none (one text
+# per flag, so the commands that share it say the same); ``(command, flag)`` wins over ``flag``
+SHARED_HELP = {
+    "--json": "print the result as JSON on stdout (nothing else; errors still one line on stderr)",
+    "--m": "GEMM rows (M)", "--k": "GEMM inner dimension (K)", "--n": "GEMM columns (N)",
+    "--mode": "timing: cycles only, no data; functional: also computes the results",
+    "--mg": "tile: rows per m-block, over all DSPs (mg)", "--k2": "tile: rows of a B tile (k2)",
+    "--n2": "tile: columns of a B tile (n2)", "--mr": "tile: micro-kernel rows (mr)",
+    "--nv": "tile: micro-kernel vectors per row (nv)", "--rotation": "tile: register sets operands rotate through",
+    "--seq": "sequence length", "--heads": "query heads", "--head-dim": "head dimension",
+    "--br": "tile: query rows per tile (Br)", "--bc": "tile: keys per tile (Bc)",
+    "--br-prime": "tile: query rows per backward sub-tile (Br')",
+    "--bc-prime": "tile: keys per backward sub-tile (Bc')",
+    "--variant": "resident (Algorithm 1, intermediates on chip) or ddr-staged (the baseline)",
+    "--model": "a built-in model name or a GPT name (see `ratrain model --help`)",
+    "--hf-config": "a HuggingFace config.json instead of --model",
+    "--micro-batch": "sequences per micro-batch (b)", "--tp": "tensor-parallel degree (T)",
+    "--activation": "activation memory policy: fsr (recover in the backward), ckpt (recompute), full (keep all)",
+    "--prefetch": "state prefetch and update: layerwise (per layer, overlapped) or bulk (at the step's end)",
+    "--partition": "how layers are split over stages: balanced (by their cost) or uniform (equal layer counts)",
+    ("tune", "--k2"): "comma-separated k2 values to try", ("tune", "--n2"): "comma-separated n2 values to try",
+    ("tune", "--top"): "candidates listed in the ranking (default 5)",
+}
+
+
+def _fill_help(parser: argparse.ArgumentParser) -> None:
+    command = parser.prog.split()[-1]
+    for action in parser._actions:
+        if action.option_strings and action.help is None:
+            flag = action.option_strings[-1]
+            action.help = SHARED_HELP.get((command, flag), SHARED_HELP.get(flag))
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage text is one ``--help`` away)."""
 
@@ -87,6 +120,7 @@ def _output(kind: str, flag: str) -> Callable[[str], str]:
 
 def apply_policy(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Apply the module's argument policy to ``parser`` and every subcommand parser under it."""
+    _fill_help(parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():

@@ -112,9 +112,13 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def atomic_write_figure(path: str | os.PathLike, fig: Any, dpi: int = 100, **savefig_kwargs: Any) -> None:
-    """Render a Matplotlib figure as PNG, close it, and write the file atomically."""
+    """Render a Matplotlib figure as PNG (x tick labels that would overlap rotated apart: the house
+    style, rtcommon.figstyle), close it, and write the file atomically."""
     import matplotlib.pyplot as plt  # only when a figure is written: rtcommon stays light
 
+    from rtcommon.figstyle import readable_xticks
+
+    readable_xticks(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, **savefig_kwargs)
     plt.close(fig)

@@ -15,7 +15,7 @@ RATRAIN_ROOMS = ["errors", "spec", "cost", "sim", "plan", "replay", "repro", "cl
 # Imports allowed inside functions: plotting libraries kept off the import path of a library
 # module that only draws on request, and Dask, an optional extra that takes a second to import
 # (only a sweep given --scheduler needs it).
-LAZY_OK = {"matplotlib", "matplotlib.pyplot", "dask.distributed"}
+LAZY_OK = {"matplotlib", "matplotlib.pyplot", "dask.distributed", "rtcommon.figstyle"}   # figstyle imports pyplot
 
 
 def _modules(package: str) -> dict[str, Path]:

@@ -341,9 +341,16 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
 
 
 def test_cli_validate_attention_json(capsys, monkeypatch):
-    monkeypatch.setattr(cli_validate, "validate_attention", lambda plat: validate_attention(plat, seqs=(512,)))
+    monkeypatch.setattr(cli_validate, "validate_attention",
+                        lambda plat, progress: validate_attention(plat, seqs=(512,), progress=progress))
+    assert cli_main(["validate", "attention"]) == 0
+    err = capsys.readouterr().err.splitlines()        # a line before each emulation, on stderr
+    assert [line.split("] ", 1)[1] for line in err] == ["attention 1/1: seq 512, 16 heads, resident backward ...",
+                                                       "attention 1/1: seq 512, 16 heads, DDR-staged backward ..."]
     assert cli_main(["validate", "attention", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    out = json.loads(captured.out)
     (row,) = out["rows"]
     assert row["seq"] == 512 and row["speedup"] == pytest.approx(row["staged_ms"] / row["resident_ms"])
     assert cli_main(["attention-fwd", "--seq", "32", "--heads", "2", "--head-dim", "16", "--mode", "functional",

@@ -67,7 +67,7 @@ def test_mtemu_cache_json_lists_every_cache(tmp_path, monkeypatch, capsys):
     listed = {c["name"]: c for c in payload["caches"]}
     assert list(listed) == [c.name for c in caches.CACHES]
     assert listed["tune"]["entries"] == 2 and listed["tune"]["bytes"] == 2 + 8
-    assert listed["tune"]["folder"] == str(tmp_path / "tune") and listed["programs"]["version"] == 2
+    assert listed["tune"]["folder"] == str(tmp_path / "tune") and listed["programs"]["version"] == 3
 
 
 def test_a_cache_warning_is_one_line_on_the_cli(tmp_path, monkeypatch, capsys):

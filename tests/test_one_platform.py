@@ -15,6 +15,7 @@ from ratrain.plan.planner import Planner, simulate_config
 from ratrain.spec.models import ModelSpec, get_model
 from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import GIB, TrainingPlatform
+from rtcommon.cache import write_json_cache
 from rtcommon.caches import CacheWarning
 
 TINY = ModelSpec(name="tiny-platform", hidden=192, ffn=384, layers=4, heads=3, kv_heads=3, head_dim=64, vocab=384)
@@ -134,8 +135,8 @@ def test_profile_of_the_c_stationary_variant_uses_it():
 def test_corrupt_gemm_cache_entries_are_dropped_with_a_warning(tmp_path):
     cache = profile.GemmCache()
     key = cache.key(48, 64, 192)
-    (tmp_path / "gemm_cache.json").write_text(json.dumps(
-        {"format": profile.GEMM_FORMAT, "entries": {key: {"seconds": 1.0, "utilization": 5.0}}}))
+    write_json_cache(tmp_path / "gemm_cache.json",
+                     {"format": profile.GEMM_FORMAT, "entries": {key: {"seconds": 1.0, "utilization": 5.0}}})
     with pytest.warns(CacheWarning, match="impossible cache entr"):
         fresh = profile.GemmCache()
     assert key not in fresh.entries

@@ -215,7 +215,9 @@ def test_array_files_round_trip_and_refuse_damage(tmp_path, mapped):
     raw = path.read_bytes()
     for bad, why in ((raw[:-64], "checksum|shorter"), (raw[:-1], "checksum"), (b"junk" + raw, "not an array file"),
                      (raw[:-8] + bytes([raw[-8] ^ 1]) + raw[-7:], "checksum"), (b"", "too short"),
-                     (raw[:12], "too short")):
+                     (raw[:12], "too short"),
+                     (raw.replace(b"[7, 1]", b"[1, 7]", 1), "header was edited"),      # same bytes, another shape
+                     (raw.replace(b'{"x": 1}', b'{"x": 2}', 1), "header was edited")):
         path.write_bytes(bad)
         with pytest.raises(ArrayFileError, match=why):
             read_arrays(path, "k", mapped=mapped)

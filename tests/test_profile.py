@@ -10,6 +10,7 @@ from mtemu.kernels.registry import DEFAULT_GEMM, emulation_set, gemm_variant, ti
 from mtemu.platform import DEFAULT as DEFAULT_CLUSTER
 from ratrain.errors import ConfigError
 from ratrain.spec.models import ModelSpec, get_model, layer_operators
+from rtcommon.cache import write_json_cache
 from rtcommon.caches import CacheWarning
 
 DEFAULT_VARIANT = gemm_variant(DEFAULT_GEMM)
@@ -56,7 +57,7 @@ def test_emulated_profile_uses_emulated_gemms_and_is_cached(cache):
     assert calls == [] and again.forward_s == pytest.approx(prof.forward_s)
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "stale", "malformed"])
+@pytest.mark.parametrize("damage", ["corrupt", "stale", "malformed", "edited"])
 def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
     prof = profile.layer_profile(TINY, 1, 64)
     path = next((cache / "profiles").glob("hf-config-*.json"))
@@ -68,9 +69,13 @@ def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
         data["forward_s"] = 123.0
         for o in data["ops"]:
             o["forward_s"] = 1.0
-        path.write_text(json.dumps(data))
-    else:
+        write_json_cache(path, data)            # an older version's entry, its checksum intact
+    elif damage == "malformed":
         del data["ops"]
+        path.write_text(json.dumps(data))
+    else:                                       # by hand, to plausible values: every operator 10x faster
+        for o in data["ops"] + data["first_ops"] + data["last_ops"]:
+            o["forward_s"], o["backward_s"] = o["forward_s"] / 10, o["backward_s"] / 10
         path.write_text(json.dumps(data))
     profile._MEMO.clear()
     with warnings.catch_warnings(record=True) as seen:
@@ -91,8 +96,20 @@ def test_gemm_cache_ignores_entries_of_another_emulator_version(cache):
     assert list(raw["entries"]) == [c.key(48, 64, 192)]
     # the same shape under another version is not found
     raw["entries"] = {k.replace(c.version, "f" * 16): {**v, "seconds": 99.0} for k, v in raw["entries"].items()}
-    (cache / "gemm_cache.json").write_text(json.dumps(raw))
+    write_json_cache(cache / "gemm_cache.json", raw)
     fresh = profile.GemmCache()
+    assert fresh.lookup(48, 64, 192)["seconds"] == entry["seconds"]
+
+
+def test_a_hand_edited_gemm_latency_is_never_used(cache):
+    c = profile.GemmCache()
+    entry = c.lookup(48, 64, 192)
+    c.save()
+    raw = json.loads((cache / "gemm_cache.json").read_text())
+    raw["entries"][c.key(48, 64, 192)]["seconds"] = entry["seconds"] / 10      # plausible, 10x faster
+    (cache / "gemm_cache.json").write_text(json.dumps(raw))
+    with pytest.warns(CacheWarning, match="gemm_cache.json: checksum mismatch"):
+        fresh = profile.GemmCache()
     assert fresh.lookup(48, 64, 192)["seconds"] == entry["seconds"]
 
 

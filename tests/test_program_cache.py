@@ -1,5 +1,7 @@
 """Built GEMM programs on disk: identical to a fresh build, keyed by kernel, shape, tiles and platform,
 rebuilt with a warning when a file is unreadable or holds another program."""
+import json
+
 import numpy as np
 import pytest
 
@@ -74,7 +76,8 @@ def test_the_key_separates_kernels_shapes_tiles_and_platforms():
     assert len({cache_path(k) for k in keys}) == 5
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "flip", "float_code", "short_code"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "flip", "float_code", "short_code",
+                                    "edited_descriptor", "edited_register"])
 def test_a_damaged_file_is_rebuilt_with_a_warning(damage):
     mod, kernel, tiles = CASES[0]
     fresh = build(mod, tiles)
@@ -88,11 +91,19 @@ def test_a_damaged_file_is_rebuilt_with_a_warning(damage):
         at = raw.index(b"code.npy") + 200
         raw[at] ^= 0x5A
         path.write_bytes(bytes(raw))
-    elif damage in ("float_code", "short_code"):          # a well-formed file with a bad code array
-        with np.load(path) as z:
+    elif damage in ("float_code", "short_code", "edited_descriptor", "edited_register"):
+        with np.load(path) as z:                          # a well-formed file, one thing changed in it
             arrays = {k: z[k] for k in z.files}
-        arrays["code"] = (arrays["code"].astype(np.float32) if damage == "float_code"
-                          else arrays["code"].reshape(-1)[:-1])
+        if damage == "edited_descriptor":                 # a plausible value, by hand
+            arrays["tables"] = arrays["tables"].copy()
+            arrays["tables"].flat[0] += 64
+        elif damage == "edited_register":
+            header = json.loads(str(arrays["header"]))
+            header["init_sregs"][0][1][0][1] += 1
+            arrays["header"] = np.array(json.dumps(header, sort_keys=True))
+        else:
+            arrays["code"] = (arrays["code"].astype(np.float32) if damage == "float_code"
+                              else arrays["code"].reshape(-1)[:-1])
         with open(path, "wb") as fh:
             np.savez_compressed(fh, **arrays)
     else:   # a valid file of another program under this name

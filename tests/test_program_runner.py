@@ -1,5 +1,10 @@
 """mtemu run's library: specs, loading, checks before the run, faults during it, nothing half written."""
+import os
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +39,9 @@ COPY = """# copy 8 FP16 values DDR -> AM -> DDR on every DSP, each to its own sl
 { dmawait 1 }
 { halt }
 """
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, name, text):
@@ -188,3 +196,50 @@ def test_python_program_contract(tmp_path):
             load_kernel(write(tmp_path, "bad.py", text), DEFAULT)
     with pytest.raises(MtemuError, match="no such program file"):
         load_kernel(tmp_path / "missing.s", DEFAULT)
+
+
+def _user_threads() -> set:
+    return {t for t in threading.enumerate() if t is not threading.main_thread()}
+
+
+@pytest.mark.parametrize("body", ["    while True:\n        pass\n",                  # a Python loop
+                                  "    try:\n        while True:\n            pass\n"   # that swallows Exception
+                                  "    except Exception:\n        pass\n",
+                                  "    import time\n    time.sleep(10 ** 6)\n"])       # blocked in C
+def test_a_python_build_past_its_deadline_is_refused_and_leaves_no_thread_holding_the_exit(tmp_path, body):
+    before = _user_threads()
+    prog = write(tmp_path, "slow.py", "def build(platform):\n" + body)
+    t0 = time.monotonic()
+    with pytest.raises(MtemuError, match=r"slow.py: loading and build\(platform\) did not finish within 0.3 s"):
+        load_kernel(prog, DEFAULT, build_seconds=0.3)
+    assert time.monotonic() - t0 < 3
+    left = _user_threads() - before
+    assert all(t.daemon for t in left)          # a sleeping one may linger, but never holds the exit
+    if "sleep" not in body:
+        assert not left
+
+
+def test_threads_a_python_program_starts_are_stopped_or_daemons(tmp_path):
+    before = _user_threads()
+    prog = write(tmp_path, "spawn.py",
+                 "import threading, time\nfrom mtemu.assembler import ProgramBuilder, ins\n"
+                 "def spin():\n    while True:\n        pass\n"
+                 "threading.Thread(target=spin, daemon=False).start()\n"        # even an explicit non-daemon
+                 "threading.Thread(target=time.sleep, args=(10 ** 6,)).start()\n"
+                 "def build(platform):\n    b = ProgramBuilder(platform)\n    b.bundle(ins('halt'))\n"
+                 "    return b.assemble()\n")
+    kernel, plat = load_kernel(prog, DEFAULT)
+    assert run_kernel(kernel, plat).report.cycles == 1
+    left = _user_threads() - before
+    assert len(left) <= 1 and all(t.daemon for t in left)
+
+
+def test_mtemu_run_ends_on_a_build_deadline_with_one_line(tmp_path):
+    prog = write(tmp_path, "slow.py", "import time\ndef build(platform):\n    time.sleep(10 ** 6)\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mtemu.cli", "run", str(prog), "--build-seconds", "0.5"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--build-seconds" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 60

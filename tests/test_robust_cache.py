@@ -67,7 +67,7 @@ def test_any_bytes_give_a_valid_entry_or_none(tmp_path_factory, data):
 ])
 def test_impossible_tuner_entries_are_refused(tmp_path, entry, reason):
     path = tmp_path / "e.json"
-    path.write_text(json.dumps(entry))
+    write_json_cache(path, entry)           # as a faulty version would write it: the checksum holds
     with pytest.warns(CacheWarning) as seen:
         assert _read(path) is None
     (message,) = [str(w.message) for w in seen]
@@ -84,7 +84,29 @@ def test_nan_and_huge_files_are_refused(tmp_path, monkeypatch):
     with pytest.warns(CacheWarning, match="too large"):
         assert read_json_cache(path) is None
     monkeypatch.setattr(cache, "MAX_CACHE_BYTES", 1 << 20)
+    write_json_cache(path, GOOD)
     assert read_json_cache(path, _valid_entry) == GOOD
+
+
+def test_an_entry_edited_renamed_or_unsigned_is_never_used(tmp_path):
+    caches._warned.clear()
+    path = tmp_path / "e.json"
+    assert write_json_cache(path, GOOD)
+    assert read_json_cache(path, _valid_entry) == GOOD          # the checksum is not part of the entry
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "cycles": 999}))       # a plausible value, typed by hand
+    with pytest.warns(CacheWarning, match=r"e.json: checksum mismatch .*ignored \(it will be rebuilt\)"):
+        assert read_json_cache(path, _valid_entry) is None
+    write_json_cache(path, GOOD)
+    path.rename(tmp_path / "other-key.json")                      # another key's name: the same bytes
+    with pytest.warns(CacheWarning, match="other-key.json: checksum mismatch"):
+        assert read_json_cache(tmp_path / "other-key.json") is None
+    path.write_text(json.dumps(GOOD))                             # written by hand, no checksum at all
+    with pytest.warns(CacheWarning, match="e.json: has no checksum"):
+        assert read_json_cache(path) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_json_cache(path, checksum=False) == GOOD    # shipped data: checked only if signed
 
 
 def test_check_fields():
@@ -112,11 +134,15 @@ def test_tuner_re_emulates_an_impossible_entry_and_runs_without_a_writable_cache
     first = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
     files = sorted(tune_cache_dir().glob("*.json"))
     assert len(files) == len(first.candidates)
-    files[0].write_text(json.dumps({**GOOD, "utilization": 5.0}))     # a utilization of 500%
+    write_json_cache(files[0], {**GOOD, "utilization": 5.0})     # a utilization of 500%, checksum intact
     files[1].write_bytes(b"\x00\xff binary junk")
-    with pytest.warns(CacheWarning, match="above 1.0"):
+    edited = json.loads(files[2].read_text())
+    files[2].write_text(json.dumps({**edited, "utilization": edited["utilization"] * 1.1}))   # plausible, by hand
+    with pytest.warns(CacheWarning) as seen:
         again = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False)
-    assert sum(not c.cached for c in again.candidates) == 2
+    messages = " ".join(str(w.message) for w in seen)
+    assert "above 1.0" in messages and f"{files[2]}: checksum mismatch" in messages
+    assert sum(not c.cached for c in again.candidates) == 3
     assert [c.utilization for c in again.candidates] == [c.utilization for c in first.candidates]
     assert all(c.utilization <= 1 for c in again.candidates)
     blocked = cachedir / "blocked"

@@ -12,6 +12,7 @@ from mtemu.platform import RANGES, Latencies, load_platform
 from ratrain.errors import ConfigError
 from ratrain.spec.models import from_hf_config, get_model
 from ratrain.spec.platform import TrainingPlatform
+from rtcommon.cache import write_json_cache
 from rtcommon.checks import checked_number
 
 HUGE = 10 ** 400
@@ -97,10 +98,10 @@ def test_a_cached_profile_with_a_broken_kernel_list_is_rebuilt(tmp_path, edit):
 
     data = _shipped_profile()
     path = tmp_path / "p.json"
-    path.write_text(json.dumps(data))
+    write_json_cache(path, data)
     assert _load_if_current(path, data["emulator_version"], data["platform_key"]) is not None
     attention = next(o for o in data["ops"] if o["kind"] == "attention")
     attention["gemms"] = {"empty": [], "short": [["attention-fwd", 8]], "not-a-list": "x"}[edit]
-    path.write_text(json.dumps(data))
+    write_json_cache(path, data)            # as a faulty version would write it: the checksum holds
     with pytest.warns(CacheWarning, match="is malformed"):
         assert _load_if_current(path, data["emulator_version"], data["platform_key"]) is None

@@ -46,7 +46,8 @@ def _program(args: argparse.Namespace):
     trace, window = trace_options(args)
     plat = load_platform(args.platform)
     result = run_program(args.program, plat, inputs=args.input, outputs=[], out_dir=None, mode=args.mode,
-                         dsps=args.dsps, max_cycles=args.max_cycles, trace=trace)
+                         dsps=args.dsps, max_cycles=args.max_cycles, trace=trace, max_seconds=args.max_seconds,
+                         build_seconds=args.build_seconds)
     args.explain = True
     extra, lines = report_extras(result.stats, args, window, result.report.macs)
     payload = {"kernel": "program", "program": args.program, "run": result.report.to_json(), **extra}

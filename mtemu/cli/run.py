@@ -11,7 +11,7 @@ from ..errors import MtemuError
 from ..explain import explain, plot_roofline
 from ..machine import RunStats
 from ..platform import load_platform
-from ..program_runner import DEFAULT_MAX_SECONDS, run_program
+from ..program_runner import DEFAULT_BUILD_SECONDS, DEFAULT_MAX_SECONDS, run_program
 from ..trace import DEFAULT_MAX_EVENTS, TraceOptions, parse_window, write_chrome_trace
 
 
@@ -84,6 +84,9 @@ def add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, metavar="S",
                    help=f"stop with an error past S seconds of host time, whatever the cycle limit "
                         f"(default {DEFAULT_MAX_SECONDS:g})")
+    p.add_argument("--build-seconds", type=float, default=DEFAULT_BUILD_SECONDS, metavar="S",
+                   help=f"a Python program: stop with an error when loading it and its build(platform) take "
+                        f"more than S seconds of host time (default {DEFAULT_BUILD_SECONDS:g})")
 
 
 def _run(args: argparse.Namespace):
@@ -91,7 +94,7 @@ def _run(args: argparse.Namespace):
     plat = load_platform(args.platform)
     result = run_program(args.program, plat, inputs=args.input, outputs=args.output, out_dir=args.out_dir,
                          mode=args.mode, dsps=args.dsps, max_cycles=args.max_cycles, trace=trace,
-                         max_seconds=args.max_seconds)
+                         max_seconds=args.max_seconds, build_seconds=args.build_seconds)
     payload = result.report.to_json()
     extra, lines = report_extras(result.stats, args, window, result.report.macs)
     payload.update(extra)

@@ -8,6 +8,9 @@ from ..kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
 from ..tune import format_tune, tune_attention, tune_gemm
 from .args import add_platform_args, parse_ints, platform_from_args
 
+# its own folder: a reproduction writes results/tune, whose heatmap its report embeds
+DEFAULT_OUT = "mtemu-tune"
+
 
 def _tune(args: argparse.Namespace) -> tuple[dict, str]:
     plat = platform_from_args(args)
@@ -59,7 +62,8 @@ def register(sub) -> None:
     p.add_argument("--n2", dest="grid_n2", metavar="LIST")
     p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on an existing Dask distributed cluster")
-    p.add_argument("--out", default="results/tune", help="folder for the heatmap and table")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the heatmap and table (default {DEFAULT_OUT}/: "
+                                                      "its own, never a reproduction's results/)")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--emulate-top", type=int, metavar="N",
                    help="GEMM: emulate only the N candidates with the best closed-form bound (plus the defaults); "

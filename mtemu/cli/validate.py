@@ -42,7 +42,7 @@ def _validate(args: argparse.Namespace) -> tuple[dict, str]:
     if args.what == "table5-study":
         return _table5_study(args, plat)
     if args.what == "attention":
-        rows = validate_attention(plat)
+        rows = validate_attention(plat, progress=not args.json)
         return {"rows": rows, "platform_hash": plat.digest()}, format_attention(rows)
     raise MtemuError(f"unknown validation {args.what!r}")
 

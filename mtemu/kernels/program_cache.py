@@ -196,10 +196,21 @@ def _dump(key: str, program: Program, dsp_descriptors: dict[int, np.ndarray],
                              for d, regs in sorted(init_sregs.items())]}
     tables = (np.stack([dsp_descriptors[d] for d in dsps]) if dsps
               else np.zeros((0,) + program.descriptors.shape, np.int64))
+    header["checksum"] = _checksum(header, program.code, program.descriptors, tables)
     buf = io.BytesIO()
     np.savez_compressed(buf, header=np.array(json.dumps(header, sort_keys=True)), code=_narrow(program.code),
                         descriptors=program.descriptors, tables=tables)
     return buf.getvalue()
+
+
+def _checksum(header: dict, code: np.ndarray, descriptors: np.ndarray, tables: np.ndarray) -> str:
+    """A program file's checksum: its header (but this field) and the wrapping sums of its arrays' int64
+    words, each with its shape (a sum, not a hash, of the code: it is read on every load, some MB)."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "checksum"}, sort_keys=True).encode())
+    for arr in (code, descriptors, tables):
+        words = np.ascontiguousarray(arr, dtype=np.int64).view(np.uint64)
+        h.update(f"{arr.shape}:{int(np.add.reduce(words, axis=None, dtype=np.uint64)) if words.size else 0};".encode())
+    return h.hexdigest()
 
 
 def _load(path: Path, key: str) -> Built:
@@ -215,10 +226,18 @@ def _load(path: Path, key: str) -> Built:
                         stacklevel=4)
             drop_code(_key_hash(key))
             code = None
+        kept = code is not None
         if code is None:
             code = _read_widened(z.zip, "code.npy")
         descs = np.ascontiguousarray(z["descriptors"], dtype=np.int64)
         tables = np.asarray(z["tables"], dtype=np.int64)
+        sound = header.get("checksum") == _checksum(header, code, descs, tables)
+        if not sound and kept:                 # the kept copy or the file is wrong: the file's own code decides
+            drop_code(_key_hash(key))
+            code = _read_widened(z.zip, "code.npy")
+            sound = header.get("checksum") == _checksum(header, code, descs, tables)
+        if not sound:
+            raise ValueError("checksum mismatch (edited or damaged since it was written)")
     if code.ndim != 3 or code.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) or descs.ndim != 2 \
             or descs.shape[1:] != (isa.N_DESC,) or tables.shape[1:] != descs.shape \
             or tables.shape[0] != len(header["dsp_descriptors"]):

@@ -2,6 +2,8 @@
 emulated cycles only."""
 from __future__ import annotations
 
+from rtcommon.progress import Progress
+
 from ..kernels.attention import attention_backward_timing
 from ..platform import DEFAULT, Platform, as_platform
 
@@ -17,13 +19,17 @@ def validate_heads(seq: int, platform: Platform = DEFAULT) -> int:
 
 
 def validate_attention(platform: Platform | None = None, seqs: tuple[int, ...] = VALIDATE_SEQS,
-                       head_dim: int = 128, causal: bool = True) -> list[dict]:
-    """Resident (Algorithm 1) vs DDR-staged backward in timing mode, one row per sequence length."""
+                       head_dim: int = 128, causal: bool = True, progress: bool = False) -> list[dict]:
+    """Resident (Algorithm 1) vs DDR-staged backward in timing mode, one row per sequence length
+    (``progress``: a line on stderr before each emulation, the longest take about a minute)."""
     platform = as_platform(platform)
+    say = Progress(progress)
     rows = []
-    for seq in seqs:
+    for i, seq in enumerate(seqs):
         heads = validate_heads(seq, platform)
+        say(f"attention {i + 1}/{len(seqs)}: seq {seq}, {heads} heads, resident backward ...")
         res = attention_backward_timing(heads, 1, seq, head_dim, causal=causal, variant="resident", platform=platform)
+        say(f"attention {i + 1}/{len(seqs)}: seq {seq}, {heads} heads, DDR-staged backward ...")
         stg = attention_backward_timing(heads, 1, seq, head_dim, causal=causal, variant="ddr-staged", platform=platform)
         rows.append({"seq": seq, "heads": heads, "kv_heads": 1, "head_dim": head_dim, "causal": causal,
                      "schedule": res.schedule, "speedup": stg.cycles / res.cycles,

@@ -12,7 +12,8 @@ from ratrain.replay.correctness import (
     save_outputs,
 )
 
-DEFAULT_OUT = "results/correctness"
+# its own folder: a reproduction writes results/correctness, which this must not replace
+DEFAULT_OUT = "ratrain-correctness"
 
 
 def register(subparsers) -> None:
@@ -36,7 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help=f"init and data seed (default {d.seed})")
     p.add_argument("--no-reorder-reference", action="store_true",
                    help="skip the yardstick run that sums micro-batch gradients in reverse order")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"output folder (default {DEFAULT_OUT}/: its own, never a reproduction's results/)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=handle)
 

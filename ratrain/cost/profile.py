@@ -107,8 +107,8 @@ class GemmCache:
         self.emulated = 0
 
     def _read(self, path: Path) -> dict:
-        # unreadable, corrupt or oversized files are warned about and skipped by rtcommon.cache
-        data = read_json_cache(path)
+        # unreadable, corrupt, edited or oversized files are warned about and skipped by rtcommon.cache
+        data = read_json_cache(path, checksum=not path.is_relative_to(SHIPPED_DIR))
         if data is None or data.get("format") != GEMM_FORMAT or not isinstance(data.get("entries"), dict):
             return {}
         out, bad = {}, 0
@@ -627,7 +627,8 @@ def _kernels_problem(prof: LayerProfile) -> str | None:
 def _load_if_current(path: Path, version: str, key: str) -> LayerProfile | None:
     """A shipped or cached profile, if it is current and sane; anything else is rebuilt with a
     one-line warning (a stale file silently: a new emulator version or platform is expected)."""
-    data = read_json_cache(path)       # None: missing, or corrupt (warned by rtcommon.cache)
+    # None: missing, or corrupt or edited (warned by rtcommon.cache); shipped files carry no checksum
+    data = read_json_cache(path, checksum=not path.is_relative_to(SHIPPED_DIR))
     if data is None:
         return None
     if (data.get("format") != PROFILE_FORMAT or data.get("emulator_version") != version

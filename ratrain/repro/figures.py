@@ -1,6 +1,7 @@
 """Figures of the reproduction (PNG, written atomically): paper vs ours, side by side."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -8,7 +9,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from rtcommon.figstyle import DPI, finish, subplots  # noqa: E402
 from rtcommon.fileio import atomic_write_figure  # noqa: E402
 
 __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_figure", "stage_memory_figure",
@@ -16,21 +19,32 @@ __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_
 
 
 def save_figure(fig, path: Path) -> None:
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    """Write ``fig`` in the house style (rtcommon.figstyle): readable tick labels, fitted layout, nothing
+    outside the canvas (legends placed below a panel are kept)."""
+    finish(fig)
+    atomic_write_figure(path, fig, dpi=DPI, bbox_inches="tight")
 
 
-def bar_comparison(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None) -> None:
-    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4))
+def bar_comparison(path: Path, labels, ours, theirs, ylabel: str, title: str, ref: float | None = None,
+                   missing: str = "n/a") -> None:
+    """Ours beside the paper's per label; a zero or missing value is marked ``missing`` at its bar's foot,
+    the legend sits outside the bars."""
+    fig, ax = subplots(figsize=(max(7, 1.1 * len(labels)), 4))
     x = np.arange(len(labels))
+    ours = [v or 0.0 for v in ours]
+    theirs = [v or 0.0 for v in theirs]
     ax.bar(x - 0.2, ours, 0.4, label="ours (simulated)", color="#1f77b4")
     ax.bar(x + 0.2, theirs, 0.4, label="paper", color="#bbbbbb")
+    for xs, values in ((x - 0.2, ours), (x + 0.2, theirs)):
+        for xi, v in zip(xs, values, strict=True):
+            if not v:
+                ax.text(xi, 0, missing, rotation=90, ha="center", va="bottom", fontsize=7, color="#555555")
     if ref is not None:
         ax.axhline(ref, color="k", lw=0.8, ls=":")
-    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xticks(x, labels)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     save_figure(fig, path)
 
 
@@ -72,7 +86,7 @@ def ablation_figure(rows, path: Path) -> None:
 
 
 def stage_memory_figure(rows, path: Path) -> None:
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(rows), figsize=(4 * len(rows), 4.2), squeeze=False)
     for ax, r in zip(axes[0], rows, strict=False):
         st = r.get("stages") or []
         x = np.arange(len(st))
@@ -82,11 +96,15 @@ def stage_memory_figure(rows, path: Path) -> None:
             ax.bar(x, vals, bottom=bottom, color=color, label=key.replace("_gb", ""))
             bottom += vals
         ax.axhline(20, color="red", lw=1, ls="--", label="20 GB budget")
-        ax.set_title(f"{r['model']}: {r.get('config', 'none fits')}", fontsize=8)
+        # the layout on lines of its own: four panels' one-line titles ran into each other
+        config = textwrap.fill(str(r.get("config", "none fits")).replace(",", ", "), 34)
+        ax.set_title(f"{r['model']}\n{config}", fontsize=8)
         ax.set_xlabel("stage")
         ax.set_ylabel("GB (2^30 bytes)")
         ax.set_ylim(0, 22)
-    axes[0][0].legend(fontsize=7, loc="lower left")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.06), frameon=False)
     fig.suptitle("Table 3: per-stage memory of the smallest feasible footprint found")
     save_figure(fig, path)
 
@@ -96,14 +114,14 @@ def table5_figure(rows, variants, path: Path, tiles_text: str = "") -> None:
     stall breakdown, labelled with its loop order."""
     matplotlib.use("Agg")
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), width_ratios=(1, 1.2))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(13, 4.6), width_ratios=(1, 1.2))
     labels = [f"{r.k}x{r.n}" for r in rows]
     x = np.arange(len(rows))
     ax1.bar(x - 0.2, [100 * r.utilization for r in rows], 0.4, label="mtemu (emulated)", color="#1f77b4")
     ax1.bar(x + 0.2, [100 * r.paper_utilization for r in rows], 0.4, label="paper", color="#bbbbbb")
     for i, r in enumerate(rows):
         ax1.text(i - 0.2, 100 * r.utilization + 0.5, f"{100 * r.utilization:.1f}", ha="center", fontsize=8)
-    ax1.set_xticks(x, labels, rotation=20, ha="right")
+    ax1.set_xticks(x, labels)
     ax1.set_ylim(0, 90)
     ax1.set_ylabel("MAC utilization (%)")
     ax1.set_title("FP16 GEMM, M=2048 (weights K x N)" + (f"\n{tiles_text}" if tiles_text else ""), fontsize=10)
@@ -123,8 +141,7 @@ def table5_figure(rows, variants, path: Path, tiles_text: str = "") -> None:
     ax2.set_title("Why: stall breakdown on 2048x4096x4096\n(pipeline and tile variants of the c-stationary loop "
                   "order)", fontsize=10)
     ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(kinds), frameon=False)
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    save_figure(fig, path)
 
 
 def attention_figure(rows, path: Path, lo: float, hi: float) -> None:
@@ -139,5 +156,4 @@ def attention_figure(rows, path: Path, lo: float, hi: float) -> None:
     ax.set_ylabel("speedup over DDR-staged (x)")
     ax.set_title("Attention backward: memory-resident vs DDR-staged")
     ax.legend()
-    fig.tight_layout()
-    atomic_write_figure(path, fig, dpi=110)
+    save_figure(fig, path)

@@ -33,10 +33,11 @@ from ratrain.errors import ConfigError
 from ratrain.plan.planner import Planner, search_space
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
-from ratrain.repro.figures import plt, save_figure
+from ratrain.repro.figures import save_figure
 from ratrain.repro.training import table2_rows
 from ratrain.spec.models import get_model
 from ratrain.spec.platform import GIB, TrainingPlatform
+from rtcommon.figstyle import subplots
 from rtcommon.progress import Progress
 
 # the what-if platform files, in the source checkout's platforms/ folder (not part of the wheel)
@@ -286,7 +287,7 @@ def run_platforms(out: Path, progress: Progress, s: Settings = DEFAULT_SETTINGS)
 
 
 def _figure(rows: list[dict], names: list[str], path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(14, 5), sharey=True)
     groups = [(p, m) for p in names for m in MODELS]
     width = 0.8 / len(BASELINES)
     for ax, kind, title in ((axes[0], "table2", "Table 2's fixed layouts (simulated)"),
@@ -299,9 +300,10 @@ def _figure(rows: list[dict], names: list[str], path: Path) -> None:
             ax.bar([g + (i - (len(BASELINES) - 1) / 2) * width for g in range(len(groups))], vals, width,
                    label=method)
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(range(len(groups)), [f"{p}\n{m}" for p, m in groups], fontsize=6, rotation=30)
+        ax.set_xticks(range(len(groups)), [f"{p}\n{m}" for p, m in groups])      # rotated as needed on save
         ax.set_title(title, fontsize=10)
     axes[0].set_ylabel("slowdown vs RATrain (x); 0 = does not fit")
-    axes[1].legend(fontsize=7, ncol=len(BASELINES), loc="lower center")
+    axes[1].legend(ncol=len(BASELINES), loc="upper center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    axes[1].set_ylim(0, 1.25 * axes[1].get_ylim()[1])                       # room for the legend above the bars
     fig.suptitle("Second platform: GPU-style strategies vs RATrain on simulated what-if platforms")
     save_figure(fig, path)

@@ -25,6 +25,7 @@ from ratrain.repro.ranking import run_ranking
 from ratrain.repro.schedules import run_schedules
 from ratrain.repro.sensitivity import run_sensitivity
 from ratrain.repro.stragglers import run_stragglers
+from ratrain.repro.summary import write_summary
 from rtcommon.fileio import atomic_write_json, atomic_write_text
 from rtcommon.progress import Progress
 
@@ -111,6 +112,7 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
         prog(f"{key}: {exp.passed}/{len(exp.checks)} checks pass ({exp.seconds:.0f} s)")
     if len(keys) > 1:
         write_report(done, out, settings)
+        write_summary({e.key: e.to_json() for e in done}, out)
     return done
 
 

@@ -180,16 +180,22 @@ def _steps_figure(rows: list[dict], path: Path) -> None:
         got = {(r["model"], r["pp"], r["dp"]): r for r in rows if r["schedule"] == name}
         rel = [(got[k].get("vs_1f1b") or 0.0) if k in got else 0.0 for k in layouts]
         gain = [(got[k].get("gain") or 0.0) if k in got else 0.0 for k in layouts]
-        a1.bar(x + (i - (len(names) - 1) / 2) * w, rel, w, label=name)
-        a2.bar(x + (i - (len(names) - 1) / 2) * w, gain, w, label=name)
+        at = x + (i - (len(names) - 1) / 2) * w
+        a1.bar(at, rel, w, label=name)
+        a2.bar(at, gain, w, label=name)
+        for ax, values in ((a1, rel), (a2, gain)):
+            for xi, v in zip(at, values, strict=True):
+                if not v:       # the schedule does not apply to this layout
+                    ax.text(xi, 0, "n/a", rotation=90, ha="center", va="bottom", fontsize=7, color="#555555")
     labels = [f"{m.split('-')[0]}\nP={p} D={d}" for m, p, d in layouts]
-    for ax, ylab, title in ((a1, "step / 1F1B step (with RATrain)", "step time by schedule (0 = n/a)"),
+    for ax, ylab, title in ((a1, "step / 1F1B step (with RATrain)", "step time by schedule"),
                             (a2, "step without / step with (x)", "do RATrain's mechanisms still pay?")):
         ax.set_xticks(x, labels, fontsize=7)
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_ylabel(ylab)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
+    handles, names_shown = a1.get_legend_handles_labels()       # one legend, below the panels
+    fig.legend(handles, names_shown, loc="lower center", ncol=len(names), bbox_to_anchor=(0.5, -0.05), frameon=False)
     save_figure(fig, path)
 
 
