@@ -22,7 +22,8 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
 - Megatron's fused kernels: the dropout and residual add after the attention projection and after
   the MLP run as one kernel (:data:`FUSED_DROPOUT_ADD`).
 - Attention as Megatron runs it unfused: a batched GEMM Q K^T (seq x head_dim x seq per head),
-  the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16), and a batched GEMM
+  the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16; PyTorch's five-kernel
+  FP32 softmax where Megatron's kernel does not take the shape, :func:`fused_softmax`), and a batched GEMM
   of the probabilities with V; backward: four batched GEMMs (dV, dP, dQ, dK) and the softmax's
   backward (reads output and gradient, writes the input gradient). Attention dropout is its own
   elementwise operator in the model's operator list. Causal masking does not skip work in this
@@ -34,6 +35,7 @@ the cost terms read it as they read an emulated one.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -89,13 +91,56 @@ def host_seconds(kernels: int, platform: GpuPlatform) -> float:
     return kernels * platform.kernels.launch_s
 
 
+@functools.lru_cache(maxsize=64)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal variables] (0 for one): 0.564 for two, 1.029 for
+    four, 1.424 for eight. Midpoint rule over [-9, 9] of x d/dx Phi(x)^n, 1 part in 1e9."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 18_000, -9.0, 9.0
+    h = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * h
+        cdf = 0.5 * math.erfc(-x / math.sqrt(2.0))
+        total += x * n * cdf ** (n - 1) * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return total * h
+
+
+def sync_wait_seconds(ranks: int, platform: GpuPlatform) -> float:
+    """How long a collective over ``ranks`` ranks waits, beyond the mean host, for the slowest of
+    their hosts to issue it: each host's issue time since the last sync varies by
+    ``host_jitter_s`` (one standard deviation), so the group starts when the maximum of ``ranks``
+    such times is reached."""
+    return platform.kernels.host_jitter_s * expected_max_normal(ranks)
+
+
 def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
     """Kernels the host issues for one operator: forward, backward (a collective counts as one)."""
     if op.kind == "gemm":
         return 1, 3 if op.bias else 2          # dgrad, wgrad (and the bias gradient's reduction)
     if op.kind == "attention":
-        return (1, 1) if platform.kernels.attention == "flash" else (3, 5)
+        if platform.kernels.attention == "flash":
+            return 1, 1
+        extra = 0 if fused_softmax(op) else TORCH_SOFTMAX_KERNELS - 1
+        return 3 + extra, 5 + extra
     return 1, 1
+
+
+# Megatron's fused scale-mask-softmax kernel (FusedScaleMaskSoftmax.is_kernel_available) runs only
+# when 16 < seq <= 4096, seq % 4 == 0 and the attention batches (micro-batch x heads per rank) are
+# a multiple of 4, the batches one thread block takes for seq > 128 (4 warps, one row each).
+# Otherwise it falls back to PyTorch in FP32: cast to float, scale, masked_fill_, softmax, cast
+# back, five kernels each way (backward: the casts', the softmax's, the mask's and the scale's
+# gradients), moving these bytes per score (forward 6 + 8 + 8 + 8 + 6, backward 6 + 12 + 8 + 8 + 6)
+FUSED_SOFTMAX_BATCHES = 4
+TORCH_SOFTMAX_KERNELS = 5
+TORCH_SOFTMAX_BYTES = (36, 40)
+
+
+def fused_softmax(op: Operator) -> bool:
+    """Whether Megatron runs ``op``'s softmax as its fused kernel (else PyTorch's FP32 fallback)."""
+    return 16 < op.seq <= 4096 and op.seq % 4 == 0 and (op.batch * op.heads) % FUSED_SOFTMAX_BATCHES == 0
 
 
 def hbm_rate(platform: GpuPlatform) -> float:
@@ -115,11 +160,14 @@ def attention_seconds(op: Operator, platform: GpuPlatform) -> tuple[float, float
     scores = heads * s * s * FP16
     qk = gemm_seconds(s, d, s, platform, batch=heads)
     pv = gemm_seconds(s, s, d, platform, batch=heads)
-    softmax = bytes_seconds(2 * scores, platform)
+    # fused: read and write the FP16 scores forward; backward reads y and dy, writes dx
+    fwd_bytes, bwd_bytes = (2 * scores, 3 * scores) if fused_softmax(op) else \
+        (heads * s * s * TORCH_SOFTMAX_BYTES[0], heads * s * s * TORCH_SOFTMAX_BYTES[1])
+    softmax = bytes_seconds(fwd_bytes, platform)
     fwd = qk + softmax + pv
-    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q; softmax backward reads y and dy, writes dx
+    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and the softmax's backward
     bwd = (gemm_seconds(s, s, d, platform, batch=heads) + gemm_seconds(s, d, s, platform, batch=heads)
-           + 2 * gemm_seconds(s, s, d, platform, batch=heads) + bytes_seconds(3 * scores, platform))
+           + 2 * gemm_seconds(s, s, d, platform, batch=heads) + bytes_seconds(bwd_bytes, platform))
     return fwd, bwd, [["qk", heads, s, d, s, qk], ["softmax", scores, softmax], ["pv", heads, s, s, d, pv]]
 
 
@@ -183,6 +231,33 @@ def _fused(ops: list[Operator], platform: GpuPlatform) -> list[OpProfile]:
     return out
 
 
+def issue_kernels(ops: list[Operator], platform: GpuPlatform) -> list[tuple[int, int]]:
+    """Kernels the host issues for each of a layer's operators, forward and backward, with each
+    fused dropout-add pair one kernel on the first of the two (as :func:`_fused` times them)."""
+    out, i = [], 0
+    while i < len(ops):
+        if i + 1 < len(ops) and (ops[i].name, ops[i + 1].name) in FUSED_DROPOUT_ADD:
+            out += [(1, 1), (0, 0)]
+            i += 2
+        else:
+            out.append((0, 0) if ops[i].kind == "allreduce" else operator_kernels(ops[i], platform))
+            i += 1
+    return out
+
+
+def issue_ms(stream: list[tuple[float, float]], launch_ms: float) -> float:
+    """A pass whose host issues ahead of the GPU: over (GPU ms, host ms) per operator in order, the
+    host issues each operator's kernels back to back; the GPU starts an operator once its first
+    kernel is issued and the previous operator is done, and cannot end it before its last kernel
+    is issued. The pass lasts until both are done (they start together)."""
+    host = gpu = 0.0
+    for g, h in stream:
+        first = host + min(h, launch_ms)
+        host += h
+        gpu = max(max(gpu, first) + g, host)
+    return max(gpu, host)
+
+
 def platform_key(platform: GpuPlatform) -> str:
     """What a GPU profile's numbers depend on: the device and the kernel model (not the network)."""
     text = json.dumps({"device": asdict(platform.device), "kernels": asdict(platform.kernels)}, sort_keys=True)
@@ -201,4 +276,5 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
 
 
 __all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
-           "FUSED_DROPOUT_ADD", "hbm_rate", "host_seconds", "operator_kernels", "operator_profile", "platform_key"]
+           "FUSED_DROPOUT_ADD", "expected_max_normal", "fused_softmax", "hbm_rate", "host_seconds", "issue_kernels",
+           "issue_ms", "operator_kernels", "operator_profile", "platform_key", "sync_wait_seconds"]

@@ -2,7 +2,8 @@
 
 What is fitted, and how (docs/VALIDATION.md gives the values and the errors they leave):
 
-- the collective model (``collectives.launch_s``, ``step_latency_s``, ``intra_bus_efficiency``):
+- the collective model (``collectives.launch_s``, ``step_latency_s``, ``intra_bus_efficiency``,
+  ``byte_s``):
   one weighted linear least-squares solve on the measured all-reduce times
   (``ratrain.cost.collectives.fit_allreduce``);
 - the kernel model (``kernels.gemm_efficiency``, ``hbm_efficiency``, ``launch_s``,
@@ -117,7 +118,8 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
     ar = fit_allreduce(allreduce, platform.node.intra_bandwidth)
     platform = platform.with_overrides(**{"collectives.launch_s": ar.launch_s,
                                           "collectives.step_latency_s": ar.step_latency_s,
-                                          "collectives.intra_bus_efficiency": ar.intra_bus_efficiency})
+                                          "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
+                                          "collectives.byte_s": ar.byte_s})
     fit_rows = [r for r in runs if r.gpus in fit_gpus]
     held = [r for r in runs if r.gpus not in fit_gpus]
     if not fit_rows:
@@ -133,7 +135,8 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
 
     constants = {name: _get(platform, name) for name in KERNEL_CONSTANTS}
     constants.update({"collectives.launch_s": ar.launch_s, "collectives.step_latency_s": ar.step_latency_s,
-                      "collectives.intra_bus_efficiency": ar.intra_bus_efficiency})
+                      "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
+                      "collectives.byte_s": ar.byte_s})
     return platform, GpuFit(constants, len(fit_rows), len(held), errors(fit_rows), errors(held), ar.to_json(), evals)
 
 

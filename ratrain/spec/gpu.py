@@ -53,6 +53,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "collectives.inter_bus_efficiency": (0.01, 2.0, "fraction"),
     "collectives.step_latency_s": (0.0, 0.1, "s"),
     "collectives.launch_s": (0.0, 0.1, "s"),
+    "collectives.byte_s": (0.0, 1e-6, "s/byte"),
     "kernels.gemm_tile_m": (1, 4096, "rows"),
     "kernels.gemm_tile_n": (1, 4096, "columns"),
     "kernels.gemm_efficiency": (0.01, 1.0, "fraction"),
@@ -60,13 +61,15 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "kernels.launch_s": (0.0, 0.1, "s"),
     "kernels.flash_efficiency": (0.01, 1.0, "fraction"),
     "kernels.step_overhead_s": (0.0, 60.0, "s"),
+    "kernels.p2p_host_s": (0.0, 0.1, "s"),
+    "kernels.host_jitter_s": (0.0, 0.1, "s"),
 }
 INT_FIELDS = frozenset({"device.sm_count", "device.hbm_bytes", "device.usable_bytes", "node.gpus_per_node",
                         "network.nics_per_node", "kernels.gemm_tile_m", "kernels.gemm_tile_n"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "node.intra_topology": TOPOLOGIES, "collectives.algorithm": ALGORITHMS, "kernels.attention": ATTENTIONS}
 STRING_FIELDS = frozenset({"device.model"})
-BOOL_FIELDS = frozenset({"node.peer_to_peer"})
+BOOL_FIELDS = frozenset({"node.peer_to_peer", "kernels.host_ahead"})
 
 # the prefix of errors raised while a part is built; a loader puts the file name in its place
 _WHERE = "gpu platform"
@@ -161,6 +164,7 @@ class CollectiveModel:
     inter_bus_efficiency: float = 1.0   # same, across nodes over the NICs
     step_latency_s: float = 5e-6        # per ring/tree step
     launch_s: float = 1e-5              # fixed cost of one collective call
+    byte_s: float = 0.0                 # per byte of an all-reduce whatever the group size (0: none)
 
     def __post_init__(self) -> None:
         _check_part(self, "collectives")
@@ -176,6 +180,10 @@ class GpuKernelModel:
     attention: str = "unfused"    # "unfused" (Megatron's batched GEMMs + softmax) | "flash"
     flash_efficiency: float = 0.6 # FlashAttention's fraction of peak
     step_overhead_s: float = 0.0  # fixed cost per training step (optimizer launch, framework)
+    p2p_host_s: float = 0.0       # host cost of one pipeline send or receive (0: none)
+    host_jitter_s: float = 0.0    # spread of a host's issue time between two tensor-parallel syncs (0: none)
+    host_ahead: bool = False      # the host issues ahead of the GPU within a pass (False: each operator
+                                  # lasts the longer of its GPU time and its issue time)
 
     def __post_init__(self) -> None:
         _check_part(self, "kernels")
