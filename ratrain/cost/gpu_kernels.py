@@ -11,7 +11,9 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
   ``gemm_efficiency * peak`` (times the tile's share, :func:`gemm_tiles`). The library picks the
   tile with the fewest-wave time among a few around the platform's reference tile. This is the
   tile and wave quantization that makes a GEMM of n = 384 over 108 SMs cost as much as one of
-  n = 512. A memory floor: the operands and the result
+  n = 512. With ``gemm_schedule = "stream-k"`` the library splits the tiles' k loops evenly over
+  the SMs (cuBLAS's split-K and stream-K kernels), so only the tile quantization remains, not the
+  partial last wave. A memory floor: the operands and the result
   cross HBM once, at ``hbm_efficiency`` of the bandwidth.
 - Elementwise, normalisation, dropout, softmax, embedding, loss: bytes moved / (HBM bandwidth x
   ``hbm_efficiency``); backward moves twice the forward's bytes (the incoming gradient and the
@@ -35,7 +37,6 @@ the cost terms read it as they read an emulated one.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -72,10 +73,12 @@ def gemm_seconds(m: int, k: int, n: int, platform: GpuPlatform, batch: int = 1) 
     """One (batched) GEMM on the GPU: the fastest tile's wave-quantized compute, or the HBM floor."""
     dev, km = platform.device, platform.kernels
     per_sm_flops = dev.peak_fp16_flops * km.gemm_efficiency / dev.sm_count
+    stream_k = km.gemm_schedule == "stream-k"
     compute = math.inf
     for tm, tn, share in gemm_tiles(platform):
         tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-        waves = math.ceil(tiles / dev.sm_count)
+        # stream-K spreads the tiles' k loops evenly over the SMs: no partial last wave
+        waves = tiles / dev.sm_count if stream_k else math.ceil(tiles / dev.sm_count)
         compute = min(compute, waves * 2.0 * tm * tn * k / (per_sm_flops * share))
     memory = batch * FP16 * (m * k + k * n + m * n) / (dev.hbm_bandwidth * km.hbm_efficiency)
     return max(compute, memory)
@@ -89,30 +92,6 @@ def bytes_seconds(nbytes: float, platform: GpuPlatform) -> float:
 def host_seconds(kernels: int, platform: GpuPlatform) -> float:
     """The host's time to issue ``kernels`` kernels."""
     return kernels * platform.kernels.launch_s
-
-
-@functools.lru_cache(maxsize=64)
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normal variables] (0 for one): 0.564 for two, 1.029 for
-    four, 1.424 for eight. Midpoint rule over [-9, 9] of x d/dx Phi(x)^n, 1 part in 1e9."""
-    if n <= 1:
-        return 0.0
-    steps, lo, hi = 18_000, -9.0, 9.0
-    h = (hi - lo) / steps
-    total = 0.0
-    for i in range(steps):
-        x = lo + (i + 0.5) * h
-        cdf = 0.5 * math.erfc(-x / math.sqrt(2.0))
-        total += x * n * cdf ** (n - 1) * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return total * h
-
-
-def sync_wait_seconds(ranks: int, platform: GpuPlatform) -> float:
-    """How long a collective over ``ranks`` ranks waits, beyond the mean host, for the slowest of
-    their hosts to issue it: each host's issue time since the last sync varies by
-    ``host_jitter_s`` (one standard deviation), so the group starts when the maximum of ``ranks``
-    such times is reached."""
-    return platform.kernels.host_jitter_s * expected_max_normal(ranks)
 
 
 def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
@@ -231,33 +210,6 @@ def _fused(ops: list[Operator], platform: GpuPlatform) -> list[OpProfile]:
     return out
 
 
-def issue_kernels(ops: list[Operator], platform: GpuPlatform) -> list[tuple[int, int]]:
-    """Kernels the host issues for each of a layer's operators, forward and backward, with each
-    fused dropout-add pair one kernel on the first of the two (as :func:`_fused` times them)."""
-    out, i = [], 0
-    while i < len(ops):
-        if i + 1 < len(ops) and (ops[i].name, ops[i + 1].name) in FUSED_DROPOUT_ADD:
-            out += [(1, 1), (0, 0)]
-            i += 2
-        else:
-            out.append((0, 0) if ops[i].kind == "allreduce" else operator_kernels(ops[i], platform))
-            i += 1
-    return out
-
-
-def issue_ms(stream: list[tuple[float, float]], launch_ms: float) -> float:
-    """A pass whose host issues ahead of the GPU: over (GPU ms, host ms) per operator in order, the
-    host issues each operator's kernels back to back; the GPU starts an operator once its first
-    kernel is issued and the previous operator is done, and cannot end it before its last kernel
-    is issued. The pass lasts until both are done (they start together)."""
-    host = gpu = 0.0
-    for g, h in stream:
-        first = host + min(h, launch_ms)
-        host += h
-        gpu = max(max(gpu, first) + g, host)
-    return max(gpu, host)
-
-
 def platform_key(platform: GpuPlatform) -> str:
     """What a GPU profile's numbers depend on: the device and the kernel model (not the network)."""
     text = json.dumps({"device": asdict(platform.device), "kernels": asdict(platform.kernels)}, sort_keys=True)
@@ -276,5 +228,5 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
 
 
 __all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
-           "FUSED_DROPOUT_ADD", "expected_max_normal", "fused_softmax", "hbm_rate", "host_seconds", "issue_kernels",
-           "issue_ms", "operator_kernels", "operator_profile", "platform_key", "sync_wait_seconds"]
+           "FUSED_DROPOUT_ADD", "TORCH_SOFTMAX_BYTES", "fused_softmax", "hbm_rate", "host_seconds", "operator_kernels",
+           "operator_profile", "platform_key"]

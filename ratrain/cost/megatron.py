@@ -26,6 +26,8 @@ micro-batches per replica) on a ``GpuPlatform``. Every term and the link it uses
 * Optimizer: Megatron's FP16 optimizer as memory-bound passes over the local parameters,
   ``OPTIMIZER_BYTES_PER_PARAM`` bytes each (below); its gradient-norm and overflow checks are
   all-reduces over every model-parallel rank, so every stage waits for the slowest one first.
+* Pipeline sends and receives also cost the host ``p2p_host_s`` each (Megatron's p2p path waits
+  for its batched isend/irecv), on the F and B of every stage next to another.
 * ``step_overhead_s`` of the platform's kernel model: a fixed cost per iteration (framework,
   optimizer kernel launches, data loading), fitted.
 
@@ -38,15 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratrain.cost.collectives import GpuCollectives, Placement
-from ratrain.cost.gpu_kernels import (
-    bytes_seconds,
-    gpu_layer_profile,
-    host_seconds,
-    issue_kernels,
-    issue_ms,
-    operator_kernels,
-    sync_wait_seconds,
-)
+from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile, host_seconds
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
@@ -110,59 +104,32 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     prof = gpu_layer_profile(model, cfg.micro_batch, cfg.seq, T, platform)
     m = cfg.micro_batch * cfg.seq
     act = m * model.hidden * FP16
-    # a tensor-parallel collective also waits for the slowest of the T hosts to issue it
-    tp_wait = 1e3 * sync_wait_seconds(T, platform)
-    tp_ar = _group_ms(coll, act, "tp", sequence_parallel) + tp_wait
+    tp_ar = _group_ms(coll, act, "tp", sequence_parallel)
     n = model.layers // P
     emb_params, head_params = stage_edge_parameters(model, P, T)
     layer_params = layer_tp_parameter_count(model, T)
-    loss_ar = coll.allreduce_ms(m * FP32, "tp") + tp_wait
+    loss_ar = coll.allreduce_ms(m * FP32, "tp")
 
     # each pass as its operators' times, a collective on its link (Megatron's tensor-parallel
-    # all-reduces run on the compute stream, so the pass waits for them). With ``host_ahead`` each
-    # operator is (GPU ms, host ms) instead and a pass is the issue recurrence over them
-    # (``gpu_kernels.issue_ms``), a collective one kernel on the stream.
+    # all-reduces run on the compute stream, so the pass waits for them)
+    def stream(profiles: list, ops: list[Operator], backward: bool) -> list[float]:
+        return [tp_ar if op.kind == "allreduce" else 1e3 * (o.backward_s if backward else o.forward_s)
+                for o, op in zip(profiles, ops, strict=True)]
+
     layer_ops = layer_operators(model, cfg.micro_batch, cfg.seq, T)
     edge_ops = embedding_and_head_operators(model, cfg.micro_batch, cfg.seq, T)
-    ahead = platform.kernels.host_ahead
-    launch_ms = 1e3 * platform.kernels.launch_s
-    if ahead:
-        gpu_only = gpu_layer_profile(model, cfg.micro_batch, cfg.seq, T,
-                                     platform.with_overrides(**{"kernels.launch_s": 0.0}))
-        raw = {"layer": gpu_only.ops, "first": gpu_only.first_ops, "last": gpu_only.last_ops}
-        counts = {"layer": issue_kernels(layer_ops, platform),
-                  "first": [operator_kernels(o, platform) for o in edge_ops["first"]],
-                  "last": [operator_kernels(o, platform) for o in edge_ops["last"]]}
-
-    def collective(ms: float):
-        return (ms, launch_ms) if ahead else ms
-
-    def stream(part: str, profiles: list, ops: list[Operator], backward: bool, pick=None) -> list:
-        if not ahead:
-            return [tp_ar if op.kind == "allreduce" else 1e3 * (o.backward_s if backward else o.forward_s)
-                    for o, op in zip(profiles, ops, strict=True)]
-        index = range(len(ops)) if pick is None else pick
-        out = []
-        for i in index:
-            o, k = raw[part][i], counts[part][i]
-            out.append(collective(tp_ar) if ops[i].kind == "allreduce" else
-                       (1e3 * (o.backward_s if backward else o.forward_s), launch_ms * k[1 if backward else 0]))
-        return out
-
-    fwd = stream("layer", prof.ops, layer_ops, False)
-    bwd = stream("layer", prof.ops, layer_ops, True)
+    fwd = stream(prof.ops, layer_ops, False)
+    bwd = stream(prof.ops, layer_ops, True)
     if activation == "ckpt":
         rec = fwd
     elif activation == "selective":
         core = [i for i, op in enumerate(layer_ops) if op.name in ATTENTION_CORE]
-        rec = stream([prof.ops[i] for i in core], [layer_ops[i] for i in core], False) if not ahead else \
-            stream("layer", prof.ops, layer_ops, False, pick=core)
+        rec = stream([prof.ops[i] for i in core], [layer_ops[i] for i in core], False)
     else:
         rec = []
-    first_f = stream("first", prof.first_ops, edge_ops["first"], False)
-    first_b = stream("first", prof.first_ops, edge_ops["first"], True)
-    last_f = stream("last", prof.last_ops, edge_ops["last"], False) + ([collective(loss_ar)] * 2 if T > 1 else [])
-    last_b = ([collective(tp_ar)] if T > 1 else []) + stream("last", prof.last_ops, edge_ops["last"], True)
+    first_f, first_b = stream(prof.first_ops, edge_ops["first"], False), stream(prof.first_ops, edge_ops["first"], True)
+    last_f = stream(prof.last_ops, edge_ops["last"], False) + ([loss_ar] * 2 if T > 1 else [])
+    last_b = ([tp_ar] if T > 1 else []) + stream(prof.last_ops, edge_ops["last"], True)
     ar_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
     p2p_host = 1e3 * platform.kernels.p2p_host_s
     stages, dp_sync, gather, opt, tp_comm = [], [], [], [], []
@@ -177,13 +144,14 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
             f_seq, b_seq = f_seq + last_f, last_b + b_seq
             params += head_params
             comm += (2 * loss_ar + tp_ar) if T > 1 else 0.0
-        passes = [issue_ms(seq, launch_ms) if ahead else sum(seq) for seq in (f_seq, b_seq, r_seq)]
-        # the host's share of each pass's sends and receives to the neighbouring stages (Megatron's
-        # p2p path waits for its batched isend/irecv): F receives from p - 1 and sends to p + 1, B
-        # the reverse
+        passes = [sum(seq) for seq in (f_seq, b_seq, r_seq)]
+        # the host's cost of the pass's sends and receives to the neighbouring stages (Megatron's
+        # p2p path synchronises the device after its batched isend/irecv): F receives from p - 1
+        # and sends to p + 1, B the reverse
         neighbours = (p > 0) + (p < P - 1)
-        passes[0] += neighbours * p2p_host
-        passes[1] += neighbours * p2p_host
+        if neighbours and p2p_host:
+            passes[0] += neighbours * p2p_host
+            passes[1] += neighbours * p2p_host
         tp_comm.append(comm)
         stages.append([LayerCosts(forward_ms=passes[0], backward_ms=passes[1], recompute_ms=passes[2])])
         if cfg.zero >= 1 and D > 1:

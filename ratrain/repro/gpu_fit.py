@@ -7,7 +7,7 @@ What is fitted, and how (docs/VALIDATION.md gives the values and the errors they
   one weighted linear least-squares solve on the measured all-reduce times
   (``ratrain.cost.collectives.fit_allreduce``);
 - the kernel model (``kernels.gemm_efficiency``, ``hbm_efficiency``, ``launch_s``,
-  ``step_overhead_s``): the mean absolute relative error of the simulated iterations over the fit
+  ``step_overhead_s``, ``p2p_host_s``): the mean absolute relative error of the simulated iterations over the fit
   rows, minimised by a deterministic Nelder-Mead search over their logarithms, from the
   platform's values.
 
@@ -26,10 +26,11 @@ from ratrain.spec.gpu import GpuPlatform
 from rtcommon.progress import Progress
 
 KERNEL_CONSTANTS = ("kernels.gemm_efficiency", "kernels.hbm_efficiency", "kernels.launch_s",
-                    "kernels.step_overhead_s")
+                    "kernels.step_overhead_s", "kernels.p2p_host_s")
 # bounds the search keeps each constant in (the platform file's ranges may be wider)
 BOUNDS = {"kernels.gemm_efficiency": (0.05, 1.0), "kernels.hbm_efficiency": (0.05, 1.0),
-          "kernels.launch_s": (1e-7, 1e-3), "kernels.step_overhead_s": (0.0, 1.0)}
+          "kernels.launch_s": (1e-7, 1e-3), "kernels.step_overhead_s": (0.0, 1.0),
+          "kernels.p2p_host_s": (0.0, 0.01)}
 
 
 @dataclass

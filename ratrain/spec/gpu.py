@@ -30,6 +30,7 @@ GIB = 2 ** 30
 TOPOLOGIES = ("nvswitch", "nvlink", "pcie-host")
 ALGORITHMS = ("ring", "tree", "auto")
 ATTENTIONS = ("unfused", "flash")
+GEMM_SCHEDULES = ("waves", "stream-k")
 
 # Sane range and unit of every numeric field, by "table.field". The bounds catch unit slips (a
 # bandwidth of 300 is 300 B/s, not 300 GB/s; a latency of 5 is five seconds, not 5 us) and keep
@@ -62,14 +63,14 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "kernels.flash_efficiency": (0.01, 1.0, "fraction"),
     "kernels.step_overhead_s": (0.0, 60.0, "s"),
     "kernels.p2p_host_s": (0.0, 0.1, "s"),
-    "kernels.host_jitter_s": (0.0, 0.1, "s"),
 }
 INT_FIELDS = frozenset({"device.sm_count", "device.hbm_bytes", "device.usable_bytes", "node.gpus_per_node",
                         "network.nics_per_node", "kernels.gemm_tile_m", "kernels.gemm_tile_n"})
 CHOICES: dict[str, tuple[str, ...]] = {
-    "node.intra_topology": TOPOLOGIES, "collectives.algorithm": ALGORITHMS, "kernels.attention": ATTENTIONS}
+    "node.intra_topology": TOPOLOGIES, "collectives.algorithm": ALGORITHMS, "kernels.attention": ATTENTIONS,
+    "kernels.gemm_schedule": GEMM_SCHEDULES}
 STRING_FIELDS = frozenset({"device.model"})
-BOOL_FIELDS = frozenset({"node.peer_to_peer", "kernels.host_ahead"})
+BOOL_FIELDS = frozenset({"node.peer_to_peer"})
 
 # the prefix of errors raised while a part is built; a loader puts the file name in its place
 _WHERE = "gpu platform"
@@ -174,6 +175,7 @@ class CollectiveModel:
 class GpuKernelModel:
     gemm_tile_m: int = 128        # output tile of one thread block (wave/tile quantization)
     gemm_tile_n: int = 128
+    gemm_schedule: str = "waves"  # "waves" (thread blocks in waves over the SMs) | "stream-k" (no partial wave)
     gemm_efficiency: float = 0.8  # ceiling: fraction of peak a large GEMM reaches
     hbm_efficiency: float = 0.8   # fraction of HBM bandwidth elementwise kernels reach
     launch_s: float = 5e-6        # per kernel launch
@@ -181,9 +183,6 @@ class GpuKernelModel:
     flash_efficiency: float = 0.6 # FlashAttention's fraction of peak
     step_overhead_s: float = 0.0  # fixed cost per training step (optimizer launch, framework)
     p2p_host_s: float = 0.0       # host cost of one pipeline send or receive (0: none)
-    host_jitter_s: float = 0.0    # spread of a host's issue time between two tensor-parallel syncs (0: none)
-    host_ahead: bool = False      # the host issues ahead of the GPU within a pass (False: each operator
-                                  # lasts the longer of its GPU time and its issue time)
 
     def __post_init__(self) -> None:
         _check_part(self, "kernels")
@@ -354,4 +353,5 @@ def describe_gpu(p: GpuPlatform) -> str:
 
 
 __all__ = ["GPU_KIND", "GpuDevice", "GpuNode", "GpuNetwork", "CollectiveModel", "GpuKernelModel", "GpuPlatform",
-           "RANGES", "TABLES", "TOPOLOGIES", "ALGORITHMS", "ATTENTIONS", "check_value", "describe_gpu"]
+           "RANGES", "TABLES", "TOPOLOGIES", "ALGORITHMS", "ATTENTIONS", "GEMM_SCHEDULES", "check_value",
+           "describe_gpu"]
