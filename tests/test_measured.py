@@ -59,7 +59,7 @@ def _bare(platform, **overrides):
 # ---------------------------------------------------------------- kernels
 
 def test_gemm_one_full_wave_is_its_tiles_flops_at_the_sm_rate(a100):
-    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5})
+    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5, "kernels.gemm_schedule": "waves"})
     sms, peak = p.device.sm_count, p.device.peak_fp16_flops
     m, n, k = 128 * 12, 128 * 9, 4096            # 108 reference tiles: exactly one wave on 108 SMs
     expected = 2 * 128 * 128 * k / (0.5 * peak / sms)
@@ -76,8 +76,20 @@ def test_gemm_tiles_share_follows_arithmetic_intensity(a100):
     assert tiles[(64, 64)] == pytest.approx(0.5)
 
 
+def test_stream_k_has_no_partial_wave(a100):
+    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5, "kernels.gemm_schedule": "stream-k"})
+    sms, peak = p.device.sm_count, p.device.peak_fp16_flops
+    m, n, k = 128 * 12, 128 * 9, 4096            # 108 reference tiles: one wave either way
+    one_wave = 2 * 128 * 128 * k / (0.5 * peak / sms)
+    assert gemm_seconds(m, k, n, p) == pytest.approx(one_wave, rel=1e-12)
+    # 162 tiles: 1.5 waves' work spread over the SMs, where whole waves would take 2
+    assert gemm_seconds(128 * 18, k, n, p) == pytest.approx(1.5 * one_wave, rel=1e-12)
+    # a row more still rounds the tiles up: 13 x 9 = 117 reference tiles
+    assert gemm_seconds(m + 1, k, n, p) == pytest.approx(117 / 108 * one_wave, rel=1e-12)
+
+
 def test_gemm_wave_quantization_and_memory_floor(a100):
-    p = _bare(a100)
+    p = _bare(a100, **{"kernels.gemm_schedule": "waves"})
     # n = 384 and n = 320 on m = 128 * 27: 81 tiles of 128 x 128 each, one wave (every other tile
     # takes 1.5 waves' time or more), so the same time
     assert gemm_seconds(128 * 27, 1024, 384, p) == gemm_seconds(128 * 27, 1024, 320, p)
