@@ -1,8 +1,9 @@
 """Kernel latencies on a GPU from a documented model: the GPU counterpart of the emulated profile.
 
 Nothing here is emulated; every latency is a closed form over the platform's datasheet figures
-(``ratrain.spec.gpu.GpuDevice``) and four constants of its kernel model
-(``ratrain.spec.gpu.GpuKernelModel``: GEMM efficiency, HBM efficiency, launch cost, step overhead),
+(``ratrain.spec.gpu.GpuDevice``) and the constants of its kernel model
+(``ratrain.spec.gpu.GpuKernelModel``: GEMM efficiency, HBM efficiency, launch cost; the step
+overhead and the pipeline's host cost per send or receive are applied by ``ratrain.cost.megatron``),
 which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says on which).
 
 - GEMM ``C[m, n] = A[m, k] B[k, n]`` (FP16 in, FP32 accumulate), ``batch`` independent problems:
