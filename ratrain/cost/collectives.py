@@ -22,12 +22,12 @@ nccl-tests reports its bus bandwidth with):
 - tree all-reduce (``algorithm = "tree"``; ``"auto"`` takes the cheaper): launch
   + 2 ceil(log2 n) step latency + 2 S / bus bandwidth + S byte_s (a pipelined double binary tree
   moves each byte up and down once per rank);
+- point to point: launch + latency of the link + S / link bandwidth.
 
 ``byte_s`` is a cost per byte that does not shrink with the group: each rank's pass of its own
 buffer through the collective's kernel (read, reduce, copy to and from NCCL's buffers) beside the
 link's share. Without it a fit gives the 2-GPU ring (one link's worth of traffic per byte) the
 same bus bandwidth as the 8-GPU one, and the 2-GPU times come out 10 % short.
-- point to point: launch + latency of the link + S / link bandwidth.
 
 Bus bandwidth of a group: inside a node ``intra_bandwidth * intra_bus_efficiency``, halved where
 the node has no peer-to-peer path (every byte is written to host memory and read back over the

@@ -71,7 +71,8 @@ def gemm_tiles(platform: GpuPlatform) -> list[tuple[int, int, float]]:
 
 
 def gemm_seconds(m: int, k: int, n: int, platform: GpuPlatform, batch: int = 1) -> float:
-    """One (batched) GEMM on the GPU: the fastest tile's wave-quantized compute, or the HBM floor."""
+    """One (batched) GEMM on the GPU: the fastest tile's wave-quantized (or stream-K) compute, or the
+    HBM floor."""
     dev, km = platform.device, platform.kernels
     per_sm_flops = dev.peak_fp16_flops * km.gemm_efficiency / dev.sm_count
     stream_k = km.gemm_schedule == "stream-k"
