@@ -12,7 +12,10 @@ import pytest
 
 from ratrain.cost.collectives import GpuCollectives, Placement, fit_allreduce
 from ratrain.cost.gpu_kernels import (
+    TORCH_SOFTMAX_BYTES,
+    attention_seconds,
     bytes_seconds,
+    fused_softmax,
     gemm_seconds,
     gemm_tiles,
     gpu_layer_profile,
@@ -56,7 +59,7 @@ def _bare(platform, **overrides):
 # ---------------------------------------------------------------- kernels
 
 def test_gemm_one_full_wave_is_its_tiles_flops_at_the_sm_rate(a100):
-    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5})
+    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5, "kernels.gemm_schedule": "waves"})
     sms, peak = p.device.sm_count, p.device.peak_fp16_flops
     m, n, k = 128 * 12, 128 * 9, 4096            # 108 reference tiles: exactly one wave on 108 SMs
     expected = 2 * 128 * 128 * k / (0.5 * peak / sms)
@@ -73,8 +76,20 @@ def test_gemm_tiles_share_follows_arithmetic_intensity(a100):
     assert tiles[(64, 64)] == pytest.approx(0.5)
 
 
+def test_stream_k_has_no_partial_wave(a100):
+    p = _bare(a100, **{"kernels.gemm_efficiency": 0.5, "kernels.gemm_schedule": "stream-k"})
+    sms, peak = p.device.sm_count, p.device.peak_fp16_flops
+    m, n, k = 128 * 12, 128 * 9, 4096            # 108 reference tiles: one wave either way
+    one_wave = 2 * 128 * 128 * k / (0.5 * peak / sms)
+    assert gemm_seconds(m, k, n, p) == pytest.approx(one_wave, rel=1e-12)
+    # 162 tiles: 1.5 waves' work spread over the SMs, where whole waves would take 2
+    assert gemm_seconds(128 * 18, k, n, p) == pytest.approx(1.5 * one_wave, rel=1e-12)
+    # a row more still rounds the tiles up: 13 x 9 = 117 reference tiles
+    assert gemm_seconds(m + 1, k, n, p) == pytest.approx(117 / 108 * one_wave, rel=1e-12)
+
+
 def test_gemm_wave_quantization_and_memory_floor(a100):
-    p = _bare(a100)
+    p = _bare(a100, **{"kernels.gemm_schedule": "waves"})
     # n = 384 and n = 320 on m = 128 * 27: 81 tiles of 128 x 128 each, one wave (every other tile
     # takes 1.5 waves' time or more), so the same time
     assert gemm_seconds(128 * 27, 1024, 384, p) == gemm_seconds(128 * 27, 1024, 320, p)
@@ -107,6 +122,34 @@ def test_host_issue_time_is_a_floor_per_operator(a100):
     assert bytes_seconds(1e12, a100) == pytest.approx(1e12 / (a100.device.hbm_bandwidth * a100.kernels.hbm_efficiency))
 
 
+def test_softmax_falls_back_to_pytorch_where_megatrons_kernel_does_not_take_the_shape(a100):
+    p = _bare(a100)
+    # 16 heads over T = 8 leave 2 per rank: micro-batch 1 gives 2 attention batches, not a multiple
+    # of 4, so Megatron runs PyTorch's FP32 softmax (5 kernels each way); micro-batch 2 gives 4
+    one = Operator("attention", "attention", batch=1, heads=2, kv_heads=2, seq=1024, head_dim=64, causal=True)
+    two = Operator("attention", "attention", batch=2, heads=2, kv_heads=2, seq=1024, head_dim=64, causal=True)
+    assert not fused_softmax(one) and fused_softmax(two)
+    assert operator_kernels(one, p) == (7, 9) and operator_kernels(two, p) == (3, 5)
+    fwd, bwd, _ = attention_seconds(one, p)
+    qk, pv = gemm_seconds(1024, 64, 1024, p, batch=2), gemm_seconds(1024, 1024, 64, p, batch=2)
+    scores = 2 * 1024 * 1024
+    assert fwd == pytest.approx(qk + pv + bytes_seconds(TORCH_SOFTMAX_BYTES[0] * scores, p), rel=1e-12)
+    fused_fwd, _, _ = attention_seconds(two, p)
+    qk2, pv2 = gemm_seconds(1024, 64, 1024, p, batch=4), gemm_seconds(1024, 1024, 64, p, batch=4)
+    assert fused_fwd == pytest.approx(qk2 + pv2 + bytes_seconds(2 * 2 * 2 * scores, p), rel=1e-12)
+
+
+def test_pipeline_sends_and_receives_cost_the_host(a100):
+    model = gpt_model(1024, 16, 4, 1024)
+    cfg = ParallelConfig(pp=4, dp=1, tp=1, zero=0, micro_batch=1, accum=4, seq=1024, partition="uniform")
+    base = megatron_step(model, cfg, a100.with_overrides(**{"kernels.p2p_host_s": 0.0})).costs.stages
+    host = megatron_step(model, cfg, a100.with_overrides(**{"kernels.p2p_host_s": 1e-3})).costs.stages
+    for p, neighbours in enumerate((1, 2, 2, 1)):              # the end stages have one neighbour
+        assert host[p][0].forward_ms - base[p][0].forward_ms == pytest.approx(neighbours, rel=1e-9)
+        assert host[p][0].backward_ms - base[p][0].backward_ms == pytest.approx(neighbours, rel=1e-9)
+        assert host[p][0].recompute_ms == base[p][0].recompute_ms
+
+
 # ---------------------------------------------------------------- collectives
 
 def test_megatron_placement_and_which_link(a100):
@@ -119,14 +162,14 @@ def test_megatron_placement_and_which_link(a100):
 
 
 def test_ring_allreduce_closed_form(a100):
-    p = a100.with_overrides(**{"collectives.algorithm": "ring"})
+    p = a100.with_overrides(**{"collectives.algorithm": "ring", "collectives.byte_s": 2e-12})
     coll = GpuCollectives(p, Placement(tp=4, dp=1, pp=1))
     c, bus = p.collectives, p.node.intra_bandwidth * p.collectives.intra_bus_efficiency
     nbytes = 64e6
-    expected = c.launch_s + 6 * c.step_latency_s + 2 * 3 / 4 * nbytes / bus
+    expected = c.launch_s + 6 * c.step_latency_s + 2 * 3 / 4 * nbytes / bus + nbytes * 2e-12
     assert coll.allreduce_ms(nbytes, "tp") == pytest.approx(1e3 * expected, rel=1e-12)
     assert coll.allreduce_ms(nbytes, "dp") == 0.0            # a group of one rank
-    rs = c.launch_s + 3 * c.step_latency_s + 3 / 4 * nbytes / bus
+    rs = c.launch_s + 3 * c.step_latency_s + 3 / 4 * nbytes / bus + nbytes * 1e-12
     assert coll.reduce_scatter_ms(nbytes, "tp") == pytest.approx(1e3 * rs, rel=1e-12)
 
 
@@ -135,17 +178,18 @@ def test_no_peer_to_peer_halves_the_intra_node_bus(a100):
     host = a100.with_overrides(**{"node.peer_to_peer": False, "node.intra_topology": "pcie-host"})
     staged = GpuCollectives(host, Placement(tp=8, dp=1, pp=1)).allreduce_ms(1e9, "tp")
     c = a100.collectives
-    fixed = 1e3 * (c.launch_s + 14 * c.step_latency_s)
+    fixed = 1e3 * (c.launch_s + 14 * c.step_latency_s + 1e9 * c.byte_s)     # what no link carries
     assert staged - fixed == pytest.approx(2 * (p2p - fixed), rel=1e-9)
 
 
 def test_allreduce_fit_recovers_its_constants():
-    a, c, bus = 3e-5, 2e-6, 2e11
-    samples = [(n, s, a + 2 * (n - 1) * c + 2 * (n - 1) / n * s / bus)
+    a, c, bus, e = 3e-5, 2e-6, 2e11, 1.5e-12
+    samples = [(n, s, a + 2 * (n - 1) * c + 2 * (n - 1) / n * s / bus + s * e)
                for n in (2, 4, 8) for s in (1e6, 1e7, 1e8, 1e9)]
     fit = fit_allreduce(samples, 1e11)
     assert fit.launch_s == pytest.approx(a, rel=1e-6)
     assert fit.step_latency_s == pytest.approx(c, rel=1e-6)
+    assert fit.byte_s == pytest.approx(e, rel=1e-6)
     assert fit.bus_bandwidth == pytest.approx(bus, rel=1e-9)
     assert fit.intra_bus_efficiency == pytest.approx(2.0, rel=1e-9)
     assert fit.max_abs_error < 1e-9

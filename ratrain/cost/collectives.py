@@ -16,20 +16,26 @@ runs inside a node when all of its ranks do, else across the nodes' NICs.
 Cost of one collective over n ranks moving S bytes per rank (NCCL's algorithms, the formula
 nccl-tests reports its bus bandwidth with):
 
-- ring all-reduce: launch + 2 (n - 1) step latency + 2 (n - 1) / n * S / bus bandwidth;
-- ring reduce-scatter or all-gather: launch + (n - 1) step latency + (n - 1) / n * S / bus bandwidth;
+- ring all-reduce: launch + 2 (n - 1) step latency + 2 (n - 1) / n * S / bus bandwidth + S byte_s;
+- ring reduce-scatter or all-gather: launch + (n - 1) step latency + (n - 1) / n * S / bus bandwidth
+  + S byte_s / 2;
 - tree all-reduce (``algorithm = "tree"``; ``"auto"`` takes the cheaper): launch
-  + 2 ceil(log2 n) step latency + 2 S / bus bandwidth (a pipelined double binary tree moves each
-  byte up and down once per rank);
+  + 2 ceil(log2 n) step latency + 2 S / bus bandwidth + S byte_s (a pipelined double binary tree
+  moves each byte up and down once per rank);
 - point to point: launch + latency of the link + S / link bandwidth.
+
+``byte_s`` is a cost per byte that does not shrink with the group: each rank's pass of its own
+buffer through the collective's kernel (read, reduce, copy to and from NCCL's buffers) beside the
+link's share. Without it a fit gives the 2-GPU ring (one link's worth of traffic per byte) the
+same bus bandwidth as the 8-GPU one, and the 2-GPU times come out 10 % short.
 
 Bus bandwidth of a group: inside a node ``intra_bandwidth * intra_bus_efficiency``, halved where
 the node has no peer-to-peer path (every byte is written to host memory and read back over the
 same PCIe links); across nodes the smaller of that and the node's NIC bandwidth that falls to the
 group: ``nics_per_node * nic_bandwidth * inter_bus_efficiency * g / gpus_per_node``, where g is
 the group's ranks per node (the node's other GPUs run their own groups' copy of the same
-collective at the same time and share the NICs). ``launch_s``, ``step_latency_s`` and
-``intra_bus_efficiency`` are fitted on measured all-reduce times (:func:`fit_allreduce`).
+collective at the same time and share the NICs). ``launch_s``, ``step_latency_s``,
+``intra_bus_efficiency`` and ``byte_s`` are fitted on measured all-reduce times (:func:`fit_allreduce`).
 
 Groups inside the data-parallel ranks (expert parallelism EP and context parallelism CP are carved
 out of them, ``ratrain.spec.parallel``): the ``*_in_data_group`` methods run over ``ranks`` ranks of
@@ -197,14 +203,15 @@ class GpuCollectives:
         ring = coll.launch_s + 2 * (n - 1) * coll.step_latency_s + 2 * (n - 1) / n * nbytes / bus
         tree = coll.launch_s + 2 * math.ceil(math.log2(n)) * coll.step_latency_s + 2 * nbytes / bus
         choice = {"ring": ring, "tree": tree}.get(coll.algorithm, min(ring, tree))
-        return 1e3 * choice
+        return 1e3 * (choice + nbytes * coll.byte_s)
 
     def reduce_scatter_ms(self, nbytes: float, kind: str) -> float:
         n = self._size(kind)
         if n <= 1:
             return 0.0
         coll, bus = self.platform.collectives, self._bus[kind]
-        return 1e3 * (coll.launch_s + (n - 1) * coll.step_latency_s + (n - 1) / n * nbytes / bus)
+        return 1e3 * (coll.launch_s + (n - 1) * coll.step_latency_s + (n - 1) / n * nbytes / bus
+                      + nbytes * coll.byte_s / 2)
 
     all_gather_ms = reduce_scatter_ms
 
@@ -230,7 +237,9 @@ class GpuCollectives:
             return 0.0
         coll, bus = self.platform.collectives, self._data_subgroup(ranks, stride)
         steps = (ranks - 1) * (1 if scatter else 2)
-        return 1e3 * (coll.launch_s + steps * coll.step_latency_s + steps / ranks * nbytes / bus)
+        # the per-byte term as the whole-group all-reduce and reduce-scatter above have it
+        return 1e3 * (coll.launch_s + steps * coll.step_latency_s + steps / ranks * nbytes / bus
+                      + nbytes * coll.byte_s * (0.5 if scatter else 1.0))
 
     def p2p_ms(self, nbytes: float) -> float:
         """One pipeline-stage boundary message (to the neighbour T * D ranks away)."""
@@ -250,6 +259,7 @@ class AllreduceFit:
     """Ring all-reduce constants fitted on measured times inside one node, and what they leave."""
     launch_s: float
     step_latency_s: float
+    byte_s: float                    # seconds per byte whatever the group size
     bus_bandwidth: float             # bytes/s
     intra_bus_efficiency: float      # bus_bandwidth / the platform's intra_bandwidth
     rows: int
@@ -258,7 +268,8 @@ class AllreduceFit:
     per_gpus: dict                   # n -> (mean, max) relative error
 
     def to_json(self) -> dict:
-        return {"launch_s": self.launch_s, "step_latency_s": self.step_latency_s, "bus_bandwidth": self.bus_bandwidth,
+        return {"launch_s": self.launch_s, "step_latency_s": self.step_latency_s, "byte_s": self.byte_s,
+                "bus_bandwidth": self.bus_bandwidth,
                 "intra_bus_efficiency": self.intra_bus_efficiency, "rows": self.rows,
                 "mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
                 "per_gpus": {str(k): {"mean_abs_error": v[0], "max_abs_error": v[1]}
@@ -266,24 +277,25 @@ class AllreduceFit:
 
 
 def fit_allreduce(samples: list[tuple[int, float, float]], intra_bandwidth: float) -> AllreduceFit:
-    """Least squares, in relative error, of t = a + 2 (n - 1) c + 2 (n - 1) / n * S / B over
-    (n GPUs, S bytes, t seconds) samples: three unknowns a (launch), c (step latency) and 1/B,
-    linear in all three, so one weighted linear solve (no search, nothing random)."""
-    if len(samples) < 3:
-        raise ConfigError(f"all-reduce fit needs at least 3 measurements, got {len(samples)}")
+    """Least squares, in relative error, of t = a + 2 (n - 1) c + 2 (n - 1) / n * S / B + S e over
+    (n GPUs, S bytes, t seconds) samples: four unknowns a (launch), c (step latency), 1/B and e
+    (``byte_s``), linear in all four, so one weighted linear solve (no search, nothing random). A
+    negative a, c or e (data that does not need the term) is set to 0."""
+    if len(samples) < 4:
+        raise ConfigError(f"all-reduce fit needs at least 4 measurements, got {len(samples)}")
     n = np.array([s[0] for s in samples], dtype=float)
     size = np.array([s[1] for s in samples], dtype=float)
     t = np.array([s[2] for s in samples], dtype=float)
-    design = np.stack([np.ones_like(n), 2 * (n - 1), 2 * (n - 1) / n * size], axis=1) / t[:, None]
+    design = np.stack([np.ones_like(n), 2 * (n - 1), 2 * (n - 1) / n * size, size], axis=1) / t[:, None]
     coef, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    a, c, inv_b = (float(x) for x in coef)
+    a, c, inv_b, e = (float(x) for x in coef)
     if inv_b <= 0:
         raise ConfigError("all-reduce fit: the measurements give no positive bus bandwidth")
-    a, c = max(a, 0.0), max(c, 0.0)
-    pred = a + 2 * (n - 1) * c + 2 * (n - 1) / n * size * inv_b
+    a, c, e = max(a, 0.0), max(c, 0.0), max(e, 0.0)
+    pred = a + 2 * (n - 1) * c + 2 * (n - 1) / n * size * inv_b + size * e
     err = np.abs(pred - t) / t
     per = {int(k): (float(err[n == k].mean()), float(err[n == k].max())) for k in sorted(set(n.tolist()))}
-    return AllreduceFit(a, c, 1 / inv_b, (1 / inv_b) / intra_bandwidth, len(t), float(err.mean()),
+    return AllreduceFit(a, c, e, 1 / inv_b, (1 / inv_b) / intra_bandwidth, len(t), float(err.mean()),
                         float(err.max()), per)
 
 

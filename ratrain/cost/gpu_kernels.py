@@ -1,8 +1,9 @@
 """Kernel latencies on a GPU from a documented model: the GPU counterpart of the emulated profile.
 
 Nothing here is emulated; every latency is a closed form over the platform's datasheet figures
-(``ratrain.spec.gpu.GpuDevice``) and four constants of its kernel model
-(``ratrain.spec.gpu.GpuKernelModel``: GEMM efficiency, HBM efficiency, launch cost, step overhead),
+(``ratrain.spec.gpu.GpuDevice``) and the constants of its kernel model
+(``ratrain.spec.gpu.GpuKernelModel``: GEMM efficiency, HBM efficiency, launch cost; the step
+overhead and the pipeline's host cost per send or receive are applied by ``ratrain.cost.megatron``),
 which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says on which).
 
 - GEMM ``C[m, n] = A[m, k] B[k, n]`` (FP16 in, FP32 accumulate), ``batch`` independent problems:
@@ -11,7 +12,9 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
   ``gemm_efficiency * peak`` (times the tile's share, :func:`gemm_tiles`). The library picks the
   tile with the fewest-wave time among a few around the platform's reference tile. This is the
   tile and wave quantization that makes a GEMM of n = 384 over 108 SMs cost as much as one of
-  n = 512. A memory floor: the operands and the result
+  n = 512. With ``gemm_schedule = "stream-k"`` the library splits the tiles' k loops evenly over
+  the SMs (cuBLAS's split-K and stream-K kernels), so only the tile quantization remains, not the
+  partial last wave. A memory floor: the operands and the result
   cross HBM once, at ``hbm_efficiency`` of the bandwidth.
 - Elementwise, normalisation, dropout, softmax, embedding, loss: bytes moved / (HBM bandwidth x
   ``hbm_efficiency``); backward moves twice the forward's bytes (the incoming gradient and the
@@ -22,7 +25,8 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
 - Megatron's fused kernels: the dropout and residual add after the attention projection and after
   the MLP run as one kernel (:data:`FUSED_DROPOUT_ADD`).
 - Attention as Megatron runs it unfused: a batched GEMM Q K^T (seq x head_dim x seq per head),
-  the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16), and a batched GEMM
+  the fused scale-mask-softmax (reads and writes the seq x seq scores in FP16; PyTorch's five-kernel
+  FP32 softmax where Megatron's kernel does not take the shape, :func:`fused_softmax`), and a batched GEMM
   of the probabilities with V; backward: four batched GEMMs (dV, dP, dQ, dK) and the softmax's
   backward (reads output and gradient, writes the input gradient). Attention dropout is its own
   elementwise operator in the model's operator list. Causal masking does not skip work in this
@@ -67,13 +71,16 @@ def gemm_tiles(platform: GpuPlatform) -> list[tuple[int, int, float]]:
 
 
 def gemm_seconds(m: int, k: int, n: int, platform: GpuPlatform, batch: int = 1) -> float:
-    """One (batched) GEMM on the GPU: the fastest tile's wave-quantized compute, or the HBM floor."""
+    """One (batched) GEMM on the GPU: the fastest tile's wave-quantized (or stream-K) compute, or the
+    HBM floor."""
     dev, km = platform.device, platform.kernels
     per_sm_flops = dev.peak_fp16_flops * km.gemm_efficiency / dev.sm_count
+    stream_k = km.gemm_schedule == "stream-k"
     compute = math.inf
     for tm, tn, share in gemm_tiles(platform):
         tiles = math.ceil(m / tm) * math.ceil(n / tn) * batch
-        waves = math.ceil(tiles / dev.sm_count)
+        # stream-K spreads the tiles' k loops evenly over the SMs: no partial last wave
+        waves = tiles / dev.sm_count if stream_k else math.ceil(tiles / dev.sm_count)
         compute = min(compute, waves * 2.0 * tm * tn * k / (per_sm_flops * share))
     memory = batch * FP16 * (m * k + k * n + m * n) / (dev.hbm_bandwidth * km.hbm_efficiency)
     return max(compute, memory)
@@ -94,8 +101,27 @@ def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
     if op.kind == "gemm":
         return 1, 3 if op.bias else 2          # dgrad, wgrad (and the bias gradient's reduction)
     if op.kind == "attention":
-        return (1, 1) if platform.kernels.attention == "flash" else (3, 5)
+        if platform.kernels.attention == "flash":
+            return 1, 1
+        extra = 0 if fused_softmax(op) else TORCH_SOFTMAX_KERNELS - 1
+        return 3 + extra, 5 + extra
     return 1, 1
+
+
+# Megatron's fused scale-mask-softmax kernel (FusedScaleMaskSoftmax.is_kernel_available) runs only
+# when 16 < seq <= 4096, seq % 4 == 0 and the attention batches (micro-batch x heads per rank) are
+# a multiple of 4, the batches one thread block takes for seq > 128 (4 warps, one row each).
+# Otherwise it falls back to PyTorch in FP32: cast to float, scale, masked_fill_, softmax, cast
+# back, five kernels each way (backward: the casts', the softmax's, the mask's and the scale's
+# gradients), moving these bytes per score (forward 6 + 8 + 8 + 8 + 6, backward 6 + 12 + 8 + 8 + 6)
+FUSED_SOFTMAX_BATCHES = 4
+TORCH_SOFTMAX_KERNELS = 5
+TORCH_SOFTMAX_BYTES = (36, 40)
+
+
+def fused_softmax(op: Operator) -> bool:
+    """Whether Megatron runs ``op``'s softmax as its fused kernel (else PyTorch's FP32 fallback)."""
+    return 16 < op.seq <= 4096 and op.seq % 4 == 0 and (op.batch * op.heads) % FUSED_SOFTMAX_BATCHES == 0
 
 
 def hbm_rate(platform: GpuPlatform) -> float:
@@ -115,11 +141,14 @@ def attention_seconds(op: Operator, platform: GpuPlatform) -> tuple[float, float
     scores = heads * s * s * FP16
     qk = gemm_seconds(s, d, s, platform, batch=heads)
     pv = gemm_seconds(s, s, d, platform, batch=heads)
-    softmax = bytes_seconds(2 * scores, platform)
+    # fused: read and write the FP16 scores forward; backward reads y and dy, writes dx
+    fwd_bytes, bwd_bytes = (2 * scores, 3 * scores) if fused_softmax(op) else \
+        (heads * s * s * TORCH_SOFTMAX_BYTES[0], heads * s * s * TORCH_SOFTMAX_BYTES[1])
+    softmax = bytes_seconds(fwd_bytes, platform)
     fwd = qk + softmax + pv
-    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q; softmax backward reads y and dy, writes dx
+    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and the softmax's backward
     bwd = (gemm_seconds(s, s, d, platform, batch=heads) + gemm_seconds(s, d, s, platform, batch=heads)
-           + 2 * gemm_seconds(s, s, d, platform, batch=heads) + bytes_seconds(3 * scores, platform))
+           + 2 * gemm_seconds(s, s, d, platform, batch=heads) + bytes_seconds(bwd_bytes, platform))
     return fwd, bwd, [["qk", heads, s, d, s, qk], ["softmax", scores, softmax], ["pv", heads, s, s, d, pv]]
 
 
@@ -201,4 +230,5 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
 
 
 __all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
-           "FUSED_DROPOUT_ADD", "hbm_rate", "host_seconds", "operator_kernels", "operator_profile", "platform_key"]
+           "FUSED_DROPOUT_ADD", "TORCH_SOFTMAX_BYTES", "fused_softmax", "hbm_rate", "host_seconds", "operator_kernels",
+           "operator_profile", "platform_key"]

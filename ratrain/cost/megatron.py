@@ -26,6 +26,8 @@ micro-batches per replica) on a ``GpuPlatform``. Every term and the link it uses
 * Optimizer: Megatron's FP16 optimizer as memory-bound passes over the local parameters,
   ``OPTIMIZER_BYTES_PER_PARAM`` bytes each (below); its gradient-norm and overflow checks are
   all-reduces over every model-parallel rank, so every stage waits for the slowest one first.
+* Pipeline sends and receives also cost the host ``p2p_host_s`` each (Megatron's p2p path waits
+  for its batched isend/irecv), on the F and B of every stage next to another.
 * ``step_overhead_s`` of the platform's kernel model: a fixed cost per iteration (framework,
   optimizer kernel launches, data loading), fitted.
 
@@ -108,8 +110,6 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     layer_params = layer_tp_parameter_count(model, T)
     loss_ar = coll.allreduce_ms(m * FP32, "tp")
 
-    # each pass as the stream of kernels it issues: (GPU ms, kernels) per operator, a collective
-    # one kernel on the stream (Megatron's tensor-parallel all-reduces run on the compute stream)
     # each pass as its operators' times, a collective on its link (Megatron's tensor-parallel
     # all-reduces run on the compute stream, so the pass waits for them)
     def stream(profiles: list, ops: list[Operator], backward: bool) -> list[float]:
@@ -131,6 +131,7 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     last_f = stream(prof.last_ops, edge_ops["last"], False) + ([loss_ar] * 2 if T > 1 else [])
     last_b = ([tp_ar] if T > 1 else []) + stream(prof.last_ops, edge_ops["last"], True)
     ar_per_layer = (6 if activation == "ckpt" else 4) * tp_ar
+    p2p_host = 1e3 * platform.kernels.p2p_host_s
     stages, dp_sync, gather, opt, tp_comm = [], [], [], [], []
     for p in range(P):
         f_seq, b_seq, r_seq = fwd * n, bwd * n, rec * n
@@ -144,6 +145,13 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
             params += head_params
             comm += (2 * loss_ar + tp_ar) if T > 1 else 0.0
         passes = [sum(seq) for seq in (f_seq, b_seq, r_seq)]
+        # the host's cost of the pass's sends and receives to the neighbouring stages (Megatron's
+        # p2p path synchronises the device after its batched isend/irecv): F receives from p - 1
+        # and sends to p + 1, B the reverse
+        neighbours = (p > 0) + (p < P - 1)
+        if neighbours and p2p_host:
+            passes[0] += neighbours * p2p_host
+            passes[1] += neighbours * p2p_host
         tp_comm.append(comm)
         stages.append([LayerCosts(forward_ms=passes[0], backward_ms=passes[1], recompute_ms=passes[2])])
         if cfg.zero >= 1 and D > 1:

@@ -2,11 +2,12 @@
 
 What is fitted, and how (docs/VALIDATION.md gives the values and the errors they leave):
 
-- the collective model (``collectives.launch_s``, ``step_latency_s``, ``intra_bus_efficiency``):
+- the collective model (``collectives.launch_s``, ``step_latency_s``, ``intra_bus_efficiency``,
+  ``byte_s``):
   one weighted linear least-squares solve on the measured all-reduce times
   (``ratrain.cost.collectives.fit_allreduce``);
 - the kernel model (``kernels.gemm_efficiency``, ``hbm_efficiency``, ``launch_s``,
-  ``step_overhead_s``): the mean absolute relative error of the simulated iterations over the fit
+  ``step_overhead_s``, ``p2p_host_s``): the mean absolute relative error of the simulated iterations over the fit
   rows, minimised by a deterministic Nelder-Mead search over their logarithms, from the
   platform's values.
 
@@ -25,10 +26,11 @@ from ratrain.spec.gpu import GpuPlatform
 from rtcommon.progress import Progress
 
 KERNEL_CONSTANTS = ("kernels.gemm_efficiency", "kernels.hbm_efficiency", "kernels.launch_s",
-                    "kernels.step_overhead_s")
+                    "kernels.step_overhead_s", "kernels.p2p_host_s")
 # bounds the search keeps each constant in (the platform file's ranges may be wider)
 BOUNDS = {"kernels.gemm_efficiency": (0.05, 1.0), "kernels.hbm_efficiency": (0.05, 1.0),
-          "kernels.launch_s": (1e-7, 1e-3), "kernels.step_overhead_s": (0.0, 1.0)}
+          "kernels.launch_s": (1e-7, 1e-3), "kernels.step_overhead_s": (0.0, 1.0),
+          "kernels.p2p_host_s": (0.0, 0.01)}
 
 
 @dataclass
@@ -117,7 +119,8 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
     ar = fit_allreduce(allreduce, platform.node.intra_bandwidth)
     platform = platform.with_overrides(**{"collectives.launch_s": ar.launch_s,
                                           "collectives.step_latency_s": ar.step_latency_s,
-                                          "collectives.intra_bus_efficiency": ar.intra_bus_efficiency})
+                                          "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
+                                          "collectives.byte_s": ar.byte_s})
     fit_rows = [r for r in runs if r.gpus in fit_gpus]
     held = [r for r in runs if r.gpus not in fit_gpus]
     if not fit_rows:
@@ -133,7 +136,8 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
 
     constants = {name: _get(platform, name) for name in KERNEL_CONSTANTS}
     constants.update({"collectives.launch_s": ar.launch_s, "collectives.step_latency_s": ar.step_latency_s,
-                      "collectives.intra_bus_efficiency": ar.intra_bus_efficiency})
+                      "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
+                      "collectives.byte_s": ar.byte_s})
     return platform, GpuFit(constants, len(fit_rows), len(held), errors(fit_rows), errors(held), ar.to_json(), evals)
 
 

@@ -34,6 +34,7 @@ GIB = 2 ** 30
 TOPOLOGIES = ("nvswitch", "nvlink", "pcie-host")
 ALGORITHMS = ("ring", "tree", "auto")
 ATTENTIONS = ("unfused", "flash")
+GEMM_SCHEDULES = ("waves", "stream-k")
 
 # Sane range and unit of every numeric field, by "table.field". The bounds catch unit slips (a
 # bandwidth of 300 is 300 B/s, not 300 GB/s; a latency of 5 is five seconds, not 5 us) and keep
@@ -57,6 +58,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "collectives.inter_bus_efficiency": (0.01, 2.0, "fraction"),
     "collectives.step_latency_s": (0.0, 0.1, "s"),
     "collectives.launch_s": (0.0, 0.1, "s"),
+    "collectives.byte_s": (0.0, 1e-6, "s/byte"),
     "kernels.gemm_tile_m": (1, 4096, "rows"),
     "kernels.gemm_tile_n": (1, 4096, "columns"),
     "kernels.gemm_efficiency": (0.01, 1.0, "fraction"),
@@ -64,11 +66,13 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "kernels.launch_s": (0.0, 0.1, "s"),
     "kernels.flash_efficiency": (0.01, 1.0, "fraction"),
     "kernels.step_overhead_s": (0.0, 60.0, "s"),
+    "kernels.p2p_host_s": (0.0, 0.1, "s"),
 }
 INT_FIELDS = frozenset({"device.sm_count", "device.hbm_bytes", "device.usable_bytes", "node.gpus_per_node",
                         "network.nics_per_node", "kernels.gemm_tile_m", "kernels.gemm_tile_n"})
 CHOICES: dict[str, tuple[str, ...]] = {
-    "node.intra_topology": TOPOLOGIES, "collectives.algorithm": ALGORITHMS, "kernels.attention": ATTENTIONS}
+    "node.intra_topology": TOPOLOGIES, "collectives.algorithm": ALGORITHMS, "kernels.attention": ATTENTIONS,
+    "kernels.gemm_schedule": GEMM_SCHEDULES}
 STRING_FIELDS = frozenset({"device.model"})
 BOOL_FIELDS = frozenset({"node.peer_to_peer"})
 
@@ -165,6 +169,7 @@ class CollectiveModel:
     inter_bus_efficiency: float = 1.0   # same, across nodes over the NICs
     step_latency_s: float = 5e-6        # per ring/tree step
     launch_s: float = 1e-5              # fixed cost of one collective call
+    byte_s: float = 0.0                 # per byte of an all-reduce whatever the group size (0: none)
 
     def __post_init__(self) -> None:
         _check_part(self, "collectives")
@@ -174,12 +179,14 @@ class CollectiveModel:
 class GpuKernelModel:
     gemm_tile_m: int = 128        # output tile of one thread block (wave/tile quantization)
     gemm_tile_n: int = 128
+    gemm_schedule: str = "waves"  # "waves" (thread blocks in waves over the SMs) | "stream-k" (no partial wave)
     gemm_efficiency: float = 0.8  # ceiling: fraction of peak a large GEMM reaches
     hbm_efficiency: float = 0.8   # fraction of HBM bandwidth elementwise kernels reach
     launch_s: float = 5e-6        # per kernel launch
     attention: str = "unfused"    # "unfused" (Megatron's batched GEMMs + softmax) | "flash"
     flash_efficiency: float = 0.6 # FlashAttention's fraction of peak
     step_overhead_s: float = 0.0  # fixed cost per training step (optimizer launch, framework)
+    p2p_host_s: float = 0.0       # host cost of one pipeline send or receive (0: none)
 
     def __post_init__(self) -> None:
         _check_part(self, "kernels")
@@ -358,4 +365,5 @@ def describe_gpu(p: GpuPlatform) -> str:
 
 
 __all__ = ["GPU_KIND", "GpuDevice", "GpuNode", "GpuNetwork", "CollectiveModel", "GpuKernelModel", "GpuPlatform",
-           "RANGES", "TABLES", "TOPOLOGIES", "ALGORITHMS", "ATTENTIONS", "check_value", "describe_gpu"]
+           "RANGES", "TABLES", "TOPOLOGIES", "ALGORITHMS", "ATTENTIONS", "GEMM_SCHEDULES", "check_value",
+           "describe_gpu"]
