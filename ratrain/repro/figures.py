@@ -3,13 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from rtcommon.fileio import atomic_write_figure  # noqa: E402
+from rtcommon.fileio import atomic_write_figure
+from rtcommon.plotting import matplotlib, plt
 
 __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_figure", "stage_memory_figure",
            "table5_figure", "attention_figure"]
