@@ -273,6 +273,25 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         (all_g + u, None if prefetch_link else all_g + u + w)
 
 
+@dataclass
+class MainPath:
+    """The first half of ``step_breakdown``: the 1F1B main path with recovery (``t_main_ms``), a lower
+    bound of the step (the lifecycle chains only add to it), and what the chains' half needs."""
+    stages: list[list[LayerKind]]
+    X: float
+    policy: str
+    shapes: dict
+    sig: list
+    f: list[float]
+    b0: list[float]
+    rsum: list[float]
+    share: list[float]
+    t_1f1b_ms: float
+    t_main_ms: float
+    slot_ms: float
+    bottleneck_stage: int
+
+
 def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
                    layerwise: bool = True, update_prefetch: bool = True, fsr: bool = True,
                    recovery_resource: str = "compute", fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS,
@@ -284,9 +303,17 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
     is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``fsr_buffer_layers`` the
     recovery buffer's capacity in layers (Mechanisms.fsr_buffer_layers); ``prefetch_resource``
     where PrefetchW runs ('link', as ``pipeline_costs`` builds it, or 'ddr')."""
-    if prefetch_resource not in ("ddr", "link"):
-        raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
-    link_w = prefetch_resource == "link"
+    main = main_path(stages, transfer_ms, accum, activation=activation, fsr=fsr,
+                     recovery_resource=recovery_resource, fsr_buffer_layers=fsr_buffer_layers)
+    return lifecycle_tail(main, layerwise=layerwise, update_prefetch=update_prefetch,
+                          recovery_resource=recovery_resource, prefetch_resource=prefetch_resource)
+
+
+def main_path(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
+              fsr: bool = True, recovery_resource: str = "compute",
+              fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS) -> MainPath:
+    """``step_breakdown``'s main path (arguments as there): cheap next to the lifecycle chains, and
+    ``t_main_ms`` <= the step, so the planner ranks on it before it runs the chains."""
     P = len(stages)
     X = transfer_ms if P > 1 else 0.0
     policy = "ckpt" if (activation == "fsr" and not fsr) else activation
@@ -318,6 +345,20 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         path = slot_loads = base
         share = [0.0] * P
     t_main, slot, q = _main_path(path, slot_loads, X, accum)
+    return MainPath(stages, X, policy, shapes, sig, f, b0, rsum, share, t_1f1b, t_main, slot, q)
+
+
+def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: bool = True,
+                   recovery_resource: str = "compute", prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
+    """``step_breakdown``'s second half: the GradSync -> UpdateShard -> PrefetchW chains of every stage
+    against the main path ``main``, and the step (arguments as in ``step_breakdown``)."""
+    if prefetch_resource not in ("ddr", "link"):
+        raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
+    link_w = prefetch_resource == "link"
+    stages, X, policy, shapes, sig = main.stages, main.X, main.policy, main.shapes, main.sig
+    f, b0, rsum, share = main.f, main.b0, main.rsum, main.share
+    t_1f1b, t_main, slot, q = main.t_1f1b_ms, main.t_main_ms, main.slot_ms, main.bottleneck_stage
+    P = len(stages)
     starts, ends = [0.0] * P, [0.0] * P
     acc = 0.0
     for p in range(P):

@@ -459,7 +459,15 @@ class PeakMemory:
             _check_vocab(self.model, tp)
             sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel)
         best = 0
-        for p, n in enumerate(self.counts(pp)):
+        counts = self.counts(pp)
+        seen: set[tuple[bool, bool, int]] = set()
+        for p, n in enumerate(counts):
+            # a stage's bytes grow with the micro-batches it holds (N_act(p) = min(P - p, A) falls with p),
+            # everything else being equal: of the stages alike in place and layer count only the first counts
+            alike = (p == 0, p == pp - 1, n)
+            if alike in seen:
+                continue
+            seen.add(alike)
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
                               n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
                               tokens_per_mb=b * seq, activation=activation, prefetch=prefetch,
