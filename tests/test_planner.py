@@ -56,14 +56,14 @@ def test_infeasible_grid_is_pruned_before_any_timing():
 def test_only_feasible_configs_are_timed_and_profiled():
     calls = []
     pl = Planner(get_model("llama2-7b"), profile_source="roofline", profile_fn=roofline_fn(calls))
-    real = pl.main_path            # every feasible 1F1B candidate's estimate starts there
+    real = pl.bounded              # every feasible candidate's estimate starts there
     seen = []
 
-    def checked(cfg, method="ratrain", source=None):
+    def checked(cfg, method="ratrain", source=None, *schedule):
         assert max_peak(stage_memory(pl.model, cfg)) <= BUDGET, cfg
         seen.append(cfg)
-        return real(cfg, method, source)
-    pl.main_path = checked
+        return real(cfg, method, source, *schedule)
+    pl.bounded = checked
     r = pl.plan(8, 64, top=50)
     assert 0 < r.timed < r.enumerated and r.timed + r.pruned_by_memory == r.enumerated
     assert len(seen) == r.timed
@@ -101,9 +101,33 @@ def test_the_bounded_search_ranks_as_estimating_every_candidate(name, clusters, 
     assert got.timed == feasible
     assert [(c.config, c.step_ms, c.peak_bytes, c.breakdown) for c in got.ranked] == \
         [(cfg, step, peak, bd) for step, peak, _, cfg, bd in want]
-    for step, _, _, cfg, _ in want:
-        main, _ = pl.main_path(cfg, method)
-        assert main.t_main_ms <= step
+    for step, _, _, cfg, bd in want:
+        bound, finish = pl.bounded(cfg, method)
+        assert bound <= step and finish() == bd
+
+
+@pytest.mark.parametrize("name, clusters, global_batch, top", [("llama2-7b", 8, 8, 10), ("llama2-13b", 16, 64, 4)])
+def test_the_bounded_search_over_schedules_ranks_as_estimating_every_candidate(name, clusters, global_batch, top):
+    from ratrain.plan.schedule_search import check_schedules, runnable
+    pl = planner(name)
+    names = ("1f1b", "gpipe", "interleaved", "zb-h1")
+    choices = check_schedules(names)
+    rows = []
+    for c in search_space(pl.model, clusters, global_batch):
+        p, d, t, z, b, a, act, pref = c
+        cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=2048, activation=act,
+                             prefetch=pref, partition=pl.partition)
+        for si, choice in enumerate(choices):
+            if choice.name != "1f1b" and (p == 1 or not runnable(choice, pl.model.layers, p, a)):
+                continue
+            peak = pl.schedule_peak(cfg, choice)
+            if peak <= BUDGET:
+                rows.append((pl.estimate(cfg, schedule=choice), peak, c, si, cfg))
+    rows.sort(key=lambda x: (x[0].step_ms, *x[1:4]))
+    got = planner(name).plan(clusters, global_batch, top=top, schedules=names, confirm=0)
+    assert got.timed == len(rows)
+    assert [(c.config, c.schedule, c.breakdown) for c in got.ranked] == \
+        [(cfg, choices[si], bd) for bd, _, _, si, cfg in rows[:top]]
 
 
 def test_returned_configs_fit_and_are_ranked():

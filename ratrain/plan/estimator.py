@@ -439,26 +439,45 @@ def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, a
                     micro-batch (``weight_ms``): the zero-bubble paper's H1 bubble (P-1)(F + B - 2W)
                     against 1F1B's (P-1)(F + B), B the whole backward.
     docs/CHOICES.md ("Schedules in the planner") states the error against the simulator."""
+    main_kw = {k: kwargs[k] for k in ("activation", "fsr", "recovery_resource", "fsr_buffer_layers") if k in kwargs}
+    tail_kw = {k: v for k, v in kwargs.items() if k not in main_kw}
+    one = main_path(stages, transfer_ms, accum, **main_kw)
+    main, slot = schedule_main_path(one, accum, schedule, weight_ms)
+    return schedule_tail(one, main, slot, schedule, **tail_kw)
+
+
+def schedule_main_path(one: MainPath, accum: int, schedule: str | PipelineSchedule = "1f1b",
+                       weight_ms: list[float] | None = None) -> tuple[float, float]:
+    """``schedule_step_breakdown``'s main path under ``schedule`` from the 1F1B one ``one``: (ms, the
+    steady slot). The lifecycle tail only adds to it, so it bounds the step from below."""
     sched = PipelineSchedule.of(schedule)
-    bd = step_breakdown(stages, transfer_ms, accum, **kwargs)
     if sched.name in ("1f1b", "gpipe"):
-        return bd
-    P = len(stages)
-    X = transfer_ms if P > 1 else 0.0
-    t_main = bd.t_1f1b_ms + bd.e_rec_ms
-    tail = bd.step_ms - t_main
-    slot = bd.slot_ms
+        return one.t_main_ms, one.slot_ms
+    P = len(one.stages)
+    X = one.X
+    t_main = one.t_1f1b_ms + (one.t_main_ms - one.t_1f1b_ms)     # as StepBreakdown's t_1f1b + e_rec
+    slot = one.slot_ms
     fill = 2 * (P - 1) * X
     bubble = max(0.0, t_main - accum * slot - fill)
     if sched.name == "interleaved":
         v = sched.virtual_stages
         slot = max(slot, interleaved_port_transfers(P, v) * X) if P > 1 else slot
-        main = accum * slot + bubble / v + 2 * (P * v - 1) * X
-    else:
-        if weight_ms is None or len(weight_ms) != P:
-            raise ConfigError("schedule_step_breakdown: zb-h1 needs weight_ms, one weight-gradient time per stage")
-        w = weight_ms[bd.bottleneck_stage]
-        main = accum * slot + bubble * max(0.0, 1.0 - 2.0 * w / slot if slot > 0 else 1.0) + fill
+        return accum * slot + bubble / v + 2 * (P * v - 1) * X, slot
+    if weight_ms is None or len(weight_ms) != P:
+        raise ConfigError("schedule_step_breakdown: zb-h1 needs weight_ms, one weight-gradient time per stage")
+    w = weight_ms[one.bottleneck_stage]
+    return accum * slot + bubble * max(0.0, 1.0 - 2.0 * w / slot if slot > 0 else 1.0) + fill, slot
+
+
+def schedule_tail(one: MainPath, main: float, slot: float, schedule: str | PipelineSchedule = "1f1b",
+                  **kwargs) -> StepBreakdown:
+    """``schedule_step_breakdown``'s second half: 1F1B's lifecycle tail (``lifecycle_tail`` of ``one``,
+    arguments as there) on the schedule's main path ``main`` and slot ``slot``."""
+    bd = lifecycle_tail(one, **kwargs)
+    if PipelineSchedule.of(schedule).name in ("1f1b", "gpipe"):
+        return bd
+    t_main = bd.t_1f1b_ms + bd.e_rec_ms
+    tail = bd.step_ms - t_main
     return StepBreakdown(step_ms=main + tail, t_1f1b_ms=main - bd.e_rec_ms, e_comm_ms=bd.e_comm_ms,
                          e_upd_ms=bd.e_upd_ms, e_pref_ms=bd.e_pref_ms, e_rec_ms=bd.e_rec_ms, exposed_tail_ms=tail,
                          slot_ms=slot, bottleneck_stage=bd.bottleneck_stage)

@@ -37,11 +37,11 @@ from ratrain.cost.terms import (
 )
 from ratrain.errors import ConfigError
 from ratrain.plan.estimator import (
-    MainPath,
     StepBreakdown,
     lifecycle_tail,
     main_path,
-    schedule_step_breakdown,
+    schedule_main_path,
+    schedule_tail,
     step_breakdown,
 )
 from ratrain.plan.schedule_search import (
@@ -301,36 +301,39 @@ class Planner:
                  schedule: PipelineSchedule = ONE_F_ONE_B) -> StepBreakdown:
         """Analytic T_step of ``cfg`` under ``method``'s mechanisms in ``schedule`` order (no simulation)."""
         _check_method(method)
-        if schedule == ONE_F_ONE_B:
-            main, tail = self.main_path(cfg, method, source)
-            return lifecycle_tail(main, **tail)
+        _, finish = self.bounded(cfg, method, source, schedule)
+        return finish()
+
+    def bounded(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None,
+                schedule: PipelineSchedule = ONE_F_ONE_B) -> tuple[float, Callable[[], StepBreakdown]]:
+        """``estimate`` in two halves: the main path's time, a lower bound of the step (the lifecycle
+        chains only add to it), and the call that finishes the estimate (the chains, the costly half)."""
         terms = self.terms(cfg, source)
         mech = self._mechanisms(cfg, method)
+        main_kw = dict(activation=mech["activation"], fsr=mech["fsr"], recovery_resource=mech["recovery_resource"],
+                       fsr_buffer_layers=mech["fsr_buffer_layers"])
+        tail_kw = dict(layerwise=mech["layerwise"], update_prefetch=mech["update_prefetch"],
+                       recovery_resource=mech["recovery_resource"])
+        if schedule == ONE_F_ONE_B:
+            one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum, **main_kw)
+            return one.t_main_ms, lambda: lifecycle_tail(one, **tail_kw)
         chunks = stage_chunks(self.model, cfg.pp, self.partition, schedule)
         kinds = chunk_kinds(terms, chunks, self.model.layers)
         weight = None
         if schedule.name == "zb-h1":
             layers_of = [[i for r in stage for i in r] for stage in chunks]
             weight = weight_shares(self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source), kinds, layers_of)
-        return schedule_step_breakdown(kinds, terms.transfer, cfg.accum, schedule=schedule, weight_ms=weight, **mech)
+        one = main_path(kinds, terms.transfer, cfg.accum, **main_kw)
+        main, slot = schedule_main_path(one, cfg.accum, schedule, weight)
+        # the step is main + (1F1B's step - its main path, which StepBreakdown rounds as t_1f1b + e_rec):
+        # that difference is >= 0 but for an ulp, which the bound's margin covers
+        return main - abs(main) * 1e-12, lambda: schedule_tail(one, main, slot, schedule, **tail_kw)
 
     def _mechanisms(self, cfg: ParallelConfig, method: str) -> dict:
         on = method != "tuned"
         return dict(activation=cfg.activation, layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise",
                     fsr=on, recovery_resource=self.recovery_resource,
                     fsr_buffer_layers=self.constants.fsr_buffer_layers)
-
-    def main_path(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None
-                  ) -> tuple[MainPath, dict]:
-        """The 1F1B estimate's main path (its ``t_main_ms`` bounds the step from below) and the
-        arguments of ``lifecycle_tail``, which finishes it: ``estimate`` is the two in turn."""
-        terms = self.terms(cfg, source)
-        mech = self._mechanisms(cfg, method)
-        kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
-        main = main_path(kinds, terms.transfer, cfg.accum, activation=mech["activation"], fsr=mech["fsr"],
-                         recovery_resource=mech["recovery_resource"], fsr_buffer_layers=mech["fsr_buffer_layers"])
-        return main, dict(layerwise=mech["layerwise"], update_prefetch=mech["update_prefetch"],
-                          recovery_resource=mech["recovery_resource"])
 
     def schedule_peak(self, cfg: ParallelConfig, schedule: PipelineSchedule) -> int:
         """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
@@ -386,10 +389,10 @@ class Planner:
         p0 = self.profile_s
         budget = self.platform.memory_budget_bytes
         enumerated = pruned = feasible = 0
-        # the `top` best (step, peak, grid point, schedule) so far; 1F1B candidates wait on their main path,
+        # the `top` best (step, peak, grid point, schedule) so far; candidates wait on their main path,
         # a lower bound of their step, and only those that can still enter the top run their lifecycle chains
         timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
-        waiting: list[tuple[float, int, tuple, int, ParallelConfig, MainPath, dict]] = []
+        waiting: list[tuple[float, int, tuple, int, ParallelConfig, Callable[[], StepBreakdown]]] = []
         plain_1f1b = [c == ONE_F_ONE_B for c in choices]
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
@@ -413,18 +416,13 @@ class Planner:
                 feasible += 1
                 cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
                                      prefetch=pref, partition=self.partition)
-                if plain:
-                    main, tail = self.main_path(cfg, method, fast)
-                    waiting.append((main.t_main_ms, peak, c, si, cfg, main, tail))
-                else:
-                    bd = self.estimate(cfg, method, fast, schedule=choice)
-                    insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
-                    del timed[top:]
+                bound, finish = self.bounded(cfg, method, fast, choice)
+                waiting.append((bound, peak, c, si, cfg, finish))
         waiting.sort(key=lambda x: x[0])
-        for bound, peak, c, si, cfg, main, tail in waiting:
+        for bound, peak, c, si, cfg, finish in waiting:
             if len(timed) >= top and bound > timed[-1][0]:
                 break           # this step and every later one exceed the whole top's
-            bd = lifecycle_tail(main, **tail)
+            bd = finish()
             insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
             del timed[top:]
         ranked: list[Candidate] = []
