@@ -87,3 +87,15 @@ def test_the_command_word_is_the_first_non_option():
     assert chosen_command(commands, ["-h"]) is None
     assert chosen_command(commands, ["no-such-command"]) is None
     assert chosen_command(commands, ["memory"]).module == "ratrain.cli.model"
+
+
+def test_a_plot_loads_matplotlib_on_the_agg_backend(tmp_path):
+    out = tmp_path / "step.png"
+    code = ("import sys; from ratrain.cli import main; "
+            f"rc = main({UNIFORM + ['--plot', str(out)]!r}); import matplotlib; "
+            "print(rc, matplotlib.get_backend().lower(), 'matplotlib.pyplot' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-3:] == ["0", "agg", "True"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
