@@ -50,7 +50,6 @@ from ratrain.plan.schedule_search import (
     check_schedules,
     chunk_kinds,
     runnable,
-    stage_chunks,
     weight_shares,
 )
 from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
@@ -317,7 +316,7 @@ class Planner:
         if schedule == ONE_F_ONE_B:
             one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum, **main_kw)
             return one.t_main_ms, lambda: lifecycle_tail(one, **tail_kw)
-        chunks = stage_chunks(self.model, cfg.pp, self.partition, schedule)
+        chunks = self.schedule_memory.chunks(cfg.pp, schedule)
         kinds = chunk_kinds(terms, chunks, self.model.layers)
         weight = None
         if schedule.name == "zb-h1":
