@@ -83,6 +83,8 @@ class OpSpec:
     libm: bool = False              # rounds as the host's C maths library (not in functional runs)
     is_mac: bool = False            # counted as a vector multiply-accumulate (RunStats.vfma)
     busy: bool = True               # occupies its unit (False: padding, counted as a stall)
+    fp64: bool = False              # works on FP64 data (vector ops: the platform's fp64_lanes lanes of the
+    #                                 FP64 register file); needs a platform with FP64 lanes
 
     @property
     def field_kinds(self) -> tuple[str, str, str, str]:
@@ -158,6 +160,19 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(23, "vexp", (VMAC,), ("v=", "v", "", ""), "vd, va", "vmac", touches_am=True, is_plain=True, libm=True),
     OpSpec(24, "vlog", (VMAC,), ("v=", "v", "", ""), "vd, va", "vmac", touches_am=True, is_plain=True, libm=True),
     OpSpec(25, "vmax", (VMAC,), ("v=", "v", "v", ""), "vd, va, vb", "vmac", touches_am=True, is_plain=True),
+    # FP64 (the DSP family's double-precision GEMM, docs/DSP-FAMILY.md): a 64-bit scalar load, its
+    # broadcast, vector load/store and multiply-accumulate over the FP64 lanes (functional mode runs
+    # them bundle by bundle: mtemu.fast.runs leaves them out of functional runs)
+    OpSpec(26, "sldd", (SLDST,), ("s=", "s", "", ""), "sd, [sa+imm]", "scalar_load", space=SP_SM, access_bytes=8,
+           addresses_memory=True, is_plain=True, fp64=True),
+    OpSpec(27, "svbcastd", (SMAC1, SMAC2), ("v=", "s", "", ""), "vd, sa", "broadcast", touches_am=True,
+           is_plain=True, fp64=True),
+    OpSpec(28, "vldd", (VLDST1, VLDST2), ("v=", "s", "", ""), "vd, [sa+imm]", "vector_load", space=SP_AM,
+           access_bytes=8, addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
+    OpSpec(29, "vstd", (VLDST1, VLDST2), ("", "s", "v", ""), "[sa+imm], vs", None, space=SP_AM, access_bytes=8,
+           addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
+    OpSpec(30, "vfmad", (VMAC,), ("v+", "v", "v", ""), "vd, va, vb", "vmac",
+           touches_am=True, is_plain=True, is_mac=True, fp64=True),
 )
 
 OP_BY_NAME = {op.name: op for op in OPS}

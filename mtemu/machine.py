@@ -158,6 +158,8 @@ class MachineState(NamedTuple):
     caps: np.ndarray
     bases: np.ndarray
     f16tab: np.ndarray
+    vregs64: np.ndarray         # the FP64 ops' register file (DSP, register, FP64 lane)
+    mem64: np.ndarray           # the flat memory as float64 (functional mode; else one dummy word)
 
 
 class Settings(NamedTuple):
@@ -172,6 +174,8 @@ class Settings(NamedTuple):
     row_overhead: float         # cycles per transferred row
     max_cycles: int
     threads: bool               # waiting work may run over threads
+    lanes64: int                # FP64 vector lanes computed (1 in timing mode)
+    dma_issue: int              # cycles the issuing DSP spends launching a DMA
 
 
 class Counters(NamedTuple):
@@ -220,6 +224,8 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
     code, lo, hi, descs, desc_off = prog.code, prog.lo, prog.hi, prog.descs, prog.desc_off
     sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
     caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
+    vregs64, mem64 = machine.vregs64, machine.mem64
+    lanes64, dma_issue = settings.lanes64, settings.dma_issue
     functional, dsps, lanes, threads = settings.functional, settings.dsps, settings.lanes, settings.threads
     lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
     row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
@@ -387,6 +393,54 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                         vd = code[p, u, isa.F_R0]
                         for k in range(lanes):
                             vregs[d, vd, k] = xw
+                elif op == isa.OP_VFMAD:
+                    stats[d, S_VFMA] += 1
+                    if functional:
+                        vd = code[p, u, isa.F_R0]
+                        va = code[p, u, isa.F_R1]
+                        vb = code[p, u, isa.F_R2]
+                        for k in range(lanes64):
+                            vregs64[d, vd, k] += vregs64[d, va, k] * vregs64[d, vb, k]
+                elif op == isa.OP_SVBCASTD:
+                    if functional:
+                        xd = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
+                        vd = code[p, u, isa.F_R0]
+                        for k in range(lanes64):
+                            vregs64[d, vd, k] = xd
+                elif op == isa.OP_SLDD:
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                    if a < 0 or a > caps[0] - 8:
+                        _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 8)
+                        time[d] = t
+                        return
+                    if a & 7:
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 8)
+                        time[d] = t
+                        return
+                    if functional:
+                        word = np.float64(mem64[(bases[0] + d * caps[0] + a) >> 3])
+                        sregs[d, code[p, u, isa.F_R0]] = word.view(np.int64)
+                elif op == isa.OP_VLDD or op == isa.OP_VSTD:
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                    size = lanes64 * 8
+                    if a < 0 or a > caps[1] - size:
+                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
+                        time[d] = t
+                        return
+                    if a & 7:
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
+                        time[d] = t
+                        return
+                    if functional:
+                        i0 = (bases[1] + d * caps[1] + a) >> 3
+                        if op == isa.OP_VLDD:
+                            vd = code[p, u, isa.F_R0]
+                            for k in range(lanes64):
+                                vregs64[d, vd, k] = mem64[i0 + k]
+                        else:
+                            vs = code[p, u, isa.F_R2]
+                            for k in range(lanes64):
+                                mem64[i0 + k] = vregs64[d, vs, k]
                 elif op == isa.OP_SADDI:
                     sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SADD:
@@ -532,6 +586,11 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                         tr_counts[0] = k + 1
                     stats[d, S_DMA_BYTES] += nbytes
                     stats[d, S_DMAS] += 1
+                    if dma_issue > 0:
+                        # launching the transfer occupies the DSP (the family's DMA set-up cost)
+                        extra += dma_issue
+                        stats[d, S_STALL0 + isa.ST_DMA] += dma_issue
+                        extra_state = TS_DMA
                 elif op == isa.OP_DMAWAIT:
                     ch = code[p, u, isa.F_R0]
                     if chan[d, ch] > t + 1:
@@ -656,6 +715,7 @@ class Cluster:
     mem: np.ndarray = field(init=False)
     sregs: np.ndarray = field(init=False)
     vregs: np.ndarray = field(init=False)
+    vregs64: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.platform = validate_platform(self.platform, "Cluster platform")
@@ -670,15 +730,17 @@ class Cluster:
         self.bases = np.array([0, sm_total, sm_total + am_total, sm_total + am_total + p.gsm_bytes], dtype=np.int64)
         total = int(self.bases[3] + self.ddr_bytes)
         if self.functional:
-            regs = p.dsps * p.vector_registers * p.vector_lanes * 4
+            regs = p.dsps * p.vector_registers * (p.vector_lanes * 4 + p.fp64_lanes * 8)
             check_host_memory(total + regs, f"a functional cluster of {p.dsps} DSPs with {self.ddr_bytes} bytes "
                               f"of DDR", MachineError)
             with small_pages():         # touched once per run: huge pages cost more to fault than they save
                 self.mem = np.zeros(total // 2, dtype=np.uint16)
                 self.vregs = np.zeros((p.dsps, p.vector_registers, p.vector_lanes), dtype=np.float32)
+                self.vregs64 = np.zeros((p.dsps, p.vector_registers, max(p.fp64_lanes, 1)), dtype=np.float64)
         else:
             self.mem = np.zeros(2, dtype=np.uint16)
             self.vregs = np.zeros((p.dsps, p.vector_registers, 1), dtype=np.float32)
+            self.vregs64 = np.zeros((p.dsps, p.vector_registers, 1), dtype=np.float64)
         self.sregs = np.zeros((p.dsps, p.scalar_registers), dtype=np.int64)
 
     # host access to DDR (functional mode) -------------------------------------------------
@@ -762,6 +824,8 @@ class Cluster:
             fast_forward = os.environ.get("MTEMU_FAST_FORWARD", "1").strip() != "0"
         skip = fast_forward and trace is None
         code, descs, lo, hi, desc_off, blocks, tables = _prepare(programs, dsp_program, p, self.functional, skip)
+        if not p.fp64_lanes:
+            _refuse_fp64(programs, dsp_program, p)
         desc_off = desc_off.copy()
         if dsp_descriptors:
             extra = []
@@ -804,6 +868,8 @@ class Cluster:
         bpc = np.array([p.ddr_bandwidth, p.gsm_bandwidth, p.local_bandwidth]) / p.clock_hz
         mem32 = self.mem[: self.mem.size // 2 * 2].view(np.float32)
         lanes = p.vector_lanes if self.functional else 1
+        lanes64 = p.fp64_lanes if self.functional else 1
+        mem64 = self.mem.view(np.float64) if self.functional else np.zeros(1, np.float64)
         with small_pages():
             defer = defer_buffers(tables, p.dsps, p.scalar_registers, p.vector_registers, p.sm_bytes)
         # waiting runs execute on threads only from the main thread (one parallel launch at a time)
@@ -816,9 +882,10 @@ class Cluster:
         code = code.view()
         code.flags.writeable = False    # one compiled signature for a program's own (frozen) code and a copy
         records = (Linked(code, lo, hi, descs, desc_off),
-                   MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE),
+                   MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE,
+                                self.vregs64, mem64),
                    Settings(self.functional, p.dsps, lanes, p.latencies.branch_delay, p.dma_latency_cycles, bpc,
-                            float(p.dma_row_overhead_cycles), max_cycles, threads),
+                            float(p.dma_row_overhead_cycles), max_cycles, threads, lanes64, int(p.dma_issue_cycles)),
                    Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks), defer)
         while True:
             _run(*records, run_state)
@@ -838,6 +905,20 @@ class Cluster:
                              dma, dma_t, int(counts[0]), bar, int(counts[1]))
         return RunStats(cycles, stats, {"ddr": int(server_bytes[0]), "gsm": int(server_bytes[1]),
                                         "local": int(server_bytes[2])}, p, p.vector_lanes, busy, recorded)
+
+
+_FP64_OPS = isa.ops_where(fp64=True)
+
+
+def _refuse_fp64(programs: list[Program], dsp_program: list[int], p: Platform) -> None:
+    """An FP64 op in a program the platform (no FP64 lanes) is asked to run: one named error."""
+    for k in sorted(set(dsp_program)):
+        hits = np.argwhere(np.isin(programs[k].code[:, :, isa.F_OP], _FP64_OPS))
+        if hits.size:
+            b, u = (int(x) for x in hits[0])
+            name = isa.OP_BY_CODE[int(programs[k].code[b, u, isa.F_OP])].name
+            raise MachineError(f"program {k}, PC {b}, unit {isa.UNITS[u]}: {name} is an FP64 op and platform "
+                               f"{p.name!r} has no FP64 lanes (field 'fp64_lanes' is 0)")
 
 
 def _check_limit(value, name: str, integer: bool):

@@ -58,6 +58,15 @@ class Platform:
     dma_latency_cycles: int = 600              # issue-to-first-byte latency of a DMA transfer (assumed)
     dma_row_overhead_cycles: float = 0.0       # server cycles per row of a strided transfer (none fitted)
     latencies: Latencies = field(default_factory=Latencies)
+    # --- the DSP family's vector data types (docs/DSP-FAMILY.md) ---------------------------
+    # One VMAC issue drives ``fma_units`` FMA units, each as wide as one hardware vector of
+    # ``vector_bits``; a data type's lanes per issue are fma_units x vector_bits / its width. FP16
+    # lanes are ``vector_lanes`` (192 = 3 x 1024 / 16 on MT-3000); FP32 vector ops work on the same
+    # lanes (the FP16 kernels' FP32 partial sums). ``fp64_lanes`` = 0: no FP64 vector unit modelled.
+    vector_bits: int = 1024
+    fma_units: int = 3
+    fp64_lanes: int = 0
+    dma_issue_cycles: int = 0                  # cycles the issuing DSP spends launching one DMA
 
     # --- derived figures -------------------------------------------------------------------
     @property
@@ -68,6 +77,11 @@ class Platform:
     def peak_mac_per_s(self) -> float:
         return self.peak_macs_per_cycle * self.clock_hz
 
+    @property
+    def peak_fp64_flops_per_s(self) -> float:
+        """Per DSP: two flops per FP64 lane per cycle (0 without FP64 lanes)."""
+        return 2.0 * self.fp64_lanes * self.clock_hz
+
     def bytes_per_cycle(self, bandwidth: float) -> float:
         return bandwidth / self.clock_hz
 
@@ -77,16 +91,25 @@ class Platform:
         d["hash"] = self.digest()
         return d
 
+    def _hashed(self) -> dict[str, Any]:
+        """The fields as hashed: the family fields only where they differ from their defaults, so that
+        every platform written before they existed keeps its digest (and its caches and profiles)."""
+        d = asdict(self)
+        for name, default in FAMILY_DEFAULTS.items():
+            if d[name] == default:
+                d.pop(name)
+        return d
+
     def digest(self) -> str:
         """Stable short hash of every field: keys caches and profiles."""
-        raw = json.dumps(asdict(self), sort_keys=True).encode()
+        raw = json.dumps(self._hashed(), sort_keys=True).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
     def timing_digest(self) -> str:
         """Hash of the fields a kernel's emulated cycles can depend on: all but the name and the
         DDR capacity (which only bounds where operands may be placed). Keys latency profiles, so a
         memory-budget study re-uses them."""
-        d = asdict(self)
+        d = self._hashed()
         d.pop("name")
         d.pop("ddr_bytes")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -131,10 +154,11 @@ class Platform:
 
 # Top-level entries of a combined platform file that belong to the training side (ratrain reads
 # them; the emulator only checks that nothing else sits beside [cluster]).
-COMBINED_SECTIONS = ("name", "kind", "training", "kernels", "derived")
+COMBINED_SECTIONS = ("name", "kind", "training", "kernels", "host", "derived")
 
 _INT_FIELDS = {"dsps", "sm_bytes", "am_bytes", "gsm_bytes", "ddr_bytes", "vector_lanes",
-               "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles"}
+               "scalar_registers", "vector_registers", "dma_channels", "dma_latency_cycles",
+               "vector_bits", "fma_units", "fp64_lanes", "dma_issue_cycles"}
 _FLOAT_FIELDS = {"clock_hz", "ddr_bandwidth", "gsm_bandwidth", "local_bandwidth",
                  "dma_row_overhead_cycles"}
 
@@ -157,6 +181,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "dma_channels": (1, 64, "channels"),
     "dma_latency_cycles": (0, 10 ** 9, "cycles"),
     "dma_row_overhead_cycles": (0, 1e6, "cycles"),
+    "vector_bits": (64, 65536, "bits per hardware vector"),
+    "fma_units": (1, 64, "FMA units per VMAC issue"),
+    "fp64_lanes": (0, 65536, "FP64 lanes per VMAC issue"),
+    "dma_issue_cycles": (0, 10 ** 6, "cycles"),
 }
 LATENCY_RANGE = (0, 10 ** 6)
 
@@ -200,6 +228,12 @@ def validate_platform(plat: Any, source: str = "platform") -> "Platform":
             raise PlatformError(f"{source}: field '{name}' must be a multiple of 64 bytes")
     if plat.vector_lanes % 2:
         raise PlatformError(f"{source}: field 'vector_lanes' must be even")
+    if plat.vector_bits % 64:
+        raise PlatformError(f"{source}: field 'vector_bits' must be a multiple of 64 (whole FP64 elements)")
+    width = plat.fma_units * plat.vector_bits
+    if plat.fp64_lanes and width % (64 * plat.fp64_lanes):
+        raise PlatformError(f"{source}: field 'fp64_lanes' = {plat.fp64_lanes} does not divide the vector width: "
+                            f"{plat.fp64_lanes} x 64 bits into fma_units x vector_bits = {width} bits")
     return plat
 
 
@@ -240,6 +274,9 @@ def _apply(base: Platform, values: dict[str, Any], source: str) -> Platform:
 
 
 DEFAULT = Platform()
+# The family fields and their MT-3000 values (left out of digests at these values).
+FAMILY_DEFAULTS = {name: getattr(DEFAULT, name) for name in ("vector_bits", "fma_units", "fp64_lanes",
+                                                              "dma_issue_cycles")}
 
 
 def load_platform(path: str | Path | None = None, **overrides: Any) -> Platform:

@@ -17,9 +17,11 @@ The rules every opcode follows:
   assembler refuses every scalar destination ``s0`` and the machine refuses raw code whose named
   destination (``OpSpec.names_scalar_dest``) is ``s0``; ``init_sregs`` cannot set it.
 * Vector registers hold ``lanes`` FP32 values. FP16 data are uint16 bit patterns; widening is exact
-  and narrowing rounds to nearest, ties to even (:mod:`mtemu.fp16`).
+  and narrowing rounds to nearest, ties to even (:mod:`mtemu.fp16`). The FP64 ops (``OpSpec.fp64``)
+  work on a separate FP64 register file of the same register count, ``fp64_lanes`` lanes each
+  (``DspState.vregs64``); scalar registers carry FP64 values as their 64 bits.
 * Addresses are ``s[r] + imm`` (int64, wrapping) in bytes. An access outside its memory, or not
-  aligned to its element (2 bytes for FP16 and SM, 4 for FP32), is a :class:`MachineError`.
+  aligned to its element (2 bytes for FP16 and SM, 4 for FP32, 8 for FP64), is a :class:`MachineError`.
 * SM and AM are private to each DSP, GSM and DDR shared. DMA moves its data at issue (``dmawait``
   only waits, which is timing); there is no call stack (``call`` writes the link register).
 """
@@ -58,6 +60,7 @@ class DspState:
     pc: int = 0                    # program-relative bundle index
     halted: bool = False
     at_barrier: bool = False       # waiting at the barrier of bundle ``pc``
+    vregs64: np.ndarray | None = None   # float64 (vector_registers, fp64_lanes): the FP64 ops' registers
 
 
 class Transfer(NamedTuple):
@@ -87,7 +90,8 @@ class ClusterState:
         p = platform
         dsps = [DspState(np.zeros(p.scalar_registers, np.int64),
                          np.zeros((p.vector_registers, p.vector_lanes), np.float32),
-                         np.zeros(p.sm_bytes, np.uint8), np.zeros(p.am_bytes, np.uint8)) for _ in range(p.dsps)]
+                         np.zeros(p.sm_bytes, np.uint8), np.zeros(p.am_bytes, np.uint8),
+                         vregs64=np.zeros((p.vector_registers, p.fp64_lanes), np.float64)) for _ in range(p.dsps)]
         return cls(dsps, np.zeros(p.gsm_bytes, np.uint8), np.zeros((ddr_bytes + 63) // 64 * 64, np.uint8))
 
     @property
@@ -130,7 +134,8 @@ def _checked(mem: np.ndarray, space: int, a: int, size: int, align: int) -> np.n
 def _operand(c: ClusterState, d: int, spec: isa.OpSpec, i: Instr) -> np.ndarray:
     """The bytes an SM/AM load or store addresses: ``s[r1] + imm0``, one element per lane for vector data."""
     s = c.dsps[d]
-    size = spec.access_bytes * (c.lanes if spec.vector else 1)
+    lanes = c.dsps[d].vregs64.shape[1] if spec.fp64 else c.lanes
+    size = spec.access_bytes * (lanes if spec.vector else 1)
     mem = s.sm if spec.space == isa.SP_SM else s.am
     return _checked(mem, spec.space, wrap64(int(s.sregs[i.r1]) + i.imm0), size, spec.access_bytes)
 
@@ -240,6 +245,34 @@ def vmax(c: ClusterState, d: int, i: Instr) -> None:
     v = c.dsps[d].vregs
     a, b = v[i.r1].copy(), v[i.r2].copy()
     v[i.r0] = np.where((a > b) | (a != a), a, b)
+
+
+def sldd(c: ClusterState, d: int, i: Instr) -> None:
+    """``sd`` = the 64-bit word at SM ``sa + imm`` (an FP64 value's bits)."""
+    c.dsps[d].sregs[i.r0] = _operand(c, d, isa.OP_BY_CODE[i.op], i).view(np.int64)[0]
+
+
+def svbcastd(c: ClusterState, d: int, i: Instr) -> None:
+    """Every FP64 lane of ``vd`` = the FP64 value whose bits are ``sa``."""
+    s = c.dsps[d]
+    s.vregs64[i.r0] = np.array([int(s.sregs[i.r1])], np.int64).view(np.float64)[0]
+
+
+def vldd(c: ClusterState, d: int, i: Instr) -> None:
+    """FP64 lane k of ``vd`` = the FP64 value at AM ``sa + imm + 8k`` (bits copied)."""
+    c.dsps[d].vregs64[i.r0] = _operand(c, d, isa.OP_BY_CODE[i.op], i).view(np.float64)
+
+
+def vstd(c: ClusterState, d: int, i: Instr) -> None:
+    """The FP64 value at AM ``sa + imm + 8k`` = FP64 lane k of ``vs`` (bits copied)."""
+    _operand(c, d, isa.OP_BY_CODE[i.op], i).view(np.float64)[:] = c.dsps[d].vregs64[i.r2]
+
+
+def vfmad(c: ClusterState, d: int, i: Instr) -> None:
+    """``vd += va * vb`` per FP64 lane: the product rounds to FP64, then the sum (as :func:`vfma`)."""
+    v = c.dsps[d].vregs64
+    with np.errstate(all="ignore"):
+        v[i.r0] = v[i.r0] + v[i.r1] * v[i.r2]
 
 
 def _move(src: np.ndarray, dst: np.ndarray, mode: int, sa: int, da: int, rows: int, row_bytes: int,

@@ -36,7 +36,7 @@ def test_every_shipped_gpu_file_loads_and_round_trips(tmp_path, name):
     assert isinstance(plat, GpuPlatform) and plat.kind == "gpu-cluster"
     payload = plat.to_json()
     assert payload["kind"] == "gpu-cluster" and set(payload) == {
-        "name", "kind", "device", "node", "network", "collectives", "kernels", "derived"}
+        "name", "kind", "device", "node", "network", "collectives", "kernels", "host", "derived"}
     assert GpuPlatform.from_dict(payload) == plat
     dumped = tmp_path / "p.json"
     dumped.write_text(json.dumps(payload))

@@ -19,6 +19,10 @@ from ..validate import (
     table5_variants,
     validate_attention,
 )
+from ..validate.dsp_family import PLATFORM_FILE as DSP_FAMILY_PLATFORM
+from ..validate.dsp_family import TOLERANCE_PP as DSP_FAMILY_TOLERANCE_PP
+from ..validate.dsp_family import format_dsp_family, format_scaling, validate_dsp_family
+from ..validate.dsp_family import scaling as dsp_family_scaling
 from .args import (
     add_loop_order_args,
     add_platform_args,
@@ -30,6 +34,8 @@ from .args import (
 
 
 def _validate(args: argparse.Namespace) -> tuple[dict, str]:
+    if args.what == "dsp-family":
+        return _dsp_family(args)
     plat = platform_from_args(args)
     if args.what == "table5":
         return _table5(args, plat)
@@ -39,6 +45,18 @@ def _validate(args: argparse.Namespace) -> tuple[dict, str]:
         rows = validate_attention(plat)
         return {"rows": rows, "platform_hash": plat.digest()}, format_attention(rows)
     raise MtemuError(f"unknown validation {args.what!r}")
+
+
+def _dsp_family(args: argparse.Namespace) -> tuple[dict, str]:
+    """The FP64 kernels on platforms/ft-m7032.toml (or --platform), against the paper's measurements."""
+    if args.platform is None:
+        args.platform = str(DSP_FAMILY_PLATFORM)
+    plat = platform_from_args(args)
+    rows = validate_dsp_family(plat, progress=not args.json)
+    scale = dsp_family_scaling(plat, progress=not args.json)
+    return ({"rows": [r.to_json() for r in rows], "scaling": [r.to_json() for r in scale], "platform": plat.name,
+             "platform_hash": plat.digest(), "tolerance_pp": DSP_FAMILY_TOLERANCE_PP},
+            format_dsp_family(rows, plat) + "\n\n" + format_scaling(scale))
 
 
 def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
@@ -66,10 +84,11 @@ def _table5_study(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="compare emulated kernels with the paper")
-    p.add_argument("what", choices=("table5", "table5-study", "attention"),
+    p.add_argument("what", choices=("table5", "table5-study", "attention", "dsp-family"),
                    help="table5: FP16 GEMM utilization; table5-study: which DDR rate and calibration could "
                         "meet Table 5 (closed-form, optionally emulated); attention: resident vs DDR-staged "
-                        "backward (Fig. 10)")
+                        "backward (Fig. 10); dsp-family: the FP64 GEMM kernels on FT-M7032 "
+                        "(platforms/ft-m7032.toml unless --platform) against the family's published measurements")
     add_loop_order_args(p)
     study = p.add_argument_group("table5-study")
     study.add_argument("--bandwidths", default="30,35,40,45,51", metavar="GBS",

@@ -66,8 +66,9 @@ class RunTables(NamedTuple):
 PLAIN_OPS = isa.op_table(is_plain=True)
 PLAIN_OPS[0] = True         # an empty slot
 # functional mode: exp and log stay with the bundle-by-bundle path (one libm call per lane there;
-# a vectorised math library here could round differently)
-PLAIN_OPS_FUNCTIONAL = PLAIN_OPS & ~isa.op_table(libm=True)
+# a vectorised math library here could round differently), and so do the FP64 ops (run_plain and the
+# queues hold FP32 registers only)
+PLAIN_OPS_FUNCTIONAL = PLAIN_OPS & ~isa.op_table(libm=True) & ~isa.op_table(fp64=True)
 
 
 @njit(cache=True)
@@ -79,6 +80,10 @@ def _access(op, lanes):
         return CLASS_AM, 2 * lanes, 2
     if op == isa.OP_VLDW or op == isa.OP_VSTW:
         return CLASS_AM, 4 * lanes, 4
+    if op == isa.OP_SLDD:
+        return CLASS_SM, 8, 8
+    if op == isa.OP_VLDD or op == isa.OP_VSTD:
+        return CLASS_AM, 8 * lanes, 8       # (in timing mode only, where lanes is 1 for every type)
     return -1, 0, 0
 
 
@@ -206,7 +211,7 @@ def _build(code, seg_end, plain, lanes, functional, end, deltas, creg, cmem, cal
                 continue
             useful = True
             deltas[p, B_BUSY0 + u] += 1
-            if op == isa.OP_VFMA:
+            if op == isa.OP_VFMA or op == isa.OP_VFMAD:
                 deltas[p, B_VFMA] += 1
             elif op == isa.OP_SSTH:
                 deltas[p, B_SSTH] += 1

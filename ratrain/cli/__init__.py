@@ -30,6 +30,8 @@ COMMANDS: list[Command] = [
             "memory-feasible configuration (Algorithm 2)"),
     Command("time-to-train", "ratrain.cli.time_to_train", "wall-clock time to train with failures, checkpoints "
             "and stragglers (Young interval, first-order overheads)"),
+    Command("task", "ratrain.cli.task", "a training task against its deadline: completion time, margin, "
+            "which resource decides, batch size against the noise scale"),
     Command("validate", "ratrain.cli.validate", "the simulator against measured training runs of a GPU cluster"),
 ]
 

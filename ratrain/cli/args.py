@@ -5,6 +5,7 @@ import argparse
 
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
+from ratrain.spec.lengths import ATTENTION_COSTS, PACKINGS, LengthDistribution, parse_lengths
 from ratrain.spec.platform import TILE_CHOICES, TrainingPlatform
 from ratrain.spec.platforms import AnyPlatform, load_platform, require_mt3000
 
@@ -34,3 +35,75 @@ def platform_from_args(args: argparse.Namespace, command: str | None = None) -> 
     ("FILE is a GPU-cluster platform; ratrain profile needs an MT-3000 platform")."""
     command = command or (f"ratrain {args.command}" if getattr(args, "command", None) else "this command")
     return require_mt3000(any_platform_from_args(args), command, getattr(args, "platform", None))
+
+
+# ---------------------------------------------------------------- MoE, context parallelism, length distributions
+
+def _hot_experts(text: str) -> tuple[float, float]:
+    """SHARE:LOAD, e.g. 0.25:2 (a quarter of the experts at twice the mean load)."""
+    try:
+        share, load = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected SHARE:LOAD such as 0.25:2, got {text!r}") from None
+    return share, load
+
+
+def _factor_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.25,2, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.25,2, got {text!r}")
+    return values
+
+
+def add_moe_cp_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    g = p.add_argument_group("mixture of experts and context parallelism (docs/MOE-AND-LONG-CONTEXT.md)")
+    g.add_argument("--ep", type=int, default=1, help="expert parallelism EP (MoE models; divides D x CP and E)")
+    g.add_argument("--cp", type=int, default=1, help="context parallelism CP: devices each sequence is split over")
+    g.add_argument("--capacity-factor", type=float, metavar="C",
+                   help="MoE capacity factor: each expert runs floor(C x tokens x k / E) rows (default: dropless)")
+    g.add_argument("--hot-experts", type=_hot_experts, metavar="SHARE:LOAD",
+                   help="MoE routing imbalance: SHARE of the experts are hot at LOAD x the mean load (e.g. 0.25:2)")
+    if sweep:
+        g.add_argument("--capacity-factors", type=_factor_list, metavar="C1,C2,...",
+                       help="MoE: also simulate the step at each capacity factor (routing report per C)")
+
+
+def moe_cp_from_args(args: argparse.Namespace) -> dict:
+    """The ParallelConfig fields of the MoE and CP flags (checked by ParallelConfig)."""
+    share, load = args.hot_experts if args.hot_experts is not None else (0.0, 1.0)
+    return {"ep": args.ep, "cp": args.cp, "capacity_factor": args.capacity_factor, "hot_share": share,
+            "hot_load": load}
+
+
+def add_length_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sequence-length distribution (docs/MOE-AND-LONG-CONTEXT.md)")
+    g.add_argument("--seq-lengths", metavar="FILE|L1,L2,...",
+                   help="document lengths: a file (LENGTH or LENGTH COUNT per line) or a comma-separated list; "
+                        "--seq is the target sequence length")
+    g.add_argument("--packing", choices=PACKINGS, default="pad",
+                   help="how documents become sequences: pad (default), pack, pack-masked (document mask), group")
+    g.add_argument("--attention-cost", choices=ATTENTION_COSTS, default="kernel",
+                   help="attention work: kernel (default: the emulated causal kernel per executed sequence) or "
+                        "mask (the real mask: no padding rows, document masks honoured)")
+
+
+def lengths_from_args(args: argparse.Namespace) -> LengthDistribution | None:
+    if args.seq_lengths is None:
+        if args.packing != "pad" or args.attention_cost != "kernel":
+            raise ConfigError("--packing and --attention-cost apply to --seq-lengths: give the length distribution")
+        return None
+    return LengthDistribution(tuple(parse_lengths(args.seq_lengths)), args.packing, args.attention_cost)
+
+
+def add_run_choice_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The MoE, CP and length-distribution flags of a command that runs steps (simulate, plan)."""
+    add_moe_cp_args(p, sweep)
+    add_length_args(p)
+
+
+def run_choices_from_args(args: argparse.Namespace) -> tuple[dict, LengthDistribution | None]:
+    """(the ParallelConfig fields of the MoE and CP flags, the length distribution or None)."""
+    return moe_cp_from_args(args), lengths_from_args(args)

@@ -2,18 +2,23 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from ratrain.cli.args import add_platform_args, any_platform_from_args
-from ratrain.spec.memory import max_peak, stage_memory
+from ratrain.cli.args import add_moe_cp_args, add_platform_args, any_platform_from_args, moe_cp_from_args
+from ratrain.sim.offload import conversion_choice, plan_for
+from ratrain.spec.memory import MoeCpLayout, max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
     from_hf_config,
     get_model,
+    layer_device_parameter_count,
     layer_operators,
     layer_parameter_count,
     list_models,
     parameter_count,
 )
+from ratrain.spec.moe import capacity_factors, capacity_sweep
+from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS, Offload
 from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PARTITIONS,
@@ -54,6 +59,15 @@ def register(subparsers) -> None:
     p.add_argument("--activation", default="fsr", choices=ACTIVATION_POLICIES)
     p.add_argument("--prefetch", default="layerwise", choices=PREFETCH_POLICIES)
     p.add_argument("--partition", default="balanced", choices=PARTITIONS)
+    p.add_argument("--offload", metavar="TARGETS",
+                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
+    p.add_argument("--host-adam", action="store_true",
+                   help="optimizer update on the host (implies --offload optimizer,master,grads)")
+    p.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
+                   help="host-side update: where gradients become 32-bit (auto: the faster on the platform)")
+    p.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
+                   help="activation offload: reloads that may arrive ahead of their backward (default 1)")
+    add_moe_cp_args(p)
     add_platform_args(p)
     p.set_defaults(handler=run_memory)
 
@@ -95,9 +109,18 @@ def run_memory(args) -> tuple[dict, str]:
     spec = _load_model(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=args.activation,
-                         prefetch=args.prefetch, partition=args.partition)
+                         prefetch=args.prefetch, partition=args.partition, **moe_cp_from_args(args))
     platform = any_platform_from_args(args)
-    stages = stage_memory(spec, cfg, platform)
+    offload = None
+    if args.offload or args.host_adam:
+        offload = Offload.parse(args.offload, host_adam=args.host_adam, convert=args.grad_convert,
+                                reload_lookahead=args.reload_lookahead)
+    host_path = False
+    if offload is not None and offload.host_adam:
+        plan = plan_for(offload, platform, dp=cfg.dp, zero=cfg.zero)
+        largest = max(layer_parameter_count(spec) // cfg.tp, 1) * 2
+        host_path = conversion_choice(plan, plan.shard_params(largest)) == "host"
+    stages = stage_memory(spec, cfg, platform, offload=offload, host_path_convert=host_path)
     peak = max_peak(stages)
     fits = peak <= platform.memory_budget_bytes
     payload = {
@@ -111,6 +134,14 @@ def run_memory(args) -> tuple[dict, str]:
         "max_peak_bytes": peak,
         "fits": fits,
     }
+    if offload is not None:
+        resident = max_peak(stage_memory(spec, cfg, platform))
+        payload["offload"] = {**offload.to_json(), "gradient_conversion_path": "host" if host_path else "device",
+                              "resident_max_peak_bytes": resident,
+                              "host_bytes": [sum(st.host.values()) for st in stages]}
+        for entry, st in zip(payload["stages"], stages, strict=True):
+            entry["host"] = st.host
+    payload.update(_moe_cp_memory(spec, cfg, platform, peak))
     lines = [f"{spec.name} {cfg.describe(verbose=True)}  (GiB = 2**30 bytes)",
              f"{'stage':>5} {'layers':>9} {'N_act':>5} {'state':>8} {'act':>8} {'buffers':>8} {'peak':>8}"]
     for st in stages:
@@ -119,4 +150,40 @@ def run_memory(args) -> tuple[dict, str]:
                      f"{st.buffer_bytes / GIB:>8.2f} {st.peak_bytes / GIB:>8.2f}")
     lines.append(f"max peak {peak / GIB:.2f} GiB vs budget {platform.memory_budget_bytes / GIB:.2f} GiB: "
                  + ("fits" if fits else "does NOT fit"))
+    if offload is not None:
+        off = payload["offload"]
+        resident = off["resident_max_peak_bytes"] / GIB
+        lines.append(f"offload {','.join(offload.targets)}: resident max peak {resident:.2f} GiB; host memory per "
+                     "stage " + ", ".join(f"{b / GIB:.2f}" for b in off["host_bytes"]) + " GiB")
+    if "moe" in payload:
+        moe, r = payload["moe"], payload["moe"]["routing"]
+        lines.append(f"MoE EP={cfg.ep}: {moe['experts_per_device']} of {spec.moe.experts} experts per device "
+                     f"({moe['expert_parameters_per_layer']:,} parameters per layer); busiest device "
+                     f"{r['busiest_device_rows']} routed rows per micro-batch, dropped "
+                     f"{100 * r['dropped_fraction']:.2f}%, "
+                     f"padding {100 * r['padding_fraction']:.2f}%; nothing dropped from c = "
+                     f"{moe['capacity']['no_drop_capacity_factor']:.4g}")
+    if "context_parallel" in payload:
+        c = payload["context_parallel"]
+        lines.append(f"CP={cfg.cp}: max peak {c['max_peak_bytes_without_cp'] / GIB:.2f} GiB at CP=1, saving "
+                     f"{c['saving_bytes'] / GIB:.2f} GiB")
     return payload, "\n".join(lines)
+
+
+def _moe_cp_memory(spec, cfg: ParallelConfig, platform, peak: int) -> dict:
+    """The MoE (experts held, the busiest device's routing) and CP (the saving over CP = 1) sections."""
+    out: dict = {}
+    if spec.moe is not None:
+        tokens = cfg.micro_batch * (cfg.seq // cfg.cp) * cfg.ep
+        sweep = capacity_sweep(spec.moe, tokens, cfg.ep, cfg.routing, capacity_factors((), cfg.capacity_factor))
+        layout = MoeCpLayout.of(spec, cfg)
+        chosen = next((r for r in sweep["per_capacity_factor"] if r["capacity_factor"] == cfg.capacity_factor),
+                      sweep["dropless"])
+        out["moe"] = {"ep": cfg.ep, "experts_per_device": spec.moe.experts // cfg.ep,
+                      "expert_parameters_per_layer": layer_device_parameter_count(spec, cfg.tp, cfg.ep)[1],
+                      "expert_rows": layout.expert_rows, "group_tokens": tokens, "routing": chosen,
+                      "capacity": sweep}
+    if cfg.cp > 1:
+        base = max_peak(stage_memory(spec, replace(cfg, cp=1), platform))
+        out["context_parallel"] = {"cp": cfg.cp, "max_peak_bytes_without_cp": base, "saving_bytes": base - peak}
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import add_platform_args, any_platform_from_args
+from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
@@ -48,7 +48,7 @@ def register(subparsers) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--model", help=f"built-in model: {', '.join(list_models())}")
     group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
-    p.add_argument("--clusters", type=int, required=True, help="clusters N = P * D * T")
+    p.add_argument("--clusters", type=int, required=True, help="clusters N = P * D * T (* CP with --cp)")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step G = D * b * A")
     p.add_argument("--seq", type=int, default=2048, help="sequence length")
     p.add_argument("--method", choices=METHODS, default="ratrain", help="RATrain or a baseline")
@@ -68,6 +68,7 @@ def register(subparsers) -> None:
     p.add_argument("--zero-stages", type=_stage_list, default=None, metavar="Z1,Z2,...",
                    help="ZeRO stages to try (default: the space's; wide: 0,1,2,3)")
     p.add_argument("--partition", choices=("balanced", "uniform"), default="balanced")
+    add_run_choice_args(p)
     add_platform_args(p)
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="finalists re-estimated on emulated kernels after ranking every candidate on the fast "
@@ -154,8 +155,12 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
             setattr(args, name, getattr(space, name))
     check_search_space(model, args)
     schedules = parse_schedules(args.schedules, args.virtual_stages)
+    fields, lengths = run_choices_from_args(args)
+    # EP, CP and the routing every candidate takes (ParallelConfig checks them); only the non-defaults
+    moe_cp = {k: v for k, v in fields.items()
+              if v != {"ep": 1, "cp": 1, "capacity_factor": None, "hot_share": 0.0, "hot_load": 1.0}[k]}
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
-                      progress=not args.json)
+                      progress=not args.json, lengths=lengths, moe_cp=moe_cp)
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
                           zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)
@@ -174,7 +179,10 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         lines.append(f"ranked on the fast kernel model ({result.kernel_model}); the {result.confirmed} best confirmed "
                      f"on emulated kernels: fast model within {100 * result.fast_error:.2f}%, "
                      + ("emulation REORDERED them" if result.reordered else "same order"))
-    many = len(schedules) > 1 or schedules[0].name != "1f1b"
+    many = len(schedules) > 1 or schedules[0].name != "1f1b" or lengths is not None
+    if lengths is not None:
+        lines.append(f"length distribution: {len(lengths.lengths):,} documents, {lengths.packing}, attention cost "
+                     f"{lengths.attention_cost}; the finalists simulated on it and ranked on the simulated step")
     if many:
         lines.append(f"schedules searched: {', '.join(result.schedules)}"
                      + (f"; the {result.simulated} best simulated under their schedule (estimate within "

@@ -9,24 +9,36 @@ Examples::
         --layers-per-stage 4 --schedule interleaved --virtual-stages 2
     ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 \
         --schedule zb-h1 --t-backward-weight 0.8 --grid
+    ratrain simulate --model llama2-7b --pp 4 --dp 8 --accum 8 --profile roofline --bucket-sweep
+    ratrain simulate --model llama2-7b --pp 4 --dp 8 --accum 8 --profile roofline \
+        --offload activations --host-adam --json
+    ratrain simulate --hf-config mixtral.json --profile roofline --pp 2 --dp 4 --ep 4 \
+        --capacity-factor 1.25 --hot-experts 0.25:2 --capacity-factors 1,1.5,2 --json
+    ratrain simulate --model llama2-7b --seq 4096 --seq-lengths docs.txt --packing pack-masked \
+        --attention-cost mask --cp 2 --json
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from ratrain.cli.args import add_platform_args, any_platform_from_args
+from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.cost.terms import load_profile, pipeline_costs
+from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import simulate_config
+from ratrain.sim.bucket_sweep import bucket_sweep
+from ratrain.sim.buckets import GradBuckets
 from ratrain.sim.grid import format_grid
+from ratrain.sim.offload import conversion_report, plan_for
 from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes, interleaved_microbatches_ok
 from ratrain.sim.plots import plot_timeline
 from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
-from ratrain.spec.memory import FSR_BUFFER_LAYERS
+from ratrain.spec.memory import FSR_BUFFER_LAYERS, max_peak, stage_memory
 from ratrain.spec.models import from_hf_config, get_model
+from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS, Offload
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 from rtcommon.durations import decimals_for, format_ms, time_unit
 
@@ -73,6 +85,7 @@ def register(subparsers) -> None:
                    help="parameter prefetch: per layer, overlapped (layerwise, default) or in bulk")
     g.add_argument("--profile", choices=("emulated", "roofline"), default="emulated",
                    help="latency profile: emulated kernels (default) or the analytic roofline (fast)")
+    add_run_choice_args(p, sweep=True)
     add_platform_args(p)
     p.add_argument("--stages", type=int, help="uniform mode: pipeline stages P")
     p.add_argument("--microbatches", type=int, help="uniform mode: micro-batches per step A")
@@ -106,6 +119,7 @@ def register(subparsers) -> None:
                    help="uniform mode only: what the optimizer update occupies (default ddr)")
     p.add_argument("--prefetch-resource", choices=("compute", "ddr", "link"), default="ddr",
                    help="uniform mode only; model-driven runs take resources from the cost model")
+    add_lifecycle_args(p)
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome trace (chrome://tracing)")
     p.add_argument("--plot", metavar="FILE.png", help="write a Fig. 6-style timeline")
     p.add_argument("--window", type=_window, metavar="START:END",
@@ -114,6 +128,44 @@ def register(subparsers) -> None:
                    help="print the step's F/B/W ops per stage on a time grid (text; with --json: the 'grid' field)")
     p.add_argument("--json", action="store_true", help="print the result (with the timeline) as JSON")
     p.set_defaults(handler=run)
+
+
+def add_lifecycle_args(p: argparse.ArgumentParser) -> None:
+    """Gradient buckets and offloading to the host (docs/LIFECYCLE.md)."""
+    g = p.add_argument_group("gradient buckets and offloading to the host")
+    g.add_argument("--bucket-bytes", type=int, metavar="BYTES",
+                   help="reduce gradients in buckets of at least BYTES (default: one GradSync per layer)")
+    g.add_argument("--bucket-sweep", action="store_true",
+                   help="also simulate a ladder of bucket sizes (one layer .. the whole stage) and report the "
+                        "size that minimises the step")
+    g.add_argument("--offload", metavar="TARGETS",
+                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
+    g.add_argument("--host-adam", action="store_true",
+                   help="optimizer update on the host's cores (implies --offload optimizer,master,grads)")
+    g.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
+                   help="host-side update: where gradients become 32-bit (device, host, or auto: the faster)")
+    g.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
+                   help="activation offload: a reload may start K compute tasks before its consumer (default 1)")
+    g.add_argument("--host-link-bandwidth", type=float, metavar="BYTES_PER_S",
+                   help="override the platform's host link (bytes/s per direction)")
+    g.add_argument("--layer-grad-bytes", type=int, default=0, metavar="BYTES",
+                   help="uniform mode: each layer's FP16 gradient (sizes buckets and offloaded state)")
+    g.add_argument("--layer-act-bytes", type=int, default=0, metavar="BYTES",
+                   help="uniform mode: each layer's saved activations per micro-batch (checkpoint and full set)")
+    g.add_argument("--t-launch", dest="t_launch", type=float, default=0.0, metavar="MS",
+                   help="uniform mode: the fixed cost of one GradSync collective, ms (what a bucket merge saves)")
+
+
+def lifecycle_from_args(args: argparse.Namespace) -> tuple[GradBuckets | None, Offload | None]:
+    """The --bucket-bytes and --offload/--host-adam choices (one-line errors for bad values)."""
+    buckets = GradBuckets(args.bucket_bytes) if args.bucket_bytes is not None else None
+    offload = None
+    if args.offload or args.host_adam:
+        offload = Offload.parse(args.offload, host_adam=args.host_adam, convert=args.grad_convert,
+                                reload_lookahead=args.reload_lookahead)
+    elif args.host_link_bandwidth is not None and args.host_link_bandwidth <= 0:
+        raise ConfigError(f"--host-link-bandwidth must be > 0 bytes/s, got {args.host_link_bandwidth:g}")
+    return buckets, offload
 
 
 def mechanisms_from_args(args: argparse.Namespace) -> Mechanisms:
@@ -194,42 +246,104 @@ def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
     for dest, flag, _ in _TIMES:
         if times[dest] < 0:
             raise ConfigError(f"{flag} must be >= 0 ms, got {times[dest]}")
+    for name, flag in (("layer_grad_bytes", "--layer-grad-bytes"), ("layer_act_bytes", "--layer-act-bytes"),
+                       ("t_launch", "--t-launch")):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {getattr(args, name)}")
+    extra = {}
+    if args.layer_grad_bytes or args.t_launch:
+        extra = {"grad_bytes": args.layer_grad_bytes, "gradsync_launch_ms": args.t_launch}
+    if args.layer_act_bytes:
+        extra.update(act_full_bytes=args.layer_act_bytes, act_ckpt_bytes=args.layer_act_bytes)
     return PipelineCosts.uniform(args.stages, args.microbatches, layers_per_stage=args.layers_per_stage,
                                  recovery_resource=args.recovery_resource, update_resource=args.update_resource,
-                                 prefetch_resource=args.prefetch_resource, **times)
+                                 prefetch_resource=args.prefetch_resource, **times, **extra)
 
 
-def _model_step(args: argparse.Namespace):
-    """Costs from the model's latency profile via the cost model; also the planner's prediction."""
+def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: Offload | None):
+    """Costs from the model's latency profile via the cost model; also the planner's prediction, the
+    offload plan (None without offload) and the memory model's peaks with and without it."""
     model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
+    fields, lengths = run_choices_from_args(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
-                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch)
+                         accum=args.accum, seq=args.seq, activation=mech.activation, prefetch=args.prefetch, **fields)
+    if args.capacity_factors is not None and model.moe is None:
+        raise ConfigError(f"--capacity-factors is for MoE models; {model.name} is dense")
     platform = any_platform_from_args(args)
     profile = load_profile(model, cfg.micro_batch, cfg.seq, cfg.tp, source=args.profile, platform=platform)
     sched = schedule_from_args(args, model=model, cfg=cfg)      # flag errors before any costs are built
     if sched.splits_backward:         # W's share per layer: the costs alone, no simulation
         costs = pipeline_costs(model, cfg, profile, platform, recovery_resource=args.recovery_resource)
         sched = schedule_from_args(args, costs, profile)
+    plan = None if offload is None else plan_for(offload, platform, dp=cfg.dp, zero=cfg.zero, profile=profile,
+                                                 host_link_bandwidth=args.host_link_bandwidth)
     check = simulate_config(model, cfg, platform=platform, profile=profile, profile_source=args.profile,
-                            recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched)
-    return model, cfg, check
+                            recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched,
+                            buckets=buckets, offload=plan, lengths=lengths)
+    memory = None
+    if offload is not None:
+        host_path = conversion_report(plan, [lc.grad_bytes for s in check.costs.stages for lc in s]
+                                      ).get("chosen") == "host"
+        resident = stage_memory(model, cfg, platform)
+        moved = stage_memory(model, cfg, platform, offload=offload, host_path_convert=host_path)
+        memory = {"resident_peak_bytes": max_peak(resident), "offloaded_peak_bytes": max_peak(moved),
+                  "stages": [{"stage": st.stage, "resident_peak_bytes": r.peak_bytes, "peak_bytes": st.peak_bytes,
+                              "breakdown": st.breakdown, "host": st.host}
+                             for st, r in zip(moved, resident, strict=True)]}
+    length_plan = lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if lengths is not None else None
+    report = mechanism_report(model, cfg, profile, platform, length_plan, args.capacity_factors or ())
+    if args.capacity_factors is not None:
+        # the step at each capacity factor: the busiest device's rows, and so the step, follow c
+        steps = []
+        for c in args.capacity_factors:
+            other = replace(cfg, capacity_factor=c)
+            run_c = simulate_config(model, other, platform=platform, profile=profile, profile_source=args.profile,
+                                    recovery_resource=args.recovery_resource, mechanisms=mech, schedule=sched,
+                                    buckets=buckets, offload=plan, lengths=lengths)
+            routing = mechanism_report(model, other, profile, platform)["moe"]["routing"]
+            steps.append({"capacity_factor": c, "step_time_ms": run_c.result.step_time_ms, **{
+                k: routing[k] for k in ("capacity", "dropped_fraction", "padding_fraction", "busiest_device_rows",
+                                        "load_factor")}})
+        report["moe"]["steps_per_capacity_factor"] = steps
+    return model, cfg, check, plan, memory, report
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
-    extra = {}
+    extra, report = {}, {}
+    buckets, offload = lifecycle_from_args(args)
+    memory = None
     if args.model or args.hf_config:
-        model, cfg, check = _model_step(args)
+        model, cfg, check, plan, memory, report = _model_step(args, buckets, offload)
         costs, result, bd = check.costs, check.result, check.breakdown
         extra = {"model": model.name, "parallel_config": cfg.to_json(), "label": cfg.describe(verbose=True),
                  "predicted_step_ms": bd.step_ms, "prediction_basis": "analytic 1F1B (Eq. 11-13)",
                  "breakdown": bd.to_json()}
     else:
+        _refuse_model_flags(args)
         sched = schedule_from_args(args)
         costs = costs_from_args(args)
-        result = simulate(costs, schedule=sched, mechanisms=mechanisms_from_args(args))
+        plan = None
+        if offload is not None:
+            plan = plan_for(offload, any_platform_from_args(args), dp=args.dp, zero=args.zero,
+                            host_link_bandwidth=args.host_link_bandwidth)
+        result = simulate(costs, schedule=sched, mechanisms=mechanisms_from_args(args), buckets=buckets, offload=plan)
     payload = result.to_json(timeline=True)
     payload.update(extra)
+    if plan is not None:
+        if plan.offload.host_adam:
+            payload["offload"]["gradient_conversion"] = conversion_report(
+                plan, [lc.grad_bytes for s in costs.stages for lc in s])
+        if memory is not None:
+            payload["offload"]["memory"] = memory
+    if args.bucket_sweep:
+        points, best = bucket_sweep(costs, schedule=result.pipeline, mechanisms=result.mechanisms, offload=plan)
+        payload["bucket_sweep"] = {"points": [q.to_json() for q in points], "best": best.to_json()}
+    payload.update(report)          # moe, context_parallel, lengths: only where they apply
+    if "lengths" in report:
+        # what a step of unequal documents achieves: real (unpadded) tokens over all replicas per second
+        ln = report["lengths"]
+        ln["real_tokens_per_s"] = ln["tokens_real"] * costs.dp / (result.step_time_ms / 1e3)
     P, A, v = costs.num_stages, costs.microbatches, result.virtual_stages
     # where the analytic memory model (Eq. 5: 1F1B's N_act = min(P - p, A)) departs from this schedule
     payload["in_flight"] = {
@@ -245,7 +359,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
                          "recovery_resource": costs.recovery_resource,
                          "update_resource": costs.update_resource, "prefetch_resource": costs.prefetch_resource}
     if args.trace:
-        write_chrome_trace(args.trace, result)
+        write_chrome_trace(args.trace, result, costs=costs)
         payload["trace"] = args.trace
     if args.window and not args.plot:
         raise ConfigError("--window applies to --plot: give the PNG to draw the window into")
@@ -255,12 +369,51 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
         payload["plot"] = args.plot
     if args.grid:
         payload["grid"] = format_grid(result)
-    text = render_text(result, costs, payload)
+    text = render_text(result, costs, payload) + render_mechanisms(report)
     if extra:
         basis = "" if result.schedule == "1f1b" else " (analytic 1F1B model)"
         text = (f"{extra['model']} {extra['label']}\nplanner prediction{basis} {format_ms(extra['predicted_step_ms'])} "
                 f"({(extra['predicted_step_ms'] / result.step_time_ms - 1) * 100:+.2f}% vs simulated)\n") + text
     return payload, text
+
+
+def _refuse_model_flags(args: argparse.Namespace) -> None:
+    given = [flag for flag, value, default in (
+        ("--ep", args.ep, 1), ("--cp", args.cp, 1), ("--capacity-factor", args.capacity_factor, None),
+        ("--hot-experts", args.hot_experts, None), ("--capacity-factors", args.capacity_factors, None),
+        ("--seq-lengths", args.seq_lengths, None)) if value != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} need a model (--model or --hf-config), not --uniform")
+
+
+def render_mechanisms(report: dict) -> str:
+    """Text lines of the MoE, context-parallel and length-distribution reports (empty without them)."""
+    lines = []
+    if "moe" in report:
+        moe, r = report["moe"], report["moe"]["routing"]
+        cap = "dropless" if r["capacity"] is None else f"capacity {r['capacity']} rows/expert"
+        lines.append(f"MoE EP={moe['ep']}: {cap}, dropped {100 * r['dropped_fraction']:.2f}%, padding "
+                     f"{100 * r['padding_fraction']:.2f}%, busiest device {r['busiest_device_rows']} rows "
+                     f"({r['load_factor']:.3f} x mean); all-to-all {format_ms(moe['alltoall_ms'])} each, 2 per F and B")
+        lines.append(f"  nothing dropped from capacity factor {moe['capacity']['no_drop_capacity_factor']:.4g}")
+        for row in moe["capacity"]["per_capacity_factor"]:
+            lines.append(f"  c={row['capacity_factor']:<5g} capacity {row['capacity']:>7} dropped "
+                         f"{100 * row['dropped_fraction']:6.2f}%  padding {100 * row['padding_fraction']:6.2f}%  "
+                         f"busiest {row['busiest_device_rows']} rows")
+        for row in moe.get("steps_per_capacity_factor", []):
+            lines.append(f"  step at c={row['capacity_factor']:g}: {format_ms(row['step_time_ms'])}")
+    if "context_parallel" in report:
+        cp = report["context_parallel"]
+        lines.append(f"CP={cp['cp']}: K/V ring {cp['steps']} steps of {cp['chunk_bytes']:,} bytes; forward waits "
+                     f"{format_ms(cp['forward_wait_ms'])}, backward {format_ms(cp['backward_wait_ms'])} per layer")
+    if "lengths" in report:
+        ln = report["lengths"]
+        lines.append(f"lengths ({ln['packing']}, attention cost {ln['attention_cost']}): {ln['tokens_real']:,} real of "
+                     f"{ln['tokens_executed']:,} executed tokens (padding {100 * ln['padding_fraction']:.2f}%), "
+                     f"attention pairs {ln['pairs_executed']:,} vs {ln['pairs_uniform']:,} uniform; micro-batch "
+                     f"time factors {min(ln['scales']):.4f}..{max(ln['scales']):.4f}; "
+                     f"{ln['real_tokens_per_s']:,.0f} real tokens/s")
+    return "".join("\n" + line for line in lines)
 
 
 def render_text(result, costs: PipelineCosts, payload: dict) -> str:
@@ -283,9 +436,54 @@ def render_text(result, costs: PipelineCosts, payload: dict) -> str:
                      f"{s.ddr_busy_ms / per:8.{d}f}  {s.link_busy_ms / per:9.{d}f}  {s.peak_inflight:9d}  "
                      f"{s.peak_activation_sets:8.3g}  {s.hidden_recovery_ms / per:8.{d}f}  "
                      f"{s.exposed_recovery_ms / per:9.{d}f}")
+    lines += render_lifecycle(payload)
     if "grid" in payload:
         lines.append(payload["grid"])
     for key in ("trace", "plot"):
         if key in payload:
             lines.append(f"wrote {payload[key]}")
     return "\n".join(lines)
+
+
+def render_lifecycle(payload: dict) -> list[str]:
+    """Text lines for gradient buckets, offloading and the bucket sweep (none when not asked for)."""
+    lines = []
+    gb = payload.get("gradient_buckets")
+    if gb:
+        lines.append(f"gradient buckets of >= {gb['bucket_bytes']:,} B: exposed after the last backward "
+                     f"{format_ms(gb['exposed_after_last_backward_ms'])}, link {format_ms(gb['link_ms'])} "
+                     "(worst stage)")
+        for st in gb["stages"]:
+            lines.append(f"  stage {st['stage']}: {st['buckets']} buckets, link {format_ms(st['link_ms'])}, waited on "
+                         f"data {format_ms(st['wait_data_ms'])}, on the link {format_ms(st['wait_link_ms'])}")
+    off = payload.get("offload")
+    if off:
+        host = off["host"]
+        lines.append(f"offload {','.join(off['targets']) or 'nothing'}{' (host Adam)' if off['host_adam'] else ''}: "
+                     f"host link {host['link_bandwidth'] / 1e9:g} GB/s per direction")
+        for what, t in off["transfers"].items():
+            lines.append(f"  {what}: {t['tasks']} tasks, {t['bytes'] / 2 ** 20:,.1f} MiB, "
+                         f"busy {format_ms(t['busy_ms'])}, consumers waited {format_ms(t['consumer_wait_ms'])}")
+        conv = off.get("gradient_conversion")
+        if conv:
+            big = conv["largest_layer"]
+            flip = big["flip_link_bandwidth"]
+            lines.append(f"  gradient conversion per step: device path {format_ms(conv['step_device_path_ms'])}, "
+                         f"host path {format_ms(conv['step_host_path_ms'])}; faster: {big['faster']} (chosen "
+                         f"{conv['chosen']}); flips at "
+                         + (f"{flip / 1e9:.4g} GB/s" if flip is not None else "no link bandwidth")
+                         + f"; extra device buffer: device path {big['device_buffer_bytes']['device'] / 2 ** 20:,.1f} "
+                           "MiB, host path 0")
+        mem = off.get("memory")
+        if mem:
+            lines.append(f"  device peak {mem['offloaded_peak_bytes'] / 2 ** 30:.2f} GiB (resident "
+                         f"{mem['resident_peak_bytes'] / 2 ** 30:.2f} GiB)")
+    sweep = payload.get("bucket_sweep")
+    if sweep:
+        lines.append("bucket sweep:    bucket bytes     step time   exposed after last B   link time   buckets/stage")
+        for q in sweep["points"]:
+            lines.append(f"  {q['bucket_bytes']:>24,}  {format_ms(q['step_time_ms'], 12)}  "
+                         f"{format_ms(q['exposed_after_last_backward_ms'], 20)}  {format_ms(q['link_ms'], 10)}   "
+                         f"{q['buckets_per_stage']}")
+        lines.append(f"  best: {sweep['best']['bucket_bytes']:,} B ({format_ms(sweep['best']['step_time_ms'])})")
+    return lines

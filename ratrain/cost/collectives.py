@@ -30,6 +30,16 @@ group: ``nics_per_node * nic_bandwidth * inter_bus_efficiency * g / gpus_per_nod
 the group's ranks per node (the node's other GPUs run their own groups' copy of the same
 collective at the same time and share the NICs). ``launch_s``, ``step_latency_s`` and
 ``intra_bus_efficiency`` are fitted on measured all-reduce times (:func:`fit_allreduce`).
+
+Groups inside the data-parallel ranks (expert parallelism EP and context parallelism CP are carved
+out of them, ``ratrain.spec.parallel``): the ``*_in_data_group`` methods run over ``ranks`` ranks of
+the data group ``stride`` apart (EP and CP groups: adjacent, stride 1; the ranks holding the same
+experts: stride EP), on that group's link:
+- all-to-all (pairwise exchange; each rank sends S / n to every other over its one port):
+  (n - 1) / n * S / bw + (n - 1) latency (GPU: plus a launch, step latency for latency);
+- ring exchange (context parallelism's K/V ring): n - 1 steps, each one point-to-point message of S
+  bytes to the ring neighbour;
+- reduce-scatter and all-reduce as above, over that group.
 """
 from __future__ import annotations
 
@@ -86,6 +96,13 @@ def ring_reduce_scatter_ms(nbytes: float, ranks: int, bandwidth: float, latency_
     return 1e3 * ((ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency_s)
 
 
+def alltoall_ms(nbytes: float, ranks: int, bandwidth: float, latency_s: float) -> float:
+    """All-to-all of ``nbytes`` per rank over ``ranks`` ranks: (n-1)/n of it leaves, one latency per peer."""
+    if ranks <= 1:
+        return 0.0
+    return 1e3 * ((ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency_s)
+
+
 def _group_size(placement: Placement, kind: str) -> int:
     return {"tp": placement.tp, "dp": placement.dp, "pp": min(placement.pp, 2),
             "embedding": 2 if placement.pp > 1 else 1}[kind]
@@ -114,6 +131,18 @@ class LinkCollectives:
     def shares_link(self, a: str, b: str) -> bool:
         """Whether two groups' collectives compete for one link: on MT-3000 always."""
         return True
+
+    def alltoall_in_data_group(self, nbytes: float, ranks: int, stride: int = 1) -> float:
+        p = self.platform
+        return alltoall_ms(nbytes, ranks, p.link_bandwidth, p.link_latency_s)
+
+    def ring_exchange_in_data_group(self, nbytes: float, ranks: int, stride: int = 1) -> float:
+        return (ranks - 1) * self.p2p_ms(nbytes) if ranks > 1 else 0.0
+
+    def reduce_in_data_group(self, nbytes: float, ranks: int, stride: int = 1, *, scatter: bool) -> float:
+        p = self.platform
+        fn = ring_reduce_scatter_ms if scatter else ring_allreduce_ms
+        return fn(nbytes, ranks, p.link_bandwidth, p.link_latency_s)
 
 
 class GpuCollectives:
@@ -179,6 +208,30 @@ class GpuCollectives:
 
     all_gather_ms = reduce_scatter_ms
 
+    def _data_subgroup(self, ranks: int, stride: int) -> float:
+        if ranks * stride > self.placement.dp:
+            raise ConfigError(f"a group of {ranks} ranks {stride} apart exceeds the {self.placement.dp} data ranks")
+        return self._bus_bandwidth([self.placement.rank(0, d * stride, 0) for d in range(ranks)])
+
+    def alltoall_in_data_group(self, nbytes: float, ranks: int, stride: int = 1) -> float:
+        if ranks <= 1:
+            return 0.0
+        coll, bus = self.platform.collectives, self._data_subgroup(ranks, stride)
+        return 1e3 * (coll.launch_s + (ranks - 1) * coll.step_latency_s + (ranks - 1) / ranks * nbytes / bus)
+
+    def ring_exchange_in_data_group(self, nbytes: float, ranks: int, stride: int = 1) -> float:
+        if ranks <= 1:
+            return 0.0
+        coll, bus = self.platform.collectives, self._data_subgroup(ranks, stride)
+        return 1e3 * (ranks - 1) * (coll.launch_s + coll.step_latency_s + nbytes / bus)
+
+    def reduce_in_data_group(self, nbytes: float, ranks: int, stride: int = 1, *, scatter: bool) -> float:
+        if ranks <= 1:
+            return 0.0
+        coll, bus = self.platform.collectives, self._data_subgroup(ranks, stride)
+        steps = (ranks - 1) * (1 if scatter else 2)
+        return 1e3 * (coll.launch_s + steps * coll.step_latency_s + steps / ranks * nbytes / bus)
+
     def p2p_ms(self, nbytes: float) -> float:
         """One pipeline-stage boundary message (to the neighbour T * D ranks away)."""
         coll = self.platform.collectives
@@ -243,5 +296,5 @@ def collectives_for(platform: TrainingPlatform | GpuPlatform, tp: int, dp: int, 
     return LinkCollectives(platform, placement)
 
 
-__all__ = ["GROUPS", "AllreduceFit", "GpuCollectives", "LinkCollectives", "Placement", "collectives_for",
+__all__ = ["GROUPS", "AllreduceFit", "alltoall_ms", "GpuCollectives", "LinkCollectives", "Placement", "collectives_for",
            "fit_allreduce", "ring_allreduce_ms", "ring_reduce_scatter_ms"]

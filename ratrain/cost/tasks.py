@@ -20,6 +20,10 @@ from ratrain.errors import ConfigError
 
 LAYER_TIME_FIELDS = ("forward_ms", "backward_ms", "recompute_ms", "gradsync_ms", "update_ms", "prefetch_ms")
 LAYER_BYTE_FIELDS = ("act_full_bytes", "act_ckpt_bytes", "recovery_bytes")
+# Parts of forward_ms / backward_ms spent waiting on the link for the EP all-to-alls and the CP K/V
+# ring (already inside the F and B times; the trace draws them on the link). Listed in the JSON
+# only when non-zero.
+LAYER_EXCHANGE_FIELDS = ("exchange_forward_ms", "exchange_backward_ms")
 STATE_RESOURCES = ("compute", "ddr")                 # where recovery (R) may run
 LIFECYCLE_RESOURCES = STATE_RESOURCES + ("link",)    # where UpdateShard / PrefetchW may run
 
@@ -48,6 +52,10 @@ class LayerCosts:
     ZeRO-1/2 with D > 1 the all-gather of the updated shards, on the link).
     act_full_bytes / act_ckpt_bytes: activations one micro-batch leaves resident
     under full-save / checkpointing; recovery_bytes: the recovery buffer R fills.
+    grad_bytes: the layer's FP16 gradient on this rank (what GradSync reduces; gradient buckets
+    group layers by it, offloading sizes the layer's state from it); 0 when unknown.
+    exchange_forward_ms / exchange_backward_ms: the EP all-to-all and CP ring time inside
+    forward_ms / backward_ms (``LAYER_EXCHANGE_FIELDS``).
     """
     forward_ms: float
     backward_ms: float
@@ -58,11 +66,14 @@ class LayerCosts:
     act_full_bytes: int = 0
     act_ckpt_bytes: int = 0
     recovery_bytes: int = 0
+    grad_bytes: int = 0
+    exchange_forward_ms: float = 0.0
+    exchange_backward_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in LAYER_TIME_FIELDS:
+        for name in LAYER_TIME_FIELDS + LAYER_EXCHANGE_FIELDS:
             object.__setattr__(self, name, _check_time(f"LayerCosts.{name}", getattr(self, name)))
-        for name in LAYER_BYTE_FIELDS:
+        for name in LAYER_BYTE_FIELDS + ("grad_bytes",):
             _check_count(f"LayerCosts.{name}", getattr(self, name), 0)
 
 
@@ -76,6 +87,10 @@ class PipelineCosts:
     ``bulk_update_ms``: if set, bulk step-end processing uses one monolithic
     ``Update`` task of this length per stage instead of per-layer UpdateShards.
     ``dp`` is informational (the gradsync costs already include it).
+    ``gradsync_launch_ms``: the fixed part of one GradSync collective (its cost at zero bytes: launch
+    and per-step latencies), what merging layers into one gradient bucket saves per merge.
+    ``microbatch_scales``: per micro-batch, a factor on its F, B, W and R times (a step whose
+    micro-batches hold unequal sequences: ``ratrain.spec.lengths``); None: all equal.
     """
     stages: list[list[LayerCosts]]
     transfer_ms: float
@@ -85,6 +100,8 @@ class PipelineCosts:
     recovery_resource: str = "compute"
     update_resource: str = "ddr"
     prefetch_resource: str = "ddr"
+    gradsync_launch_ms: float = 0.0
+    microbatch_scales: tuple[float, ...] | None = None
     _ranges: list[range] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,12 +118,24 @@ class PipelineCosts:
         self.transfer_ms = _check_time("PipelineCosts.transfer_ms", self.transfer_ms)
         _check_count("PipelineCosts.microbatches", self.microbatches, 1)
         _check_count("PipelineCosts.dp", self.dp, 1)
+        self.gradsync_launch_ms = _check_time("PipelineCosts.gradsync_launch_ms", self.gradsync_launch_ms)
         if self.bulk_update_ms is not None:
             self.bulk_update_ms = _check_time("PipelineCosts.bulk_update_ms", self.bulk_update_ms)
         for name, allowed in (("recovery_resource", STATE_RESOURCES), ("update_resource", LIFECYCLE_RESOURCES),
                               ("prefetch_resource", LIFECYCLE_RESOURCES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"PipelineCosts.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.microbatch_scales is not None:
+            scales = tuple(self.microbatch_scales)
+            if len(scales) != self.microbatches:
+                raise ConfigError(f"PipelineCosts.microbatch_scales has {len(scales)} entries for "
+                                  f"{self.microbatches} micro-batches")
+            for i, value in enumerate(scales):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value <= 0:
+                    raise ConfigError(f"PipelineCosts.microbatch_scales[{i}] must be a finite number > 0, "
+                                      f"got {value!r}")
+            self.microbatch_scales = tuple(float(v) for v in scales)
         ranges, start = [], 0
         for layers in self.stages:
             ranges.append(range(start, start + len(layers)))
@@ -148,11 +177,12 @@ class PipelineCosts:
                 t_transfer: float = 0.0, t_update: float = 0.0, layers_per_stage: int = 1,
                 t_recompute: float = 0.0, t_gradsync: float = 0.0, t_prefetch: float = 0.0,
                 act_full_bytes: int = 0, act_ckpt_bytes: int = 0, recovery_bytes: int = 0,
-                **options) -> "PipelineCosts":
+                grad_bytes: int = 0, **options) -> "PipelineCosts":
         """Identical stages; every per-stage time (ms) is split evenly over ``layers_per_stage``.
 
-        The byte arguments are per layer and micro-batch. ``options`` pass through
-        to the constructor (``bulk_update_ms``, ``dp``, ``*_resource``).
+        The activation byte arguments are per layer and micro-batch, ``grad_bytes`` per layer.
+        ``options`` pass through to the constructor (``bulk_update_ms``, ``dp``, ``*_resource``,
+        ``gradsync_launch_ms``).
         """
         _check_count("stages", stages, 1)
         _check_count("layers_per_stage", layers_per_stage, 1)
@@ -162,21 +192,32 @@ class PipelineCosts:
             _check_time(f"t_{name[:-3]}", value)
         n = layers_per_stage
         layer = LayerCosts(**{k: v / n for k, v in per.items()}, act_full_bytes=act_full_bytes,
-                           act_ckpt_bytes=act_ckpt_bytes, recovery_bytes=recovery_bytes)
+                           act_ckpt_bytes=act_ckpt_bytes, recovery_bytes=recovery_bytes, grad_bytes=grad_bytes)
         return cls(stages=[[layer] * n for _ in range(stages)], transfer_ms=t_transfer,
                    microbatches=microbatches, **options)
 
+    def microbatch_scale(self, microbatch: int) -> float:
+        return 1.0 if self.microbatch_scales is None else self.microbatch_scales[microbatch]
+
     def to_json(self) -> dict:
-        return {
-            "stages": [[{k: getattr(layer_index,
-                                    k) for k in LAYER_TIME_FIELDS + LAYER_BYTE_FIELDS} for layer_index in s]
-                       for s in self.stages],
+        out = {
+            "stages": [[_layer_json(layer) for layer in s] for s in self.stages],
             "transfer_ms": self.transfer_ms, "microbatches": self.microbatches,
             "bulk_update_ms": self.bulk_update_ms, "dp": self.dp,
             "recovery_resource": self.recovery_resource, "update_resource": self.update_resource,
             "prefetch_resource": self.prefetch_resource,
         }
+        if self.microbatch_scales is not None:
+            out["microbatch_scales"] = list(self.microbatch_scales)
+        return out
 
 
-__all__ = ["LayerCosts", "PipelineCosts", "LAYER_TIME_FIELDS", "LAYER_BYTE_FIELDS", "LIFECYCLE_RESOURCES",
+def _layer_json(layer: LayerCosts) -> dict:
+    out = {k: getattr(layer, k) for k in LAYER_TIME_FIELDS + LAYER_BYTE_FIELDS}
+    out.update({k: getattr(layer, k) for k in LAYER_EXCHANGE_FIELDS if getattr(layer, k)})
+    return out
+
+
+__all__ = ["LayerCosts", "PipelineCosts", "LAYER_TIME_FIELDS", "LAYER_BYTE_FIELDS", "LAYER_EXCHANGE_FIELDS",
+           "LIFECYCLE_RESOURCES",
            "STATE_RESOURCES"]

@@ -55,6 +55,7 @@ from ratrain.plan.schedule_search import (
 from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.simulator import Mechanisms, simulate
 from ratrain.sim.weight_split import weight_fractions
+from ratrain.spec.lengths import LengthDistribution
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     MemoryConstants,
@@ -242,7 +243,8 @@ class Planner:
     def __init__(self, model: ModelSpec, platform: TrainingPlatform | None = None, *,
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
-                 recovery_resource: str = "compute", progress: bool | None = None):
+                 recovery_resource: str = "compute", progress: bool | None = None,
+                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
         if profile_source not in PROFILE_SOURCES:
@@ -255,6 +257,11 @@ class Planner:
         self.constants = constants
         self.recovery_resource = recovery_resource
         self.progress = progress
+        # a length distribution: the finalists are simulated on it and re-ranked (the analytic
+        # estimate and the memory check are the uniform step's at the target length)
+        self.lengths = lengths
+        # EP, CP and the routing every candidate takes (ParallelConfig fields; empty: today's search)
+        self.moe_cp = dict(moe_cp or {})
         self.memory = PeakMemory(model, partition, constants)
         self.schedule_memory = ScheduleMemory(model, partition, constants)
         self._profiles: dict[tuple, object] = {}
@@ -288,7 +295,8 @@ class Planner:
         source = source or self.profile_source
         # cost_terms depends on P only through whether the tied head needs its own copy
         tied_split = self.model.tied_embeddings and cfg.pp > 1
-        key = (source, cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split)
+        key = (source, cfg.tp, cfg.micro_batch, cfg.seq, cfg.dp, cfg.zero, cfg.activation, cfg.prefetch, tied_split,
+               cfg.ep, cfg.cp, cfg.capacity_factor, cfg.hot_share, cfg.hot_load)
         got = self._terms.get(key)
         if got is None:
             prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source)
@@ -337,8 +345,9 @@ class Planner:
     def schedule_peak(self, cfg: ParallelConfig, schedule: PipelineSchedule) -> int:
         """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
         if schedule == ONE_F_ONE_B:
+            extra = {k: getattr(cfg, k) for k in ("ep", "cp", "capacity_factor", "hot_share", "hot_load")}
             return self.memory.peak(cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum, cfg.seq,
-                                    cfg.activation, cfg.prefetch)
+                                    cfg.activation, cfg.prefetch, moe_cp=extra)
         return self.schedule_memory.peak(schedule, cfg.pp, cfg.dp, cfg.tp, cfg.zero, cfg.micro_batch, cfg.accum,
                                          cfg.seq, cfg.activation, cfg.prefetch)
 
@@ -362,7 +371,9 @@ class Planner:
         """The simulator's step (ms) of a candidate under its schedule, on the planner's profiles."""
         cfg = cand.config
         prof = self.profile(cfg.micro_batch, cfg.seq, cfg.tp)
-        costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource)
+        plan = self.lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if self.lengths is not None else None
+        costs = pipeline_costs(self.model, cfg, prof, self.platform, recovery_resource=self.recovery_resource,
+                               lengths=plan)
         order = layout_schedule(cand.schedule, self.model, cfg, costs, prof)
         mech = replace(mechanisms_for(cand.method, cfg.activation, cfg.prefetch),
                        fsr_buffer_layers=self.constants.fsr_buffer_layers)
@@ -384,6 +395,15 @@ class Planner:
         for name, value in (("clusters", clusters), ("global_batch", global_batch), ("seq", seq), ("top", top)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan: {name} must be a positive integer, got {value!r}")
+        ep, cp = self.moe_cp.get("ep", 1), self.moe_cp.get("cp", 1)
+        if (ep > 1 or cp > 1) and choices != (ONE_F_ONE_B,):
+            raise ConfigError("plan: with EP or CP above 1 only the 1f1b schedule is searched")
+        if clusters % cp:
+            raise ConfigError(f"plan: context parallelism CP={cp} must divide the {clusters} clusters")
+        if seq % cp:
+            raise ConfigError(f"plan: context parallelism CP={cp} must divide the sequence length {seq}")
+        if ep > 1 and self.model.moe is None:
+            raise ConfigError(f"plan: expert parallelism EP={ep} needs a MoE model; {self.model.name} is dense")
         t0 = time.perf_counter()
         p0 = self.profile_s
         budget = self.platform.memory_budget_bytes
@@ -396,9 +416,11 @@ class Planner:
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
-        for c in search_space(self.model, clusters, global_batch, method, micro_batches=micro_batches,
+        for c in search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
                               tp_degrees=tp_degrees, zero_stages=zero_stages):
             p, d, t, z, b, a, act, pref = c
+            if (d * cp) % ep or (self.model.moe is not None and self.model.moe.experts % ep):
+                continue            # EP divides the data ranks and the experts
             for si, choice in enumerate(choices):
                 plain = plain_1f1b[si]
                 if not plain and (not runnable(choice, self.model.layers, p, a) or (p == 1 and one_stage_1f1b_only)):
@@ -406,7 +428,7 @@ class Planner:
                 enumerated += 1
                 # Eq. 10 first: nothing is timed (or profiled) unless it fits
                 if plain:
-                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref)
+                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref, moe_cp=self.moe_cp)
                 else:
                     peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
                 if peak > budget:
@@ -414,7 +436,7 @@ class Planner:
                     continue
                 feasible += 1
                 cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
-                                     prefetch=pref, partition=self.partition)
+                                     prefetch=pref, partition=self.partition, **self.moe_cp)
                 bound, finish = self.bounded(cfg, method, fast, choice)
                 waiting.append((bound, peak, c, si, cfg, finish))
         waiting.sort(key=lambda x: x[0])
@@ -448,7 +470,7 @@ class Planner:
             reordered = order != list(range(confirmed))
             ranked = [finalists[i] for i in order] + ranked[confirmed:]
         simulated, sim_error = 0, None
-        if choices != (ONE_F_ONE_B,) and ranked and confirm > 0:
+        if (choices != (ONE_F_ONE_B,) or self.lengths is not None) and ranked and confirm > 0:
             # the schedule estimates are rougher than 1F1B's: the simulator orders the finalists
             finalists = ranked[:confirm]
             for cand in finalists:
@@ -530,9 +552,13 @@ class SimCheck:
 def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "ratrain",
                     platform: TrainingPlatform | None = None, profile=None, profile_source: str = "emulated",
                     profile_fn: Callable | None = None, recovery_resource: str = "compute",
-                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b") -> SimCheck:
+                    mechanisms=None, schedule: str | PipelineSchedule = "1f1b", buckets=None,
+                    offload=None, lengths: LengthDistribution | None = None) -> SimCheck:
     """Build PipelineCosts for ``cfg`` and run ``ratrain.sim.simulator.simulate`` with the method's
-    Mechanisms (or ``mechanisms``) in ``schedule`` order; also returns the planner's analytic prediction."""
+    Mechanisms (or ``mechanisms``) in ``schedule`` order, gradient ``buckets`` and ``offload`` as
+    ``simulate`` takes them; also returns the planner's analytic prediction (which has neither).
+    ``lengths``: the step's micro-batches from a length distribution (the simulation scales each one;
+    the analytic prediction stays the uniform step's)."""
     platform = platform or TrainingPlatform()
     planner = Planner(model, platform, profile_source=profile_source, profile_fn=profile_fn,
                       partition=cfg.partition, recovery_resource=recovery_resource)
@@ -540,8 +566,9 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
         planner._profiles[(profile_source, cfg.micro_batch, cfg.seq, cfg.tp)] = profile
     prof = planner.profile(cfg.micro_batch, cfg.seq, cfg.tp)
     mech = mechanisms if mechanisms is not None else mechanisms_for(method, cfg.activation, cfg.prefetch)
-    costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource)
-    result = simulate(costs, schedule=schedule, mechanisms=mech)
+    plan = lengths.plan(cfg.seq, cfg.micro_batch, cfg.accum) if lengths is not None else None
+    costs = pipeline_costs(model, cfg, prof, platform, recovery_resource=recovery_resource, lengths=plan)
+    result = simulate(costs, schedule=schedule, mechanisms=mech, buckets=buckets, offload=offload)
     terms = planner.terms(cfg)
     bd = step_breakdown(stage_kinds(terms, planner.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
                         activation=mech.activation, layerwise=mech.layerwise, update_prefetch=mech.update_prefetch,

@@ -18,7 +18,8 @@ from rtcommon.fileio import atomic_write_figure
 from rtcommon.plotting import plt
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
-          "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3"}
+          "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3",
+          "ToHost": "#64B5CD", "FromHost": "#CCB974", "Convert": "#8C8C8C"}
 SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "P", "Update": "Upd"}
 COMPUTE_KINDS = ("F", "B", "W", "R")
 GIB = 2 ** 30
@@ -67,7 +68,7 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
     for p in stages:
         mine = [t for t in tasks if t.stage == p and t.end_ms >= lo and t.start_ms <= hi]
         rows.append((f"S{p} compute", [t for t in mine if t.resource == "compute"]))
-        for res in ("ddr", "link"):
+        for res in ("ddr", "link", "d2h", "h2d", "host"):      # the host side only where something offloads
             sub = [t for t in mine if t.resource == res]
             if sub:
                 rows.append((f"S{p} {res}", sub))

@@ -42,6 +42,11 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
   last W); the deadline is the next step's first Forward(l). Deadline-aware
   UpdateShard/PrefetchW are queued earliest-deadline-first on their resource;
   GradSync is FIFO unless a state task shares the link with it (then EDF too).
+* Gradient buckets (``buckets``, ``ratrain.sim.buckets``): GradSync runs per bucket of layers
+  instead of per layer, once the bucket's last gradient exists. Offloading (``offload``,
+  ``ratrain.sim.offload``): transfers to and from host memory on each stage's ``d2h`` / ``h2d``
+  resources and a host-side update on its ``host`` resource, joined to the graph before it runs;
+  without either the graph is the one described above.
 * Step time: the smallest period T at which the step's timeline repeats with
   no resource running two tasks at once and every next-step Forward(l) starting
   after PrefetchW(l) of this step (without deadline-aware update-prefetch:
@@ -59,15 +64,29 @@ from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
+from ratrain.sim import offload as offload_tasks
+from ratrain.sim.buckets import (
+    BucketRecord,
+    GradBuckets,
+    bucket_ms,
+    bucket_records,
+    bucket_summary,
+    check_bucketable,
+    group_layers,
+)
+from ratrain.sim.offload import OffloadPlan, offload_report
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
-from ratrain.sim.timeline import Task
+from ratrain.sim.timeline import HOST_TASK_KINDS, Task
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 ACTIVATIONS = ("full", "ckpt", "fsr")
 ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")
 LIFECYCLE_KINDS = ("GradSync", "UpdateShard", "PrefetchW", "Update")
-RES_NAMES = ("compute", "ddr", "link")
+# per stage: compute, DDR, the inter-cluster link, and the host side offloading uses (the two
+# directions of the host link, and the host's cores); a stage without offload never uses the last three
+RES_NAMES = ("compute", "ddr", "link", "d2h", "h2d", "host")
+NRES = len(RES_NAMES)
 _COMPUTE, _DDR, _LINK = 0, 1, 2
 _WAITING, _READY, _RUNNING, _DONE = 0, 1, 2, 3
 _MAIN, _FSR, _LIFE = 0, 1, 2          # priority classes, lower runs first
@@ -204,6 +223,9 @@ class SimResult:
     next_forward_ms: dict[int, float] = field(default_factory=dict)   # layer -> first F start (deadline offset)
     pipeline: PipelineSchedule = field(default_factory=PipelineSchedule)
     stage_layers: list[list[int]] = field(default_factory=list)        # per stage, its layers in model order
+    grad_buckets: GradBuckets | None = None                            # gradient bucketing, if asked for
+    buckets: list[BucketRecord] = field(default_factory=list)          # each bucket: when it waited on what
+    offload: dict | None = None                                        # what moved to and from the host
 
     @property
     def virtual_stages(self) -> int:
@@ -241,6 +263,13 @@ class SimResult:
             "stage_idle_ms": self.stage_idle_ms,
             "stages": [s.to_json() for s in self.stages],
         }
+        if self.grad_buckets is not None:
+            last_b = [max((t.end_ms for t in self.tasks if t.stage == p and t.kind in ("B", "W")), default=0.0)
+                      for p in range(len(self.stages))]
+            out["gradient_buckets"] = {**self.grad_buckets.to_json(), **bucket_summary(self.buckets, last_b),
+                                       "buckets": [b.to_json() for b in self.buckets]}
+        if self.offload is not None:
+            out["offload"] = self.offload
         if timeline:
             out["timeline"] = [t.to_json() for t in self.tasks]
             out["notes"] = [asdict(n) for n in self.notes]
@@ -285,8 +314,10 @@ def _edge(a: _Job, b: _Job) -> None:
 
 
 class _Sim:
-    def __init__(self, costs: PipelineCosts, schedule: PipelineSchedule, mech: Mechanisms):
+    def __init__(self, costs: PipelineCosts, schedule: PipelineSchedule, mech: Mechanisms,
+                 buckets: GradBuckets | None = None, offload: OffloadPlan | None = None):
         self.costs, self.sched, self.mech = costs, schedule, mech
+        self.buckets, self.offload = buckets, offload
         self.P, self.A = costs.num_stages, costs.microbatches
         self.flat = [lc for layers in costs.stages for lc in layers]     # model order
         self.v = schedule.virtual_stages if schedule.name == "interleaved" else 1
@@ -304,7 +335,7 @@ class _Sim:
         self.jobs: list[_Job] = []
         self.now = 0.0
         self.seq = 0
-        nres = 3 * self.P
+        nres = NRES * self.P
         self.running: list[_Job | None] = [None] * nres
         self.heaps: list[list] = [[] for _ in range(nres)]
         self.events: list = []
@@ -322,8 +353,11 @@ class _Sim:
         self._build()
 
     # ------------------------------------------------------------ graph construction
+    def host_res(self, stage: int) -> int:
+        return NRES * stage + RES_NAMES.index("host")
+
     def _job(self, stage, kind, mb, layer, resname, dur, cls, key=(), res2=-1) -> _Job:
-        j = _Job(len(self.jobs), stage, kind, mb, layer, 3 * stage + RES_NAMES.index(resname), dur, cls,
+        j = _Job(len(self.jobs), stage, kind, mb, layer, NRES * stage + RES_NAMES.index(resname), dur, cls,
                  key, res2)
         self.jobs.append(j)
         return j
@@ -351,7 +385,10 @@ class _Sim:
                 layers = self.chunks[g] if op == "F" else self.chunks[g][::-1]
                 jobs = []
                 for layer_index in layers:
-                    j = self._job(p, op, m, layer_index, "compute", self._durations(layer_index, policy)[op], _MAIN)
+                    dur = self._durations(layer_index, policy)[op]
+                    if c.microbatch_scales is not None:     # unequal micro-batches (ratrain.spec.lengths)
+                        dur *= c.microbatch_scales[m]
+                    j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
                     if chain:
                         _edge(chain[-1], j)
                     chain.append(j)
@@ -378,12 +415,12 @@ class _Sim:
                 continue
             fwd, bwd = [], []
             for m in range(A):
-                t = self._job(p, "Send", m, self.chunks[g][-1], "link", X, _MAIN, res2=3 * q + _LINK)
+                t = self._job(p, "Send", m, self.chunks[g][-1], "link", X, _MAIN, res2=NRES * q + _LINK)
                 t.peer, t.layer2 = q, self.chunks[g + 1][0]
                 _edge(self.F[(g, m)][-1], t)
                 _edge(t, self.F[(g + 1, m)][0])
                 fwd.append(t)
-                t = self._job(q, "Send", m, self.chunks[g + 1][0], "link", X, _MAIN, res2=3 * p + _LINK)
+                t = self._job(q, "Send", m, self.chunks[g + 1][0], "link", X, _MAIN, res2=NRES * p + _LINK)
                 t.peer, t.layer2 = p, self.chunks[g][-1]
                 _edge(self.B[(g + 1, m)][0], t)
                 _edge(t, self.B[(g, m)][-1])
@@ -408,7 +445,8 @@ class _Sim:
                         gate = self.B[(gg, gm)][0]
                     for i, layer_index in enumerate(self.chunks[g]):
                         lc = self.flat[layer_index]
-                        r = self._job(p, "R", m, layer_index, c.recovery_resource, lc.recompute_ms, _FSR,
+                        r = self._job(p, "R", m, layer_index, c.recovery_resource,
+                                      lc.recompute_ms * c.microbatch_scale(m), _FSR,
                                       key=(bi, -layer_index))
                         _edge(self.F[(g, m)][i], r)
                         if gate is not None:
@@ -428,6 +466,11 @@ class _Sim:
         # lifecycle tasks
         self.life: list[list[_Job]] = []
         self.prefetch: list[dict[int, _Job]] = []
+        # per stage, layer -> the job completing its gradient, its GradSync (bucket) and its update
+        self.acc_done: list[dict[int, _Job]] = []
+        self.gradsync_of: list[dict[int, _Job]] = []
+        self.update_of: list[dict[int, _Job]] = []
+        self.bucket_jobs: list[tuple[int, int, list[int], _Job]] = []     # (stage, index, layers, job)
         acc_kind = "W" if self.sched.splits_backward else "B"
         for p in range(P):
             layers = self.stage_layers[p]
@@ -439,7 +482,9 @@ class _Sim:
                         acc_done[j.layer] = j
             final = self.main_chain[p][-1]
             gs, us, pw, life = {}, {}, {}, []
-            for layer_index in layers:
+            if self.buckets is not None:
+                gs = self._bucket_jobs(p, layers, acc_done, final)
+            for layer_index in layers if self.buckets is None else ():
                 lc = self.flat[layer_index]
                 g = self._job(p, "GradSync", None, layer_index, "link", lc.gradsync_ms, _LIFE)
                 g.order_hint = -layer_index
@@ -448,14 +493,14 @@ class _Sim:
             bulk_update = None
             if not m_.deadline_aware and c.bulk_update_ms is not None:
                 bulk_update = self._job(p, "Update", None, None, c.update_resource, c.bulk_update_ms, _LIFE)
-                for g in gs.values():
+                for g in dict.fromkeys(gs.values()):
                     _edge(g, bulk_update)
             for layer_index in layers:
                 lc = self.flat[layer_index]
                 if bulk_update is None:
                     u = self._job(p, "UpdateShard", None, layer_index, c.update_resource, lc.update_ms, _LIFE)
                     u.order_hint = layer_index
-                    for g in ([gs[layer_index]] if m_.deadline_aware else gs.values()):
+                    for g in ([gs[layer_index]] if m_.deadline_aware else dict.fromkeys(gs.values())):
                         _edge(g, u)
                     us[layer_index] = u
             for layer_index in layers:
@@ -468,12 +513,36 @@ class _Sim:
                     for u in ([us[layer_index]] if m_.deadline_aware else us.values()):
                         _edge(u, w)
                 pw[layer_index] = w
-            life = list(gs.values()) + ([bulk_update] if bulk_update else []) + list(us.values()) + list(pw.values())
+            life = list(dict.fromkeys(gs.values())) + ([bulk_update] if bulk_update else []) + list(us.values()) \
+                + list(pw.values())
             self.life.append(life)
             self.prefetch.append(pw)
+            self.acc_done.append(acc_done)
+            self.gradsync_of.append(gs)
+            self.update_of.append({layer: us.get(layer, bulk_update) for layer in layers})
+        if self.offload is not None:
+            self.host_records = offload_tasks.attach(self, self.offload, _MAIN, _LIFE)
         self.next_main = [0] * P
         self.first_f_start: dict[int, float] = {}
         self._check_acyclic()
+
+    def _bucket_jobs(self, p: int, layers: list[int], acc_done: dict[int, _Job], final: _Job) -> dict[int, _Job]:
+        """One GradSync per gradient bucket (``ratrain.sim.buckets``); layer -> its bucket's job."""
+        grad = {layer: self.flat[layer].grad_bytes for layer in layers}
+        sync = {layer: self.flat[layer].gradsync_ms for layer in layers}
+        launch = self.costs.gradsync_launch_ms
+        check_bucketable(p, layers, grad, sync, launch)
+        order = sorted(layers, key=lambda layer: acc_done[layer].idx)     # the order gradients complete
+        gs: dict[int, _Job] = {}
+        for k, group in enumerate(group_layers(order, grad, self.buckets.bucket_bytes)):
+            g = self._job(p, "GradSync", None, group[-1], "link", bucket_ms(group, sync, launch), _LIFE)
+            g.order_hint = -group[-1]
+            for q in dict.fromkeys(acc_done[layer] if self.mech.layerwise else final for layer in group):
+                _edge(q, g)
+            for layer in group:
+                gs[layer] = g
+            self.bucket_jobs.append((p, k, group, g))
+        return gs
 
     def _check_acyclic(self) -> None:
         """A cycle (an order whose stages wait on each other) would never run: refuse it up front."""
@@ -613,11 +682,11 @@ class _Sim:
                 self.running[job.res2] = None
                 self.dirty.add(job.res2)
         p = job.stage
-        if job.main and job.res % 3 == _COMPUTE:
+        if job.main and job.res % NRES == _COMPUTE:
             self.next_main[p] += 1
         for q in range(max(0, p - 1), min(self.P, p + 2)):
-            self.dirty.add(3 * q + _COMPUTE)
-            self.dirty.add(3 * q + _LINK)
+            self.dirty.add(NRES * q + _COMPUTE)
+            self.dirty.add(NRES * q + _LINK)
         for s in job.succs:
             s.npred -= 1
             if s.fsr_r is not None and s.fsr_r is not job:
@@ -639,7 +708,7 @@ class _Sim:
         if self.running[r] is not None:
             return
         heap = self.heaps[r]
-        kind = r % 3
+        kind = r % NRES
         skipped = []
         while heap:
             ent = heapq.heappop(heap)
@@ -651,9 +720,9 @@ class _Sim:
                 if self.running[other] is not None:
                     skipped.append(ent)               # other port busy: let something else use this one
                     continue
-            elif cls != _MAIN and kind != _DDR:
-                ok = (self._compute_window_ok(r // 3, job) if kind == _COMPUTE
-                      else self._link_window_ok(r // 3, job))
+            elif cls != _MAIN and kind in (_COMPUTE, _LINK):
+                ok = (self._compute_window_ok(r // NRES, job) if kind == _COMPUTE
+                      else self._link_window_ok(r // NRES, job))
                 if not ok:
                     skipped.append(ent)
                     self.waiting_fillers.add(r)
@@ -696,12 +765,12 @@ class _Sim:
 # ------------------------------------------------------------ step time and annotations
 
 def _segments(jobs: list[_Job], P: int) -> list[list[list[tuple[float, float]]]]:
-    segs = [[[] for _ in range(3)] for _ in range(P)]
+    segs = [[[] for _ in range(NRES)] for _ in range(P)]
     for j in jobs:
         if j.end > j.start:
-            segs[j.stage][j.res % 3].append((j.start, j.end))
+            segs[j.stage][j.res % NRES].append((j.start, j.end))
             if j.res2 >= 0:
-                segs[j.res2 // 3][_LINK].append((j.start, j.end))
+                segs[j.res2 // NRES][_LINK].append((j.start, j.end))
     for per in segs:
         for s in per:
             s.sort()
@@ -758,11 +827,14 @@ def _overlap(merged: list[tuple[float, float]], starts: list[float], a: float, b
 
 
 def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
-             mechanisms: Mechanisms = Mechanisms()) -> SimResult:
+             mechanisms: Mechanisms = Mechanisms(), buckets: GradBuckets | None = None,
+             offload: OffloadPlan | None = None) -> SimResult:
     """Simulate one training step; see the module docstring for the model.
 
     ``schedule``: a name from ``ratrain.sim.pipeline_order.SCHEDULES`` (defaults for
     the rest) or a ``PipelineSchedule`` (virtual stages, weight-gradient share).
+    ``buckets``: GradSync in gradient buckets (``ratrain.sim.buckets``) instead of one per layer;
+    ``offload``: state or activations in host memory (``ratrain.sim.offload``).
     """
     if not isinstance(costs, PipelineCosts):
         raise ConfigError(f"simulate: costs must be a PipelineCosts, got {type(costs).__name__}")
@@ -775,7 +847,11 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
         raise ConfigError(f"simulate: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
                           f"tasks, above the simulator's bound of {MAX_SIM_TASKS:,} "
                           "(ratrain.sim.simulator.MAX_SIM_TASKS); use fewer layers or micro-batches")
-    sim = _Sim(costs, pipeline, mechanisms)
+    if buckets is not None and not isinstance(buckets, GradBuckets):
+        raise ConfigError(f"simulate: buckets must be a GradBuckets, got {type(buckets).__name__}")
+    if offload is not None and not isinstance(offload, OffloadPlan):
+        raise ConfigError(f"simulate: offload must be an OffloadPlan, got {type(offload).__name__}")
+    sim = _Sim(costs, pipeline, mechanisms, buckets, offload)
     sim.run()
     P, jobs = sim.P, sim.jobs
 
@@ -800,7 +876,7 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
         merged = _merge([(a + k * T, b + k * T) for k in (-1, 0, 1) for a, b in comp])
         busy.append((merged, [a for a, _ in merged]))
     for j in jobs:
-        rname = RES_NAMES[j.res % 3]
+        rname = RES_NAMES[j.res % NRES]
         note = TaskNote()
         if j.kind in ("Send",):
             tasks_notes.append((Task(j.stage, "Send", j.mb, j.layer, "link", j.start, j.end), TaskNote(peer=j.peer)))
@@ -811,7 +887,7 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
             note = _annotate(j, rname, busy[j.stage], last_b, T)
         tasks_notes.append((Task(j.stage, j.kind, j.mb, j.layer, rname, j.start, j.end), note))
     rank = {k: i for i, k in enumerate(("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard",
-                                        "PrefetchW", "Update"))}
+                                        "PrefetchW", "Update") + HOST_TASK_KINDS)}
     tasks_notes.sort(key=lambda tn: (tn[0].start_ms, tn[0].end_ms, rank[tn[0].kind], tn[0].stage,
                                      -1 if tn[0].layer is None else tn[0].layer,
                                      -1 if tn[0].microbatch is None else tn[0].microbatch))
@@ -823,7 +899,7 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     inflight = peak_inflight(tasks, P)
     act_sets = peak_activation_sets(tasks, P)
     by_kind: list[dict[str, float]] = [{} for _ in range(P)]
-    res_busy = [[0.0, 0.0, 0.0] for _ in range(P)]
+    res_busy = [[0.0] * NRES for _ in range(P)]
     rec = [[0.0, 0.0] for _ in range(P)]          # hidden, exposed
     res_index = {name: i for i, name in enumerate(RES_NAMES)}
     for t, n in tasks_notes:
@@ -845,7 +921,10 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     return SimResult(tasks=tasks, notes=notes, step_time_ms=T, exposed_tail_ms=T - last_b,
                      last_backward_end_ms=last_b, stages=summaries, schedule=pipeline.name, mechanisms=mechanisms,
                      next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
-                     stage_layers=sim.stage_layers)
+                     stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=bucket_records(sim),
+                     offload=None if offload is None else offload_report(sim, offload, res_busy, RES_NAMES))
+
+
 
 
 def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
@@ -940,6 +1019,10 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
     ``ratrain.sim.weight_split.weight_gradient_bytes``) everything else is freed
     at the end of B and those bytes live until the end of W; without it every
     set above lives until the end of W (an upper bound).
+
+    Offloaded activations (``ToHost``/``FromHost`` of the (layer, micro-batch)): the saved set lives
+    from the start of F to the end of its transfer to the host, and again from the start of its
+    transfer back to the end of its last use.
     """
     policy = result.mechanisms.policy
     P = costs.num_stages
@@ -947,7 +1030,11 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
     b: dict[tuple[int, int], Task] = {}
     r: dict[tuple[int, int], Task] = {}
     w: dict[tuple[int, int], Task] = {}
+    away: dict[tuple[int, int], list[float]] = {}      # offloaded: [end of ToHost, start of FromHost]
     for t in result.tasks:
+        if t.kind in ("ToHost", "FromHost") and t.microbatch is not None:
+            got = away.setdefault((t.layer, t.microbatch), [0.0, 0.0])
+            got[0 if t.kind == "ToHost" else 1] = t.end_ms if t.kind == "ToHost" else t.start_ms
         if t.kind == "F":
             f[(t.layer, t.microbatch)] = t
         elif t.kind == "B":
@@ -975,10 +1062,19 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
             nb = weight_grad_bytes if isinstance(weight_grad_bytes, int) else weight_grad_bytes[layer_index]
             live(bt.end_ms, wt.end_ms, int(nb))
 
+        gap = away.get((layer_index, m))
+
+        def saved(a: float, z: float, nbytes: int, gap: list | None = gap) -> None:
+            if gap is None:
+                live(a, z, nbytes)
+            else:
+                live(a, gap[0], nbytes)
+                live(gap[1], z, nbytes)
+
         if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
-            live(ft.start_ms, end, lc.act_full_bytes)
+            saved(ft.start_ms, end, lc.act_full_bytes)
             continue
-        live(ft.start_ms, end, lc.act_ckpt_bytes)
+        saved(ft.start_ms, end, lc.act_ckpt_bytes)
         live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
         rec_start = r[(layer_index, m)].start_ms if policy == "fsr" else bt.start_ms
         live(rec_start, end, lc.recovery_bytes)

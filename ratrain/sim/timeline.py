@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 TASK_KINDS = ("F", "B", "W", "R", "GradSync", "UpdateShard", "PrefetchW", "Send", "Recv", "Update")
-RESOURCES = ("compute", "ddr", "link")
+# offloading's tasks (ratrain.sim.offload): transfers to and from host memory, gradient conversion
+HOST_TASK_KINDS = ("ToHost", "FromHost", "Convert")
+# d2h / h2d: the two directions of the link to host memory; host: the host's cores (offloading only)
+RESOURCES = ("compute", "ddr", "link", "d2h", "h2d", "host")
 
 
 @dataclass(frozen=True)

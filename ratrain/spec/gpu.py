@@ -7,7 +7,10 @@ read off a datasheet. How many nodes a run uses is a run parameter, not part of 
 
 File format (TOML or JSON; ``ratrain platform --platform FILE --json`` prints it): top-level
 ``name`` and ``kind = "gpu-cluster"``, tables ``[device]``, ``[node]``, ``[network]``,
-``[collectives]`` and ``[kernels]``. A field may also be given flat at the top level, or dotted
+``[collectives]``, ``[kernels]`` and ``[host]`` (the node's host as one GPU's share: the link to
+host memory, host memory bandwidth and cores, :class:`ratrain.spec.host.HostSide`; without the
+table a PCIe 4.0 x16 share of a two-socket host, ``HostSide.pcie4_x16_share``).
+A field may also be given flat at the top level, or dotted
 (``device.hbm_bytes``) as an override, where its name is unambiguous (``launch_s`` is in both
 ``collectives`` and ``kernels``, so it always needs its table). Every number is checked against
 :data:`RANGES` (sane bounds with units) on load and on override; an unknown field, a wrong type,
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ratrain.errors import ConfigError
+from ratrain.spec.host import HostSide, host_from_table
 from rtcommon.checks import checked_number
 from rtcommon.checks import show_value as _show
 from rtcommon.jsonio import load_table_file
@@ -207,8 +211,13 @@ class GpuPlatform:
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     kernels: GpuKernelModel = field(default_factory=GpuKernelModel)
     kind: str = GPU_KIND          # class constant in practice; printed in to_json
+    host: HostSide | None = None  # None: a PCIe 4.0 x16 share of the node's host (HostSide.pcie4_x16_share)
 
     def __post_init__(self) -> None:
+        if self.host is None and isinstance(self.node, GpuNode):
+            object.__setattr__(self, "host", HostSide.pcie4_x16_share(self.node.gpus_per_node))
+        if not isinstance(self.host, HostSide):
+            raise ConfigError(f"{_WHERE}: field 'host' must be a HostSide, got {type(self.host).__name__}")
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"{_WHERE}: field 'name' must be a non-empty string, got {_show(self.name)}")
         if self.kind != GPU_KIND:
@@ -243,7 +252,9 @@ class GpuPlatform:
             raise ConfigError(f"{source}: top level must be a table/object of platform fields")
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if key in TABLES:
+            if key == "host":
+                values["host"] = host_from_table(value, source)
+            elif key in TABLES:
                 if not isinstance(value, dict):
                     raise ConfigError(f"{source}: [{key}] must be a table of fields")
                 for sub, subvalue in value.items():
@@ -269,6 +280,7 @@ class GpuPlatform:
         for table in TABLES:
             part = getattr(self, table)
             out[table] = {f.name: getattr(part, f.name) for f in fields(part)}
+        out["host"] = self.host.to_json()
         node_nic = self.network.nic_bandwidth * self.network.nics_per_node
         out["derived"] = {
             "note": "computed from the fields above; ignored when this file is read back",
@@ -286,7 +298,7 @@ def _resolve(key: Any, source: str) -> str:
     """The "table.field" a file key or override name stands for."""
     if not isinstance(key, str):
         raise ConfigError(f"{source}: field names must be strings, got {_show(key)}")
-    if key in TOP_FIELDS:
+    if key in TOP_FIELDS or key == "host":
         return key
     table, dot, sub = key.partition(".")
     if dot:
@@ -310,7 +322,7 @@ def _build(base: GpuPlatform | None, values: dict[str, Any], source: str) -> Gpu
     parts: dict[str, dict[str, Any]] = {table: {} for table in TABLES}
     for key, value in values.items():
         name = _resolve(key, source)
-        if name in TOP_FIELDS:
+        if name in TOP_FIELDS or name == "host":
             top[name] = value
             continue
         table, _, sub = name.partition(".")

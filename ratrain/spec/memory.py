@@ -44,9 +44,12 @@ from ratrain.spec.models import (
     MASK,
     ModelSpec,
     check_tp,
+    layer_device_parameter_count,
     layer_tp_parameter_count,
     stage_edge_parameters,
 )
+from ratrain.spec.moe import route
+from ratrain.spec.offload import Offload, offload_stage_terms
 from ratrain.spec.parallel import (
     ACTIVATION_MODES,
     ParallelConfig,
@@ -125,6 +128,7 @@ class StageMemory:
     buffer_bytes: int
     peak_bytes: int
     breakdown: dict[str, int] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)     # host-memory terms when state is offloaded
 
     @property
     def peak_gib(self) -> float:
@@ -133,6 +137,8 @@ class StageMemory:
     def to_json(self) -> dict:
         out = asdict(self)
         out["layers"] = [self.layers.start, self.layers.stop]
+        if not self.host:
+            out.pop("host")
         return out
 
 
@@ -149,7 +155,8 @@ def _replicated_tokens(micro_batch: int, seq: int, tp: int, sequence_parallel: b
 
 
 def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
-                        sequence_parallel: bool = False) -> dict[str, int]:
+                        sequence_parallel: bool = False, kv_seq: int | None = None,
+                        expert_rows: int | None = None) -> dict[str, int]:
     """Bytes of every tensor one layer keeps for its backward under full-save (one micro-batch).
 
     Norm inputs/outputs, norm statistics, dropout masks of the hidden stream and the residual
@@ -159,6 +166,13 @@ def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1
     Megatron runs it) the attention keeps its softmax output (FP16), the dropout mask (1 byte)
     and the dropped probabilities (FP16, the input of the product with V), each
     b x heads/T x seq x seq; the hidden dropouts keep a 1-byte mask each.
+
+    ``kv_seq``: the keys each query attends over when it differs from ``seq`` (context parallelism:
+    a device holds seq = s/CP queries against all s keys). A MoE layer (``spec.moe``) keeps its
+    router's FP32 probabilities and, on the routed path only, the ``expert_rows`` rows its device
+    runs (default the balanced, dropless tokens x k): their dispatched input, the expert SwiGLU's
+    gate, up and output, and the expert output the combine weights; the shared experts keep the
+    dense SwiGLU's three tensors for every token.
     """
     check_tp(spec, tp)
     m = micro_batch * seq
@@ -166,7 +180,7 @@ def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1
     h, d, f = spec.hidden, spec.head_dim, spec.ffn // tp
     hq, hkv = spec.heads // tp, spec.kv_heads // tp
     dropout = spec.dropout > 0
-    probs = micro_batch * hq * seq * seq
+    probs = micro_batch * hq * seq * (seq if kv_seq is None else kv_seq)
 
     def norm(prefix: str) -> dict[str, int]:
         out = {f"{prefix}_input": mr * h * FP16}
@@ -193,7 +207,9 @@ def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1
     if dropout:
         out["attn_dropout_mask"] = mr * h * MASK
     out.update(norm("mlp_norm"))                # its input is the residual stream after attention
-    if spec.mlp == "swiglu":
+    if spec.moe is not None:
+        out.update(_moe_saved_tensors(spec, m, tp, expert_rows))
+    elif spec.mlp == "swiglu":
         out.update({
             "gate": m * f * FP16,               # SwiGLU backward needs gate and up
             "up": m * f * FP16,
@@ -207,6 +223,21 @@ def layer_saved_tensors(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1
     return out
 
 
+def _moe_saved_tensors(spec: ModelSpec, m: int, tp: int, expert_rows: int | None) -> dict[str, int]:
+    """A MoE MLP's saved tensors on one device (see ``layer_saved_tensors``)."""
+    moe = spec.moe
+    rows = m * moe.experts_per_token if expert_rows is None else expert_rows
+    fe, fs, h = moe.expert_ffn // tp, moe.shared_ffn // tp, spec.hidden
+    out = {"router_probs": m * moe.experts * FP32,
+           "expert_input": rows * h * FP16,            # input of the expert GEMMs (their dW)
+           "expert_gate": rows * fe * FP16, "expert_up": rows * fe * FP16,
+           "expert_swiglu_output": rows * fe * FP16,   # input of the expert down projection
+           "expert_output": rows * h * FP16}           # the combine's weight gradient reads it
+    if fs:
+        out.update({"shared_gate": m * fs * FP16, "shared_up": m * fs * FP16, "shared_swiglu_output": m * fs * FP16})
+    return out
+
+
 def layer_checkpoint_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
                            sequence_parallel: bool = False) -> int:
     """Layer-boundary checkpoint: the layer input, b*seq*hidden FP16 (1/T of the tokens on each
@@ -215,8 +246,9 @@ def layer_checkpoint_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int 
 
 
 def layer_full_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
-                     sequence_parallel: bool = False) -> int:
-    return sum(layer_saved_tensors(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel).values())
+                     sequence_parallel: bool = False, kv_seq: int | None = None, expert_rows: int | None = None) -> int:
+    return sum(layer_saved_tensors(spec, micro_batch, seq, tp, sequence_parallel=sequence_parallel, kv_seq=kv_seq,
+                                   expert_rows=expert_rows).values())
 
 
 def attention_core_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> int:
@@ -255,7 +287,8 @@ def recovery_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *,
 
 
 def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1,
-                          forward_transients: bool = True) -> int:
+                          forward_transients: bool = True, *, kv_seq: int | None = None,
+                          expert_rows: int | None = None) -> int:
     """Largest set of short-lived tensors alive inside one layer's forward or backward.
 
     Backward, MLP half: SwiGLU: dY, d(swiglu), d(gate), d(up)  -> h + 3f per token, then
@@ -271,13 +304,19 @@ def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int =
     Forward without saving (ckpt/fsr) materializes the attention probabilities and the
     MLP intermediates transiently: norm out + q + k + v + P (+ mask + dropped P) + context, or
     residual + norm out + the MLP intermediates.  Under full-save those are the saved set.
+    A MoE MLP holds the SwiGLU terms over its device's ``expert_rows`` rows (f the expert width)
+    and, for the shared experts, over every token; ``kv_seq`` as in ``layer_saved_tensors``.
     """
     m = micro_batch * seq
     h, d, f = spec.hidden, spec.head_dim, spec.ffn // tp
     q, kv = spec.heads // tp * d, spec.kv_heads // tp * d
-    probs = micro_batch * (spec.heads // tp) * seq * seq * FP16
+    probs = micro_batch * (spec.heads // tp) * seq * (seq if kv_seq is None else kv_seq) * FP16
     mlp_bwd = (h + 3 * f, 2 * h + 2 * f) if spec.mlp == "swiglu" else (h + 2 * f, 2 * h + f)
+    if spec.moe is not None:
+        mlp_bwd = (0,)
     bwd = m * FP16 * max(*mlp_bwd, h + 2 * q + 2 * kv, 2 * h + q + 2 * kv)
+    if spec.moe is not None:
+        bwd = max(bwd, _moe_workspace_bytes(spec, m, tp, expert_rows))
     if spec.dropout > 0:
         bwd = max(bwd, m * FP16 * (h + q + kv) + 2 * probs)
     if not forward_transients:
@@ -285,7 +324,19 @@ def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int =
     core = probs + (probs // FP16 * MASK + probs if spec.dropout > 0 else 0)
     mlp_fwd = 2 * h + (3 * f if spec.mlp == "swiglu" else 2 * f)
     fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + core, m * FP16 * mlp_fwd)
+    if spec.moe is not None:
+        fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + core, m * FP16 * 2 * h
+                  + sum(_moe_saved_tensors(spec, m, tp, expert_rows).values()))
     return max(bwd, fwd)
+
+
+def _moe_workspace_bytes(spec: ModelSpec, m: int, tp: int, expert_rows: int | None) -> int:
+    """A MoE MLP's backward transients: the SwiGLU backward's over the device's rows (dY of the
+    rows, d(swiglu), d(gate), d(up)), or the shared experts' over every token, whichever is larger."""
+    moe = spec.moe
+    rows = m * moe.experts_per_token if expert_rows is None else expert_rows
+    h, fe, fs = spec.hidden, moe.expert_ffn // tp, moe.shared_ffn // tp
+    return FP16 * max(rows * (h + 3 * fe), rows * (2 * h + 2 * fe), m * (h + 3 * fs), m * (2 * h + 2 * fs))
 
 
 def head_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> int:
@@ -318,11 +369,17 @@ class _LayerBytes:
     selective: int = 0          # saved under selective recomputation
     replicated_tokens: int = 0  # tokens of a TP-replicated tensor on one rank (1/T under SP)
     embedding_mask: int = 0     # stage 0: the embedding dropout's mask per micro-batch
+    expert_params: int = 0      # MoE: the routed experts a device holds per layer (layer_params is the rest)
+    expert_ranks: int = 1       # MoE: ranks holding the same experts (D x CP / EP), what ZeRO shards them over
+    cp_kv_buffer: int = 0       # CP > 1: the ring's K/V chunks in flight (two of K and V)
 
 
-def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_parallel: bool = False) -> _LayerBytes:
+def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_parallel: bool = False,
+                 moe_cp: MoeCpLayout | None = None) -> _LayerBytes:
     emb, head = stage_edge_parameters(model, pp, t)
     sp = sequence_parallel
+    if moe_cp is not None:
+        return _moe_cp_layer_bytes(model, b, s, t, sp, moe_cp, emb, head)
     tokens = _replicated_tokens(b, s, t, sp)
     return _LayerBytes(layer_checkpoint_bytes(model, b, s, t, sequence_parallel=sp),
                        layer_full_bytes(model, b, s, t, sequence_parallel=sp),
@@ -333,11 +390,60 @@ def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_par
                        embedding_mask=tokens * model.hidden * MASK if model.dropout > 0 else 0)
 
 
+@dataclass(frozen=True)
+class MoeCpLayout:
+    """What expert and context parallelism change in one configuration's layer sizes: CP devices per
+    sequence, EP devices per expert group, the rows of the busiest device's experts per micro-batch
+    (None: dense), and the data ranks D x CP."""
+    cp: int = 1
+    ep: int = 1
+    expert_rows: int | None = None
+    data_ranks: int = 1
+
+    @classmethod
+    def of(cls, model: ModelSpec, cfg: ParallelConfig) -> MoeCpLayout | None:
+        """None for a dense model at EP = CP = 1 (today's sizes, the same code path)."""
+        if model.moe is None:
+            if cfg.ep > 1:
+                raise ConfigError(f"expert parallelism EP={cfg.ep} needs a MoE model; {model.name} is dense")
+            if cfg.cp == 1:
+                return None
+            return cls(cp=cfg.cp, data_ranks=cfg.data_ranks)
+        local = cfg.micro_batch * (cfg.seq // cfg.cp)
+        rows = route(model.moe, local * cfg.ep, cfg.ep, cfg.routing).busiest_device_rows
+        return cls(cp=cfg.cp, ep=cfg.ep, expert_rows=rows, data_ranks=cfg.data_ranks)
+
+
+def _moe_cp_layer_bytes(model: ModelSpec, b: int, s: int, t: int, sp: bool, lay: MoeCpLayout, emb: int,
+                        head: int) -> _LayerBytes:
+    """The sizes under CP (every per-token tensor holds s/CP tokens, the attention's queries against
+    all s keys) and EP (the routed path's rows on the busiest device, E/EP experts' parameters)."""
+    if s % lay.cp:
+        raise ConfigError(f"context parallelism CP={lay.cp} must divide the sequence length {s}")
+    sl, kv = s // lay.cp, (s if lay.cp > 1 else None)
+    rows = lay.expert_rows
+    tokens = _replicated_tokens(b, sl, t, sp)
+    full = layer_full_bytes(model, b, sl, t, sequence_parallel=sp, kv_seq=kv, expert_rows=rows)
+    core = sum(layer_saved_tensors(model, b, sl, t, kv_seq=kv, expert_rows=rows).get(name, 0)
+               for name in ATTENTION_CORE_TENSORS)
+    dense, experts = layer_device_parameter_count(model, t, lay.ep)
+    ring = 2 * 2 * b * sl * (model.kv_heads // t) * model.head_dim * FP16 if lay.cp > 1 else 0
+    return _LayerBytes(layer_checkpoint_bytes(model, b, sl, t, sequence_parallel=sp), full,
+                       layer_workspace_bytes(model, b, sl, t, True, kv_seq=kv, expert_rows=rows),
+                       layer_workspace_bytes(model, b, sl, t, False, kv_seq=kv, expert_rows=rows),
+                       head_workspace_bytes(model, b, sl, t), dense, emb, head, selective=full - core,
+                       replicated_tokens=tokens,
+                       embedding_mask=tokens * model.hidden * MASK if model.dropout > 0 else 0,
+                       expert_params=experts, expert_ranks=max(1, lay.data_ranks // lay.ep), cp_kv_buffer=ring)
+
+
 def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: bool, n_layers: int, n_act: int,
                  dp: int, tp: int, zero: int, tokens_per_mb: int, activation: str, prefetch: str,
-                 constants: MemoryConstants = DEFAULT_CONSTANTS) -> dict[str, int]:
+                 constants: MemoryConstants = DEFAULT_CONSTANTS, offload: Offload | None = None,
+                 host_path_convert: bool = True) -> dict[str, int]:
     """Eq. 9's terms for one stage: the single home of the memory model (stage_memory and the
-    planner's PeakMemory both call it)."""
+    planner's PeakMemory both call it). With ``offload``: the device terms, and the host terms
+    under the key ``"host"`` (``ratrain.spec.offload``)."""
     d, z, m = dp, zero, tokens_per_mb
     layer_params, emb_params, head_params = sizes.layer_params, sizes.embedding_params, sizes.head_params
     rec = sizes.full - sizes.ckpt
@@ -349,6 +455,13 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
     bd["weights"] = constants.weight_bytes * (params if z < 3 else _shard(params, d))
     bd["gradients"] = constants.grad_bytes * (params if z < 2 else _shard(params, d))
     bd["optimizer"] = constants.optimizer_bytes * (params if z < 1 else _shard(params, d))
+    if sizes.expert_params:
+        # every expert's training state on the devices that hold it: E/EP experts, ZeRO over D x CP / EP
+        experts, ed = n_layers * sizes.expert_params, sizes.expert_ranks
+        biggest = max(biggest, layer_params + sizes.expert_params)
+        bd["weights"] += constants.weight_bytes * (experts if z < 3 else _shard(experts, ed))
+        bd["gradients"] += constants.grad_bytes * (experts if z < 2 else _shard(experts, ed))
+        bd["optimizer"] += constants.optimizer_bytes * (experts if z < 1 else _shard(experts, ed))
 
     tokens = n_act * m * 4 * ((1 if first else 0) + (1 if last else 0))   # int32 ids / labels
     if first:
@@ -365,7 +478,7 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
 
     # GradSync staging: the full gradient of the object being reduced.  The embedding
     # gradient is sparse (at most b*seq rows per micro-batch).
-    grad_objects = [layer_params]
+    grad_objects = [layer_params + sizes.expert_params]
     if first:
         grad_objects.append(min(m, model.vocab // tp) * model.hidden)
     if last:
@@ -395,13 +508,22 @@ def _stage_bytes(model: ModelSpec, sizes: _LayerBytes, *, first: bool, last: boo
         ws = max(ws, sizes.head_workspace)
     bd["workspace"] = ws
     bd["runtime_reserve"] = constants.runtime_reserve_bytes
+    if sizes.cp_kv_buffer:
+        bd["cp_kv_buffer"] = sizes.cp_kv_buffer
+    if offload is not None:
+        per_layer = sizes.full if activation == "full" else sizes.selective if activation == "selective" else sizes.ckpt
+        dev, host = offload_stage_terms(bd, offload, params=params, biggest=biggest, dp=d, zero=z, n_act=n_act,
+                                        n_layers=n_layers, per_layer_act=per_layer, tokens=tokens,
+                                        grad_bytes=constants.grad_bytes, host_path_convert=host_path_convert)
+        return {**dev, "host": host}
     return bd
 
 
 _STATE = ("weights", "gradients", "optimizer")
 _ACTIVATION = ("saved_activations", "checkpoints", "recovery_buffer")
 _BUFFER = ("working_weights", "gradsync_staging", "boundary_staging", "tp_staging", "prefetch_buffer",
-           "recompute_buffer", "workspace", "runtime_reserve")
+           "recompute_buffer", "workspace", "runtime_reserve", "cp_kv_buffer", "host_state_buffer",
+           "grad_convert_buffer")
 
 
 def _check_vocab(model: ModelSpec, tp: int) -> None:
@@ -412,26 +534,34 @@ def _check_vocab(model: ModelSpec, tp: int) -> None:
 
 def stage_memory(model: ModelSpec, cfg: ParallelConfig, platform: TrainingPlatform | None = None,
                  constants: MemoryConstants = DEFAULT_CONSTANTS, *,
-                 sequence_parallel: bool = False) -> list[StageMemory]:
+                 sequence_parallel: bool = False, offload: Offload | None = None,
+                 host_path_convert: bool = True) -> list[StageMemory]:
     """Eq. 9 for every pipeline stage of `cfg` (one cluster = one TP rank of one stage).
 
     `platform` is accepted for symmetry with `fits`; the bytes themselves do not depend on it.
     ``sequence_parallel``: Megatron's sequence parallelism (norm and dropout regions, layer
     inputs and stage boundaries hold 1/T of the tokens on each TP rank).
+    ``offload``: state or activations in host memory (``ratrain.spec.offload``); each stage's
+    ``host`` then holds the host-memory terms; ``host_path_convert``: a host-side update's gradients
+    cross as 16-bit (``ratrain.sim.offload.conversion_choice`` says which path is faster).
     """
     _check_vocab(model, cfg.tp)
     parts = partition_model(model, cfg.pp, cfg.partition)
-    sizes = _layer_bytes(model, cfg.micro_batch, cfg.seq, cfg.tp, cfg.pp, sequence_parallel)
+    layout = MoeCpLayout.of(model, cfg)
+    sizes = _layer_bytes(model, cfg.micro_batch, cfg.seq, cfg.tp, cfg.pp, sequence_parallel, layout)
     result = []
     for p, layers in enumerate(parts):
         n_act = in_flight_microbatches(p, cfg.pp, cfg.accum)
         bd = _stage_bytes(model, sizes, first=p == 0, last=p == cfg.pp - 1, n_layers=len(layers), n_act=n_act,
-                          dp=cfg.dp, tp=cfg.tp, zero=cfg.zero, tokens_per_mb=cfg.micro_batch * cfg.seq,
-                          activation=cfg.activation, prefetch=cfg.prefetch, constants=constants)
-        state, act, buf = (sum(bd[k] for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
+                          dp=cfg.data_ranks, tp=cfg.tp, zero=cfg.zero,
+                          tokens_per_mb=cfg.micro_batch * (cfg.seq // cfg.cp),
+                          activation=cfg.activation, prefetch=cfg.prefetch, constants=constants,
+                          offload=offload, host_path_convert=host_path_convert)
+        host = bd.pop("host", {})
+        state, act, buf = (sum(bd.get(k, 0) for k in keys) for keys in (_STATE, _ACTIVATION, _BUFFER))
         result.append(StageMemory(stage=p, layers=layers, n_act=n_act, state_bytes=state,
                                   activation_bytes=act, buffer_bytes=buf,
-                                  peak_bytes=state + act + buf, breakdown=bd))
+                                  peak_bytes=state + act + buf, breakdown=bd, host=host))
     return result
 
 
@@ -469,17 +599,27 @@ class PeakMemory:
         return got
 
     def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
-             activation: str, prefetch: str, sequence_parallel: bool = False) -> int:
+             activation: str, prefetch: str, sequence_parallel: bool = False, *, moe_cp: dict | None = None) -> int:
+        """``moe_cp``: the ParallelConfig fields of EP, CP and the routing (``ep``, ``cp``,
+        ``capacity_factor``, ``hot_share``, ``hot_load``); None or a dense model at EP = CP = 1: today's sizes."""
         key = (b, seq, tp, pp, sequence_parallel)
+        layout, cp = None, 1
+        if moe_cp or self.model.moe is not None:
+            cfg = ParallelConfig(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, accum=accum, seq=seq,
+                                 activation=activation, prefetch=prefetch, partition=self.partition,
+                                 **(moe_cp or {}))
+            layout, cp = MoeCpLayout.of(self.model, cfg), cfg.cp
+            if layout is not None:
+                key += (layout,)
         sizes = self._sizes.get(key)
         if sizes is None:
             _check_vocab(self.model, tp)
-            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel)
+            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel, layout)
         best = 0
         for p, n in self.representatives(pp):
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
-                              n_act=in_flight_microbatches(p, pp, accum), dp=dp, tp=tp, zero=zero,
-                              tokens_per_mb=b * seq, activation=activation, prefetch=prefetch,
+                              n_act=in_flight_microbatches(p, pp, accum), dp=dp * cp, tp=tp, zero=zero,
+                              tokens_per_mb=b * (seq // cp), activation=activation, prefetch=prefetch,
                               constants=self.constants)
             best = max(best, sum(bd.values()))
         return best

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ratrain.errors import ConfigError
+from ratrain.spec.moe import MoeSpec
 from rtcommon.checks import checked_number, is_finite_number, is_integer, show_value
 from rtcommon.jsonio import load_json_file
 
@@ -89,6 +90,7 @@ class ModelSpec:
     linear_bias: bool = False       # a bias on every projection (implies the q/k/v bias)
     max_positions: int | None = None    # rows of the learned position embedding
     dropout: float = 0.0            # attention and hidden dropout probability
+    moe: MoeSpec | None = None      # mixture-of-experts MLP in every layer (ratrain.spec.moe); None: dense
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _SAFE_NAME.fullmatch(self.name):
@@ -135,6 +137,7 @@ class ModelSpec:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model {self.name}: dropout must be a probability in [0, 1), got {self.dropout!r}")
+        _check_moe(self)
 
     @property
     def q_dim(self) -> int:
@@ -163,6 +166,8 @@ class ModelSpec:
         for key, default in _GPT_FIELDS.items():
             if out[key] == default:
                 del out[key]
+        if self.moe is None:
+            del out["moe"]          # a dense spec's JSON (and its profile cache names) as before
         return out
 
 
@@ -182,7 +187,8 @@ def _layer_split_and_replicated(spec: ModelSpec) -> tuple[int, int]:
     """
     h, f = spec.hidden, spec.ffn
     split = h * spec.q_dim + 2 * h * spec.kv_dim + spec.q_dim * h
-    split += (3 if spec.mlp == "swiglu" else 2) * h * f
+    if spec.moe is None:
+        split += (3 if spec.mlp == "swiglu" else 2) * h * f
     if spec.has_qkv_bias:
         split += spec.q_dim + 2 * spec.kv_dim
     replicated = 2 * spec.norm_parameters + (2 * spec.head_dim if spec.qk_norm else 0)
@@ -199,7 +205,8 @@ def layer_parameter_count(spec: ModelSpec) -> int:
     + 2 h f + f + h (fc1, fc2 and their biases) + 4 h (two LayerNorms) = 12 h^2 + 13 h at f = 4 h.
     """
     split, replicated = _layer_split_and_replicated(spec)
-    return split + replicated
+    moe_split, moe_replicated = _moe_split_and_replicated(spec)
+    return split + replicated + moe_split + moe_replicated
 
 
 def embedding_parameter_count(spec: ModelSpec) -> int:
@@ -244,7 +251,8 @@ def layer_tp_parameter_count(spec: ModelSpec, tp: int = 1) -> int:
     """
     check_tp(spec, tp)
     split, replicated = _layer_split_and_replicated(spec)
-    return split // tp + replicated
+    moe_split, moe_replicated = _moe_split_and_replicated(spec)
+    return (split + moe_split) // tp + replicated + moe_replicated
 
 
 def check_tp(spec: ModelSpec, tp: int) -> None:
@@ -253,6 +261,124 @@ def check_tp(spec: ModelSpec, tp: int) -> None:
     for name, value in (("heads", spec.heads), ("kv_heads", spec.kv_heads), ("ffn", spec.ffn)):
         if value % tp:
             raise ConfigError(f"model {spec.name}: {name}={value} not divisible by tp={tp}")
+    if spec.moe is not None:
+        _check_moe_tp(spec, tp)
+
+
+# ---------------------------------------------------------------- mixture-of-experts layers
+
+# Names of the routed experts' operators: the cost model scales them from the mean rows per device
+# (tokens x k) to the busiest device's (ratrain.spec.moe.route).
+EXPERT_OPERATORS = ("expert_gate_proj", "expert_up_proj", "expert_swiglu", "expert_down_proj")
+# HF MoE model types and the dense family whose attention they share
+_MOE_BASE_FAMILY = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
+
+
+def _check_moe(spec: ModelSpec) -> None:
+    if spec.moe is None:
+        return
+    if not isinstance(spec.moe, MoeSpec):
+        raise ConfigError(f"model {spec.name}: field moe must be a MoeSpec or None, got {type(spec.moe).__name__}")
+    if spec.mlp != "swiglu":
+        raise ConfigError(f"model {spec.name}: MoE experts are SwiGLU MLPs; mlp {spec.mlp!r} is not supported")
+    for name in ("expert_ffn", "shared_ffn"):
+        value = getattr(spec.moe, name)
+        if value > SIZE_LIMITS["ffn"]:
+            raise ConfigError(f"model {spec.name}: MoE field {name} = {value} is above {SIZE_LIMITS['ffn']}")
+
+
+def _check_moe_tp(spec: ModelSpec, tp: int) -> None:
+    for name in ("expert_ffn", "shared_ffn"):
+        value = getattr(spec.moe, name)
+        if value % tp:
+            raise ConfigError(f"model {spec.name}: MoE {name}={value} not divisible by tp={tp}")
+
+
+def _moe_split_and_replicated(spec: ModelSpec) -> tuple[int, int]:
+    """A MoE layer's MLP parameters as (split over TP ranks, replicated): the E experts' and the shared
+    experts' gate, up and down projections are split like the dense MLP's; the router (hidden x E) and
+    the shared expert's gate (hidden x 1, Qwen2-MoE) are replicated. (0, 0) for a dense model."""
+    moe = spec.moe
+    if moe is None:
+        return 0, 0
+    h = spec.hidden
+    split = 3 * h * (moe.experts * moe.expert_ffn + moe.shared_ffn)
+    replicated = h * moe.experts + (h if spec.family == "qwen2_moe" and moe.shared_ffn else 0)
+    return split, replicated
+
+
+def layer_expert_parameter_count(spec: ModelSpec, tp: int = 1) -> int:
+    """Parameters of one layer's E routed experts on one TP rank (what expert parallelism divides); 0 if dense."""
+    if spec.moe is None:
+        return 0
+    check_tp(spec, tp)
+    return 3 * spec.hidden * spec.moe.experts * spec.moe.expert_ffn // tp
+
+
+def layer_device_parameter_count(spec: ModelSpec, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+    """One layer's parameters on one device as (dense: attention, norms, router, shared experts;
+    routed experts: E/EP of them), per TP rank. A dense model's are (layer_tp_parameter_count, 0)."""
+    total = layer_tp_parameter_count(spec, tp)
+    experts = layer_expert_parameter_count(spec, tp)
+    if spec.moe is not None and spec.moe.experts % ep:
+        raise ConfigError(f"model {spec.name}: expert parallelism EP={ep} must divide the experts E={spec.moe.experts}")
+    return total - experts, experts // ep
+
+
+def moe_mlp_operators(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) -> list[Operator]:
+    """A MoE layer's MLP on one TP rank: the router (m x hidden x E, replicated), its softmax and
+    top-k, the routed experts as one grouped GEMM per projection over the mean rows a device runs
+    (tokens x k: with E/EP experts per device and the group's EP x tokens routed, the mean is the
+    same at every EP), the weighted combine of the k outputs, and the shared experts (every token)."""
+    moe = spec.moe
+    m = micro_batch * seq
+    h, E, k = spec.hidden, moe.experts, moe.experts_per_token
+    rows, fe, fs = m * k, moe.expert_ffn // tp, moe.shared_ffn // tp
+    ops = [Operator("router", "gemm", m=m, k=h, n=E),
+           # softmax over E and top-k: read the FP32 logits, write the probabilities and the k indices
+           Operator("router_topk", "elementwise", bytes_moved=2 * m * E * FP32 + m * k * (FP32 + 4)),
+           Operator("expert_gate_proj", "gemm", m=rows, k=h, n=fe),
+           Operator("expert_up_proj", "gemm", m=rows, k=h, n=fe),
+           Operator("expert_swiglu", "elementwise", bytes_moved=3 * rows * fe * FP16),
+           Operator("expert_down_proj", "gemm", m=rows, k=fe, n=h),
+           # read the k expert outputs of every token and its k weights, write the sum
+           Operator("expert_combine", "elementwise", bytes_moved=rows * h * FP16 + m * k * FP32 + m * h * FP16)]
+    if fs:
+        ops += [Operator("shared_gate_proj", "gemm", m=m, k=h, n=fs),
+                Operator("shared_up_proj", "gemm", m=m, k=h, n=fs),
+                Operator("shared_swiglu", "elementwise", bytes_moved=3 * m * fs * FP16),
+                Operator("shared_down_proj", "gemm", m=m, k=fs, n=h)]
+    return ops
+
+
+def _moe_spec_from_dict(raw: dict, where: str, name: str | None, family: str) -> ModelSpec:
+    """HF Mixtral (num_local_experts, num_experts_per_tok, intermediate_size = the expert's width) and
+    Qwen2-MoE / Qwen3-MoE (num_experts, num_experts_per_tok, moe_intermediate_size,
+    shared_expert_intermediate_size: one shared expert of that width, Qwen2-MoE only). The attention is
+    the dense family's (mistral, qwen2, qwen3). Every layer must be a MoE layer (decoder_sparse_step 1,
+    no mlp_only_layers)."""
+    base = _MOE_BASE_FAMILY[family]
+    k = _get_int(raw, "num_experts_per_tok", where)
+    if family == "mixtral":
+        experts = _get_int(raw, "num_local_experts", where)
+        expert_ffn = _get_int(raw, "intermediate_size", where)
+        shared = 0
+    else:
+        experts = _get_int(raw, "num_experts", where)
+        expert_ffn = _get_int(raw, "moe_intermediate_size", where)
+        shared = _get_int(raw, "shared_expert_intermediate_size", where, 0) if raw.get(
+            "shared_expert_intermediate_size") else 0
+        step = raw.get("decoder_sparse_step", 1)
+        if step != 1 or raw.get("mlp_only_layers"):
+            raise ConfigError(f"{where}: fields decoder_sparse_step={show_value(step)} / mlp_only_layers="
+                              f"{show_value(raw.get('mlp_only_layers'))}: only models with a MoE MLP in every layer "
+                              f"are supported (decoder_sparse_step 1, no mlp_only_layers)")
+    if k > experts:
+        raise ConfigError(f"{where}: field num_experts_per_tok={k} exceeds the experts ({experts})")
+    dense = _spec_from_dict({**raw, "model_type": base, "intermediate_size": expert_ffn}, where, name)
+    moe = MoeSpec(experts=experts, experts_per_token=k, expert_ffn=expert_ffn, shared_experts=1 if shared else 0,
+                  shared_ffn=shared)
+    return replace(dense, family=family, moe=moe)
 
 
 # ---------------------------------------------------------------- built-in models
@@ -339,16 +465,19 @@ def gpt_model(hidden: int, heads: int, layers: int, seq: int = GPT_DEFAULT_SEQ, 
 # ---------------------------------------------------------------- HF config.json
 
 _FAMILY_OF_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                   "baichuan": "baichuan", "gpt2": "gpt"}
+                   "baichuan": "baichuan", "gpt2": "gpt",
+                   "mixtral": "mixtral", "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe"}
 _FAMILY_OF_ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                    "BaichuanForCausalLM": "baichuan", "BaiChuanForCausalLM": "baichuan",
-                   "GPT2LMHeadModel": "gpt"}
+                   "GPT2LMHeadModel": "gpt", "MixtralForCausalLM": "mixtral",
+                   "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
 _GPT2_ACTIVATIONS = ("gelu", "gelu_new")     # exact and tanh GeLU: the same shapes and bytes
 
 
 def from_hf_config(path: str | os.PathLike, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a HuggingFace config.json (llama, mistral, qwen2, qwen3, baichuan, gpt2).
+    """Build a ModelSpec from a HuggingFace config.json (llama, mistral, qwen2, qwen3, baichuan, gpt2; the MoE
+    families mixtral, qwen2_moe, qwen3_moe).
 
     Raises ConfigError naming the file and the offending field.
     """
@@ -472,6 +601,8 @@ def _spec_from_dict(raw: dict, where: str, name: str | None) -> ModelSpec:
     family = _family(raw, where)
     if family == "gpt":
         return _gpt2_spec_from_dict(raw, where, name)
+    if family in _MOE_BASE_FAMILY:
+        return _moe_spec_from_dict(raw, where, name, family)
     hidden = _get_int(raw, "hidden_size", where)
     ffn = _get_int(raw, "intermediate_size", where)
     layers = _get_int(raw, "num_hidden_layers", where)
@@ -637,7 +768,9 @@ def layer_operators(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1) ->
         ops.append(Operator("attn_dropout", "elementwise", bytes_moved=_dropout_bytes(m * h)))
     ops += [Operator("attn_residual", "elementwise", bytes_moved=residual_bytes),
             Operator("mlp_norm", "elementwise", bytes_moved=norm_bytes)]
-    if spec.mlp == "swiglu":
+    if spec.moe is not None:
+        ops += moe_mlp_operators(spec, micro_batch, seq, tp)
+    elif spec.mlp == "swiglu":
         ops += [Operator("gate_proj", "gemm", m=m, k=h, n=f, bias=bias),
                 Operator("up_proj", "gemm", m=m, k=h, n=f, bias=bias),
                 Operator("swiglu", "elementwise", bytes_moved=3 * m * f * FP16),
@@ -684,3 +817,4 @@ def embedding_and_head_operators(spec: ModelSpec, micro_batch: int, seq: int,
             Operator("lm_head", "gemm", m=m, k=h, n=v),
             Operator("loss", "loss", bytes_moved=2 * m * v * FP16 + m * 4)]
     return {"first": first, "last": last}
+

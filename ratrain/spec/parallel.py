@@ -1,4 +1,12 @@
-"""Parallel training configuration c = (P, D, T, Z, b, A, pi_act, pi_pref) and layer partitioning."""
+"""Parallel training configuration c = (P, D, T, Z, b, A, pi_act, pi_pref) and layer partitioning.
+
+Beyond the paper's dimensions: expert parallelism EP (the experts of a MoE layer spread over EP
+devices, carved out of the D x CP data-parallel ranks as Megatron-Core and DeepSpeed-MoE do: it
+adds no devices) with its routing choices (capacity factor, hot experts; ``ratrain.spec.moe``),
+and context parallelism CP (each sequence split over CP devices, a dimension of its own:
+P x D x T x CP devices; the CP ranks hold the same weights, so gradients are reduced and ZeRO
+shards over D x CP).
+"""
 from __future__ import annotations
 
 import math
@@ -6,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from ratrain.errors import ConfigError
 from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
+from ratrain.spec.moe import Routing
 
 # The paper's activation policies: what the planner searches and the simulator runs.
 ACTIVATION_POLICIES = ("full", "ckpt", "fsr")
@@ -31,6 +40,11 @@ class ParallelConfig:
     activation: str = "fsr"       # 'full' | 'ckpt' | 'fsr' | 'selective'
     prefetch: str = "layerwise"   # 'layerwise' | 'bulk'
     partition: str = "balanced"   # 'balanced' (parameter-balanced) | 'uniform' (equal layer counts)
+    ep: int = 1                   # expert parallelism (MoE models), out of the D x CP data ranks
+    cp: int = 1                   # context parallelism: devices one sequence is split over
+    capacity_factor: float | None = None     # MoE capacity factor c (None: dropless)
+    hot_share: float = 0.0        # MoE routing imbalance: share of hot experts
+    hot_load: float = 1.0         # ... and their load over the mean
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "tp", "micro_batch", "accum", "seq"):
@@ -48,10 +62,30 @@ class ParallelConfig:
         if self.partition not in PARTITIONS:
             raise ConfigError(f"parallel config: partition must be one of {', '.join(PARTITIONS)}, "
                               f"got {self.partition!r}")
+        for name in ("ep", "cp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel config: {name} must be a positive integer, got {value!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"parallel config: expert parallelism EP={self.ep} must divide the data-parallel "
+                              f"ranks D x CP = {self.dp * self.cp}")
+        if self.seq % self.cp:
+            raise ConfigError(f"parallel config: context parallelism CP={self.cp} must divide the sequence "
+                              f"length {self.seq}")
+        Routing(self.capacity_factor, self.hot_share, self.hot_load)      # checks c and the imbalance
+
+    @property
+    def routing(self) -> Routing:
+        return Routing(self.capacity_factor, self.hot_share, self.hot_load)
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks holding the same weights: D x CP (gradient reduction, ZeRO sharding)."""
+        return self.dp * self.cp
 
     @property
     def clusters(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.tp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -63,6 +97,7 @@ class ParallelConfig:
         parts = [f"P={self.pp}", f"D={self.dp}"]
         if self.tp > 1:
             parts.append(f"T={self.tp}")
+        parts += [f"{label}={value}" for label, value in (("EP", self.ep), ("CP", self.cp)) if value > 1]
         parts.append(f"Z={self.zero}")
         if verbose:
             parts += [f"b={self.micro_batch}", f"A={self.accum}", f"seq={self.seq}"]
@@ -72,7 +107,14 @@ class ParallelConfig:
         return ",".join(parts)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for key, default in _MOE_CP_DEFAULTS.items():
+            if out[key] == default:
+                del out[key]        # a dense, CP=1 configuration's JSON as before
+        return out
+
+
+_MOE_CP_DEFAULTS = {"ep": 1, "cp": 1, "capacity_factor": None, "hot_share": 0.0, "hot_load": 1.0}
 
 
 def in_flight_microbatches(stage: int, pp: int, accum: int) -> int:

@@ -9,7 +9,10 @@ training side needs beyond it:
   the CPU/GP zone and a memory bridge, so we take a software-mediated DMA round of 20
   microseconds, which only matters for small messages: 1 MiB takes about 280 us at 3.7 GB/s);
 - ``kernels``: which GEMM loop order the kernel latencies come from, and whether its tiles are
-  the defaults or the tuner's best per shape.
+  the defaults or the tuner's best per shape;
+- ``host``: the cluster's host side (the chip's CPU side: the link to host memory, host memory
+  bandwidth and cores, :class:`ratrain.spec.host.HostSide`), what offloading and a host-side
+  optimizer use.
 
 No field is defined twice: the memory budget is the cluster's usable DDR (``ddr_bytes``, 20 GB),
 the FP16 peak and the nominal DDR rate are the cluster's, and every bandwidth-bound training term
@@ -17,7 +20,8 @@ uses the effective rate the emulator measures for its access pattern (``mtemu.dd
 "GB" for the memory budget is 2**30 bytes (docs/CHOICES.md explains why).
 
 File format (TOML or JSON; ``ratrain platform --json`` prints the default): top-level ``name``,
-tables ``cluster``, ``training`` and ``kernels``. Fields may also be given flat at the top level
+tables ``cluster``, ``training``, ``kernels`` and ``host`` (optional, every field defaulted).
+Fields may also be given flat at the top level
 (field names do not collide), so a cluster-only file such as ``platforms/mt3000-30gbps.toml``
 works too. An unknown field is an error that names it.
 """
@@ -33,6 +37,7 @@ from mtemu.kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
 from mtemu.platform import DEFAULT as DEFAULT_CLUSTER
 from mtemu.platform import Platform
 from ratrain.errors import ConfigError
+from ratrain.spec.host import HostSide, host_from_table
 from rtcommon.checks import is_finite_number, show_value
 from rtcommon.jsonio import load_table_file
 
@@ -57,6 +62,7 @@ class TrainingPlatform:
     link_latency_s: float = 20e-6          # per message; assumption, see module docstring
     gemm_loop_order: str = DEFAULT_GEMM    # GEMM variant the kernel latencies come from
     tiles: str = "default"                 # "default" tiles, or the tuner's best per GEMM shape
+    host: HostSide = field(default_factory=HostSide)   # the CPU side: host link, memory, cores
 
     def __post_init__(self) -> None:
         _validate(self, "platform")
@@ -98,7 +104,9 @@ class TrainingPlatform:
                               "(ratrain.spec.platforms.load_platform reads every kind)")
         sections, flat = {}, {}
         for key, value in data.items():
-            if key in ("cluster", "training", "kernels"):
+            if key == "host":
+                sections["host"] = value
+            elif key in ("cluster", "training", "kernels"):
                 if not isinstance(value, dict):
                     raise ConfigError(f"{source}: [{key}] must be a table of fields")
                 sections[key] = value
@@ -120,6 +128,7 @@ class TrainingPlatform:
         return {"name": self.name, "kind": MT3000_KIND, "cluster": cluster,
                 "training": {k: getattr(self, k) for k in TRAINING_FIELDS},
                 "kernels": {k: getattr(self, k) for k in KERNEL_FIELDS},
+                "host": self.host.to_json(),
                 "derived": {"note": "computed from the fields above; ignored when this file is read back",
                             "memory_budget_bytes": self.memory_budget_bytes,
                             "memory_budget_gib": self.memory_budget_bytes / GIB,
@@ -131,6 +140,11 @@ def _build(base: TrainingPlatform, sections: dict[str, dict], flat: dict[str, An
     parts: dict[str, dict[str, Any]] = {"cluster": {}, "training": {}, "kernels": {}}
     claims: dict[str, Any] = {}
     aliased = False
+    host = host_from_table(sections.pop("host"), source) if "host" in sections else None
+    if "host" in flat:          # an override with a whole HostSide
+        host = flat.pop("host")
+        if not isinstance(host, HostSide):
+            raise ConfigError(f"{source}: field host must be a ratrain.spec.host.HostSide or a [host] table")
     own = {"training": TRAINING_FIELDS, "kernels": KERNEL_FIELDS, "cluster": CLUSTER_FIELDS}
     for part, values in sections.items():
         for key, value in values.items():
@@ -177,7 +191,8 @@ def _build(base: TrainingPlatform, sections: dict[str, dict], flat: dict[str, An
         raise ConfigError(f"{source}: field peak_mac_per_s={show_value(peak)} is derived "
                           f"(dsps x vector_lanes x clock_hz = {cluster.peak_mac_per_s:g}); change those fields instead")
     try:
-        return replace(base, cluster=cluster, **top, **parts["training"], **parts["kernels"])
+        extra = {"host": host} if host is not None else {}
+        return replace(base, cluster=cluster, **top, **parts["training"], **parts["kernels"], **extra)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {str(exc).removeprefix('platform: ')}") from None
 
@@ -206,6 +221,8 @@ def _validate(p: TrainingPlatform, where: str) -> None:
     if p.gemm_loop_order not in GEMM_LOOP_ORDERS:
         raise ConfigError(f"{where}: field gemm_loop_order must be one of {', '.join(GEMM_LOOP_ORDERS)}, "
                           f"got {p.gemm_loop_order!r}")
+    if not isinstance(p.host, HostSide):
+        raise ConfigError(f"{where}: field host must be a ratrain.spec.host.HostSide, got {type(p.host).__name__}")
     if p.tiles not in TILE_CHOICES:
         raise ConfigError(f"{where}: field tiles must be one of {', '.join(TILE_CHOICES)}, got {p.tiles!r}")
 
