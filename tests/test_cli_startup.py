@@ -38,6 +38,7 @@ def _loaded(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
     ("ratrain.cli", ["plan", "--help"]),
     ("ratrain.cli", ["simulate", "--help"]),
     ("ratrain.cli", ["time-to-train", "--help"]),
+    ("ratrain.cli", ["task", "--help"]),
     ("ratrain.cli", ["validate", "measured", "--help"]),
     ("ratrain.cli", ["plan", "--clusters", "nine"]),          # an argument error
     ("mtemu.cli", ["--help"]),
