@@ -26,6 +26,7 @@ from mtemu.validate import TABLE5, TABLE5_M, table5
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.repro.cross_platform import cross_platform_rows
 from ratrain.repro.measured import CALIBRATION_PLATFORM, CALIBRATION_RUNS, read_runs, validate
+from ratrain.repro.targets import TABLE3
 from ratrain.sim.simulator import simulate
 from ratrain.spec.memory import stage_memory
 from ratrain.spec.models import get_model
@@ -275,6 +276,47 @@ class TimePlanner:
 
     track_planner_configs_per_s.unit = "configs/s"
     track_planner_configs_per_s.version = "1"
+
+
+class TimePlannerTable3:
+    """``ratrain plan`` on each Table 3 case, the search alone (profiles loaded in ``setup``, nothing
+    emulated: ``confirm=0``); target well under 10 s, and ``configs/s`` of the analytic path."""
+
+    timeout = 600
+    params = [f"{model}-{clusters}-{gb}" for model, clusters, *_r, gb in TABLE3]
+    param_names = ["case"]
+
+    def setup(self, case):
+        from ratrain.plan.planner import Planner
+        model, clusters, gb = case.rsplit("-", 2)
+        self.args = (int(clusters), int(gb))
+        self.planner = Planner(get_model(model), progress=False)
+        self.planner.plan(*self.args, confirm=0)           # loads (or builds) every profile the search reads
+
+    def time_plan_table3(self, case):
+        self.planner.plan(*self.args, confirm=0)
+
+    def track_configs_per_s(self, case):
+        res = self.planner.plan(*self.args, confirm=0)
+        return res.enumerated / max(res.elapsed_s - res.profile_s, 1e-9)
+
+    track_configs_per_s.unit = "configs/s"
+    track_configs_per_s.version = "1"
+
+
+class TimeStartup:
+    """Commands that start at once: wall time of a fresh interpreter answering ``--help``, an argument
+    error and a uniform simulation (target < 0.5 s; nothing of the emulator, Numba or Matplotlib loads)."""
+
+    timeout = 120
+    params = ["ratrain --help", "ratrain plan --help", "ratrain reproduce --help", "ratrain plan --clusters x",
+              "ratrain simulate --uniform --stages 4 --microbatches 8 --t-forward 1 --t-backward 2 --json",
+              "mtemu --help", "mtemu gemm --help"]
+    param_names = ["command"]
+
+    def time_command(self, command):
+        tool, *argv = command.split()
+        subprocess.run([sys.executable, "-m", f"{tool}.cli", *argv], capture_output=True, check=False)
 
 
 class TimeModelStep:

@@ -12,10 +12,12 @@ Exit statuses: 0 success, 2 bad input (one line), 130 interrupted (Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 import warnings
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from .caches import CacheWarning
 from .errors import UserError
@@ -210,3 +212,49 @@ def _fail(name: str, message: str) -> int:
 
 def new_parser(prog: str, description: str, **kwargs: Any) -> OneLineParser:
     return OneLineParser(prog=prog, description=description, **kwargs)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of a command line: its name, the module whose ``register(subparsers)`` adds it,
+    and its one-line help (the same text the module passes to ``add_parser``)."""
+
+    name: str
+    module: str
+    help: str
+
+
+def chosen_command(commands: Sequence[Command], argv: Sequence[str]) -> Command | None:
+    """The command ``argv`` runs: its first word that is not an option (the top level takes no
+    option but ``-h``), or None (``--help``, no command, or an unknown one)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return next((c for c in commands if c.name == word), None)
+
+
+def add_commands(sub: argparse._SubParsersAction, commands: Sequence[Command],
+                 argv: Sequence[str] | None) -> None:
+    """Add ``commands`` to ``sub`` in order, lazily: only the module of the command ``argv`` runs is
+    imported and registers its commands in full; every other command is its name and help line, all
+    the top-level ``--help`` prints. So a command loads what it runs and nothing the others need.
+    ``argv=None`` registers every command in full (the whole tree, for tests and docs)."""
+    chosen = None if argv is None else chosen_command(commands, argv)
+    registered: set[str] = set()
+    for command in commands:
+        if command.name in registered:
+            continue
+        if argv is None or (chosen is not None and command.module == chosen.module):
+            before = set(sub.choices)
+            importlib.import_module(command.module).register(sub)
+            registered |= set(sub.choices) - before
+        else:
+            sub.add_parser(command.name, help=command.help)
+            registered.add(command.name)
+
+
+def command_parser(prog: str, description: str, commands: Sequence[Command],
+                   argv: Sequence[str] | None) -> OneLineParser:
+    """A command line's parser for ``argv`` (see ``add_commands``), the argument policy applied."""
+    parser = new_parser(prog, description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_commands(sub, commands, argv)
+    return apply_policy(parser)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from rtcommon.plotting import plt  # imported on first use: importing this module draws nothing
 
 FONT_SIZE = 9                  # axis labels, legends
 TICK_FONT_SIZE = 8

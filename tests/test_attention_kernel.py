@@ -209,6 +209,7 @@ def test_gsm_schedule_refused_when_k_v_do_not_fit():
         plan_attention(1, 1, 64, 16, schedule="fast")
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_mha_uses_every_dsp_on_the_default_platform():
     # 16 MHA heads x 3 query tiles: broadcasting one KV head at a time keeps 21 of 24 DSPs idle
     # (4.3 % utilization); K/V in GSM without lock step reach about 18 %

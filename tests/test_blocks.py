@@ -442,6 +442,7 @@ def random_dma_program(draw):
 THREE = DEFAULT.with_overrides(dsps=3, vector_lanes=32)
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_dma_program(), st.integers(0, 2**32 - 1))
 def test_random_programs_with_every_kind_of_dma_compute_alike(prog, seed):

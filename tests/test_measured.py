@@ -273,6 +273,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "ratrain.cli", *args], capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_cli_validate_measured_json_and_bad_input(tmp_path):
     good = _write(tmp_path, ["2,16,8,1024,16,24,1024,1,1,2,372.160408", "8,32,4,1024,16,24,1024,2,2,2,219.732754"])
     done = _cli("validate", "measured", str(good), "--platform", str(A100), "--json")

@@ -68,6 +68,7 @@ def test_small_am_is_an_error_naming_the_memory_and_the_bytes():
         _profile(tiny_am, seq=2048)
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_tuned_tiles_are_no_slower_and_keyed_apart():
     default = TrainingPlatform()
     tuned = default.with_overrides(tiles="tuned")

@@ -56,19 +56,78 @@ def test_infeasible_grid_is_pruned_before_any_timing():
 def test_only_feasible_configs_are_timed_and_profiled():
     calls = []
     pl = Planner(get_model("llama2-7b"), profile_source="roofline", profile_fn=roofline_fn(calls))
-    real = pl.estimate
+    real = pl.bounded              # every feasible candidate's estimate starts there
     seen = []
 
-    def checked(cfg, method="ratrain", source=None):
+    def checked(cfg, method="ratrain", source=None, *schedule):
         assert max_peak(stage_memory(pl.model, cfg)) <= BUDGET, cfg
         seen.append(cfg)
-        return real(cfg, method, source)
-    pl.estimate = checked
+        return real(cfg, method, source, *schedule)
+    pl.bounded = checked
     r = pl.plan(8, 64, top=50)
     assert 0 < r.timed < r.enumerated and r.timed + r.pruned_by_memory == r.enumerated
     assert len(seen) == r.timed
     assert len(calls) == len(set(calls))                 # one profile per (b, seq, T)
     assert set(calls) == {(c.micro_batch, c.seq, c.tp) for c in seen}
+
+
+def _every_candidate_ranked(pl: Planner, clusters: int, global_batch: int, method: str, top: int):
+    """The reference search: every memory-feasible configuration estimated in full, one at a time."""
+    rows = []
+    for c in search_space(pl.model, clusters, global_batch, method):
+        p, d, t, z, b, a, act, pref = c
+        peak = max_peak(stage_memory(pl.model, ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a,
+                                                              activation=act, prefetch=pref)))
+        if peak > BUDGET:
+            continue
+        cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=2048, activation=act,
+                             prefetch=pref, partition=pl.partition)
+        bd = pl.estimate(cfg, method)
+        rows.append((bd.step_ms, peak, c, cfg, bd))
+    rows.sort(key=lambda x: x[:3])
+    return rows[:top], len(rows)
+
+
+@pytest.mark.parametrize("name, clusters, global_batch, method, top", [
+    ("llama2-7b", 8, 512, "ratrain", 10), ("baichuan2-13b", 16, 256, "ratrain", 10),
+    ("llama2-70b", 96, 32, "ratrain", 10), ("llama2-7b", 64, 256, "tuned", 3), ("qwen2.5-32b", 64, 512, "ratrain", 1),
+    ("llama2-13b", 32, 128, "zero3-heavy", 25)])
+def test_the_bounded_search_ranks_as_estimating_every_candidate(name, clusters, global_batch, method, top):
+    """The planner runs the lifecycle chains only for candidates whose main path (a lower bound of the
+    step) can still enter the top; its ranking equals the reference's, every number bit for bit."""
+    pl = planner(name)
+    want, feasible = _every_candidate_ranked(pl, clusters, global_batch, method, top)
+    got = planner(name).plan(clusters, global_batch, method=method, top=top)
+    assert got.timed == feasible
+    assert [(c.config, c.step_ms, c.peak_bytes, c.breakdown) for c in got.ranked] == \
+        [(cfg, step, peak, bd) for step, peak, _, cfg, bd in want]
+    for step, _, _, cfg, bd in want:
+        bound, finish = pl.bounded(cfg, method)
+        assert bound <= step and finish() == bd
+
+
+@pytest.mark.parametrize("name, clusters, global_batch, top", [("llama2-7b", 8, 8, 10), ("llama2-13b", 16, 64, 4)])
+def test_the_bounded_search_over_schedules_ranks_as_estimating_every_candidate(name, clusters, global_batch, top):
+    from ratrain.plan.schedule_search import check_schedules, runnable
+    pl = planner(name)
+    names = ("1f1b", "gpipe", "interleaved", "zb-h1")
+    choices = check_schedules(names)
+    rows = []
+    for c in search_space(pl.model, clusters, global_batch):
+        p, d, t, z, b, a, act, pref = c
+        cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=2048, activation=act,
+                             prefetch=pref, partition=pl.partition)
+        for si, choice in enumerate(choices):
+            if choice.name != "1f1b" and (p == 1 or not runnable(choice, pl.model.layers, p, a)):
+                continue
+            peak = pl.schedule_peak(cfg, choice)
+            if peak <= BUDGET:
+                rows.append((pl.estimate(cfg, schedule=choice), peak, c, si, cfg))
+    rows.sort(key=lambda x: (x[0].step_ms, *x[1:4]))
+    got = planner(name).plan(clusters, global_batch, top=top, schedules=names, confirm=0)
+    assert got.timed == len(rows)
+    assert [(c.config, c.schedule, c.breakdown) for c in got.ranked] == \
+        [(cfg, choices[si], bd) for bd, _, _, si, cfg in rows[:top]]
 
 
 def test_returned_configs_fit_and_are_ranked():

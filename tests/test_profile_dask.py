@@ -71,6 +71,7 @@ def test_two_worker_local_cluster_gives_the_local_profiles(fresh, monkeypatch):
     assert _dumps(profile.layer_profile(*r, progress=False) for r in REQUESTS) == _dumps(local)
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_cli_refuses_an_unreachable_scheduler_in_one_line(fresh):
     pytest.importorskip("dask.distributed", reason="dask[distributed] not installed")
     out = subprocess.run([sys.executable, "-m", "ratrain.cli", "profile", "--model", "llama2-7b", "--seq", "64",

@@ -188,6 +188,7 @@ def _wait_for_cpu_seconds(pid: int, seconds: float, timeout: float = 120.0) -> N
         time.sleep(0.1)
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_ctrl_c_stops_a_long_emulation_quickly(tmp_path):
     loop = tmp_path / "loop.s"
     loop.write_text("# @dsps 1\ntop:\n{ br top }\n{ halt }\n")

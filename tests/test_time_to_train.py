@@ -227,7 +227,6 @@ def test_cli_model_mode_takes_the_simulated_step():
 
 
 def test_main_exits_nonzero_on_bad_input(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ["ratrain.cli.time_to_train"])
     out = tmp_path / "ttt.png"
     argv = ["time-to-train", *BASE, "--mtbf-hours", "0", "--plot", str(out), "--json"]
     assert cli.main(argv) == 2

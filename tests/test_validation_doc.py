@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ratrain.repro.measured import (
     CALIBRATION_PLATFORM,
     CALIBRATION_RUNS,
@@ -18,6 +20,7 @@ from ratrain.spec.platforms import load_platform
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
 def test_validation_doc_tables_match_a_fresh_run():
     runs, platform = read_runs(CALIBRATION_RUNS), load_platform(CALIBRATION_PLATFORM)
     doc = (ROOT / "docs" / "VALIDATION.md").read_text()

@@ -273,6 +273,25 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         (all_g + u, None if prefetch_link else all_g + u + w)
 
 
+@dataclass
+class MainPath:
+    """The first half of ``step_breakdown``: the 1F1B main path with recovery (``t_main_ms``), a lower
+    bound of the step (the lifecycle chains only add to it), and what the chains' half needs."""
+    stages: list[list[LayerKind]]
+    X: float
+    policy: str
+    shapes: dict
+    sig: list
+    f: list[float]
+    b0: list[float]
+    rsum: list[float]
+    share: list[float]
+    t_1f1b_ms: float
+    t_main_ms: float
+    slot_ms: float
+    bottleneck_stage: int
+
+
 def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
                    layerwise: bool = True, update_prefetch: bool = True, fsr: bool = True,
                    recovery_resource: str = "compute", fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS,
@@ -284,9 +303,17 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
     is where FSR recovery runs ('compute' or 'ddr', as in PipelineCosts); ``fsr_buffer_layers`` the
     recovery buffer's capacity in layers (Mechanisms.fsr_buffer_layers); ``prefetch_resource``
     where PrefetchW runs ('link', as ``pipeline_costs`` builds it, or 'ddr')."""
-    if prefetch_resource not in ("ddr", "link"):
-        raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
-    link_w = prefetch_resource == "link"
+    main = main_path(stages, transfer_ms, accum, activation=activation, fsr=fsr,
+                     recovery_resource=recovery_resource, fsr_buffer_layers=fsr_buffer_layers)
+    return lifecycle_tail(main, layerwise=layerwise, update_prefetch=update_prefetch,
+                          recovery_resource=recovery_resource, prefetch_resource=prefetch_resource)
+
+
+def main_path(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, activation: str = "fsr",
+              fsr: bool = True, recovery_resource: str = "compute",
+              fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS) -> MainPath:
+    """``step_breakdown``'s main path (arguments as there): cheap next to the lifecycle chains, and
+    ``t_main_ms`` <= the step, so the planner ranks on it before it runs the chains."""
     P = len(stages)
     X = transfer_ms if P > 1 else 0.0
     policy = "ckpt" if (activation == "fsr" and not fsr) else activation
@@ -318,6 +345,20 @@ def step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, accum: int
         path = slot_loads = base
         share = [0.0] * P
     t_main, slot, q = _main_path(path, slot_loads, X, accum)
+    return MainPath(stages, X, policy, shapes, sig, f, b0, rsum, share, t_1f1b, t_main, slot, q)
+
+
+def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: bool = True,
+                   recovery_resource: str = "compute", prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
+    """``step_breakdown``'s second half: the GradSync -> UpdateShard -> PrefetchW chains of every stage
+    against the main path ``main``, and the step (arguments as in ``step_breakdown``)."""
+    if prefetch_resource not in ("ddr", "link"):
+        raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
+    link_w = prefetch_resource == "link"
+    stages, X, policy, shapes, sig = main.stages, main.X, main.policy, main.shapes, main.sig
+    f, b0, rsum, share = main.f, main.b0, main.rsum, main.share
+    t_1f1b, t_main, slot, q = main.t_1f1b_ms, main.t_main_ms, main.slot_ms, main.bottleneck_stage
+    P = len(stages)
     starts, ends = [0.0] * P, [0.0] * P
     acc = 0.0
     for p in range(P):
@@ -398,26 +439,45 @@ def schedule_step_breakdown(stages: list[list[LayerKind]], transfer_ms: float, a
                     micro-batch (``weight_ms``): the zero-bubble paper's H1 bubble (P-1)(F + B - 2W)
                     against 1F1B's (P-1)(F + B), B the whole backward.
     docs/CHOICES.md ("Schedules in the planner") states the error against the simulator."""
+    main_kw = {k: kwargs[k] for k in ("activation", "fsr", "recovery_resource", "fsr_buffer_layers") if k in kwargs}
+    tail_kw = {k: v for k, v in kwargs.items() if k not in main_kw}
+    one = main_path(stages, transfer_ms, accum, **main_kw)
+    main, slot = schedule_main_path(one, accum, schedule, weight_ms)
+    return schedule_tail(one, main, slot, schedule, **tail_kw)
+
+
+def schedule_main_path(one: MainPath, accum: int, schedule: str | PipelineSchedule = "1f1b",
+                       weight_ms: list[float] | None = None) -> tuple[float, float]:
+    """``schedule_step_breakdown``'s main path under ``schedule`` from the 1F1B one ``one``: (ms, the
+    steady slot). The lifecycle tail only adds to it, so it bounds the step from below."""
     sched = PipelineSchedule.of(schedule)
-    bd = step_breakdown(stages, transfer_ms, accum, **kwargs)
     if sched.name in ("1f1b", "gpipe"):
-        return bd
-    P = len(stages)
-    X = transfer_ms if P > 1 else 0.0
-    t_main = bd.t_1f1b_ms + bd.e_rec_ms
-    tail = bd.step_ms - t_main
-    slot = bd.slot_ms
+        return one.t_main_ms, one.slot_ms
+    P = len(one.stages)
+    X = one.X
+    t_main = one.t_1f1b_ms + (one.t_main_ms - one.t_1f1b_ms)     # as StepBreakdown's t_1f1b + e_rec
+    slot = one.slot_ms
     fill = 2 * (P - 1) * X
     bubble = max(0.0, t_main - accum * slot - fill)
     if sched.name == "interleaved":
         v = sched.virtual_stages
         slot = max(slot, interleaved_port_transfers(P, v) * X) if P > 1 else slot
-        main = accum * slot + bubble / v + 2 * (P * v - 1) * X
-    else:
-        if weight_ms is None or len(weight_ms) != P:
-            raise ConfigError("schedule_step_breakdown: zb-h1 needs weight_ms, one weight-gradient time per stage")
-        w = weight_ms[bd.bottleneck_stage]
-        main = accum * slot + bubble * max(0.0, 1.0 - 2.0 * w / slot if slot > 0 else 1.0) + fill
+        return accum * slot + bubble / v + 2 * (P * v - 1) * X, slot
+    if weight_ms is None or len(weight_ms) != P:
+        raise ConfigError("schedule_step_breakdown: zb-h1 needs weight_ms, one weight-gradient time per stage")
+    w = weight_ms[one.bottleneck_stage]
+    return accum * slot + bubble * max(0.0, 1.0 - 2.0 * w / slot if slot > 0 else 1.0) + fill, slot
+
+
+def schedule_tail(one: MainPath, main: float, slot: float, schedule: str | PipelineSchedule = "1f1b",
+                  **kwargs) -> StepBreakdown:
+    """``schedule_step_breakdown``'s second half: 1F1B's lifecycle tail (``lifecycle_tail`` of ``one``,
+    arguments as there) on the schedule's main path ``main`` and slot ``slot``."""
+    bd = lifecycle_tail(one, **kwargs)
+    if PipelineSchedule.of(schedule).name in ("1f1b", "gpipe"):
+        return bd
+    t_main = bd.t_1f1b_ms + bd.e_rec_ms
+    tail = bd.step_ms - t_main
     return StepBreakdown(step_ms=main + tail, t_1f1b_ms=main - bd.e_rec_ms, e_comm_ms=bd.e_comm_ms,
                          e_upd_ms=bd.e_upd_ms, e_pref_ms=bd.e_pref_ms, e_rec_ms=bd.e_rec_ms, exposed_tail_ms=tail,
                          slot_ms=slot, bottleneck_stage=bd.bottleneck_stage)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import insort
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -35,14 +36,20 @@ from ratrain.cost.terms import (
     stage_kinds,
 )
 from ratrain.errors import ConfigError
-from ratrain.plan.estimator import StepBreakdown, schedule_step_breakdown, step_breakdown
+from ratrain.plan.estimator import (
+    StepBreakdown,
+    lifecycle_tail,
+    main_path,
+    schedule_main_path,
+    schedule_tail,
+    step_breakdown,
+)
 from ratrain.plan.schedule_search import (
     ONE_F_ONE_B,
     ScheduleMemory,
     check_schedules,
     chunk_kinds,
     runnable,
-    stage_chunks,
     weight_shares,
 )
 from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
@@ -301,21 +308,39 @@ class Planner:
                  schedule: PipelineSchedule = ONE_F_ONE_B) -> StepBreakdown:
         """Analytic T_step of ``cfg`` under ``method``'s mechanisms in ``schedule`` order (no simulation)."""
         _check_method(method)
+        _, finish = self.bounded(cfg, method, source, schedule)
+        return finish()
+
+    def bounded(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None,
+                schedule: PipelineSchedule = ONE_F_ONE_B) -> tuple[float, Callable[[], StepBreakdown]]:
+        """``estimate`` in two halves: the main path's time, a lower bound of the step (the lifecycle
+        chains only add to it), and the call that finishes the estimate (the chains, the costly half)."""
         terms = self.terms(cfg, source)
-        on = method != "tuned"
-        mech = dict(activation=cfg.activation, layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise",
-                    fsr=on, recovery_resource=self.recovery_resource,
-                    fsr_buffer_layers=self.constants.fsr_buffer_layers)
+        mech = self._mechanisms(cfg, method)
+        main_kw = dict(activation=mech["activation"], fsr=mech["fsr"], recovery_resource=mech["recovery_resource"],
+                       fsr_buffer_layers=mech["fsr_buffer_layers"])
+        tail_kw = dict(layerwise=mech["layerwise"], update_prefetch=mech["update_prefetch"],
+                       recovery_resource=mech["recovery_resource"])
         if schedule == ONE_F_ONE_B:
-            kinds = stage_kinds(terms, self.stage_layers(cfg.pp))
-            return step_breakdown(kinds, terms.transfer, cfg.accum, **mech)
-        chunks = stage_chunks(self.model, cfg.pp, self.partition, schedule)
+            one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum, **main_kw)
+            return one.t_main_ms, lambda: lifecycle_tail(one, **tail_kw)
+        chunks = self.schedule_memory.chunks(cfg.pp, schedule)
         kinds = chunk_kinds(terms, chunks, self.model.layers)
         weight = None
         if schedule.name == "zb-h1":
             layers_of = [[i for r in stage for i in r] for stage in chunks]
             weight = weight_shares(self.profile(cfg.micro_batch, cfg.seq, cfg.tp, source), kinds, layers_of)
-        return schedule_step_breakdown(kinds, terms.transfer, cfg.accum, schedule=schedule, weight_ms=weight, **mech)
+        one = main_path(kinds, terms.transfer, cfg.accum, **main_kw)
+        main, slot = schedule_main_path(one, cfg.accum, schedule, weight)
+        # the step is main + (1F1B's step - its main path, which StepBreakdown rounds as t_1f1b + e_rec):
+        # that difference is >= 0 but for an ulp, which the bound's margin covers
+        return main - abs(main) * 1e-12, lambda: schedule_tail(one, main, slot, schedule, **tail_kw)
+
+    def _mechanisms(self, cfg: ParallelConfig, method: str) -> dict:
+        on = method != "tuned"
+        return dict(activation=cfg.activation, layerwise=on, update_prefetch=on and cfg.prefetch == "layerwise",
+                    fsr=on, recovery_resource=self.recovery_resource,
+                    fsr_buffer_layers=self.constants.fsr_buffer_layers)
 
     def schedule_peak(self, cfg: ParallelConfig, schedule: PipelineSchedule) -> int:
         """Eq. 10's left side under ``schedule`` (``ScheduleMemory``; 1F1B: ``PeakMemory``)."""
@@ -382,8 +407,11 @@ class Planner:
         t0 = time.perf_counter()
         p0 = self.profile_s
         budget = self.platform.memory_budget_bytes
-        enumerated = pruned = 0
+        enumerated = pruned = feasible = 0
+        # the `top` best (step, peak, grid point, schedule) so far; candidates wait on their main path,
+        # a lower bound of their step, and only those that can still enter the top run their lifecycle chains
         timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
+        waiting: list[tuple[float, int, tuple, int, ParallelConfig, Callable[[], StepBreakdown]]] = []
         plain_1f1b = [c == ONE_F_ONE_B for c in choices]
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
@@ -406,14 +434,20 @@ class Planner:
                 if peak > budget:
                     pruned += 1
                     continue
+                feasible += 1
                 cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
                                      prefetch=pref, partition=self.partition, **self.moe_cp)
-                bd = self.estimate(cfg, method, fast) if plain else \
-                    self.estimate(cfg, method, fast, schedule=choice)
-                timed.append((bd.step_ms, peak, c, si, cfg, bd))
-        timed.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+                bound, finish = self.bounded(cfg, method, fast, choice)
+                waiting.append((bound, peak, c, si, cfg, finish))
+        waiting.sort(key=lambda x: x[0])
+        for bound, peak, c, si, cfg, finish in waiting:
+            if len(timed) >= top and bound > timed[-1][0]:
+                break           # this step and every later one exceed the whole top's
+            bd = finish()
+            insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
+            del timed[top:]
         ranked: list[Candidate] = []
-        for step, peak, _, si, cfg, bd in timed[:top]:
+        for step, peak, _, si, cfg, bd in timed:
             if choices[si] == ONE_F_ONE_B:
                 stages = stage_memory(self.model, cfg, self.platform, self.constants)
                 peak = max_peak(stages)
@@ -456,9 +490,14 @@ class Planner:
                          if zero_stages is None or z in zero_stages],
                 "prefetch": list(PREFETCH_POLICIES), "partition": self.partition}
         return PlanResult(self.model.name, method, clusters, global_batch, seq, ranked[0] if ranked else None,
-                          ranked, enumerated, pruned, len(timed), elapsed, grid, self.profile_s - p0,
+                          ranked, enumerated, pruned, feasible, elapsed, grid, self.profile_s - p0,
                           fast or self.profile_source, confirmed, reordered, fast_error,
                           [c.label() for c in choices], simulated, sim_error)
+
+
+def _rank_key(x: tuple) -> tuple:
+    """The planner's order: step, then peak memory, then the grid point and schedule (deterministic)."""
+    return x[0], x[1], x[2], x[3]
 
 
 def plan(model: ModelSpec, clusters: int, global_batch: int, seq: int = 2048, *, method: str = "ratrain",

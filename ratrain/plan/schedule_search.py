@@ -164,6 +164,17 @@ class ScheduleMemory:
         self.model, self.partition, self.constants = model, partition, constants
         self._orders: dict[tuple, list] = {}
         self._wbytes: dict[tuple, list[int]] = {}
+        self._chunks: dict[tuple, list[list[range]]] = {}
+        self._per_layer: dict[tuple, int] = {}
+        self._base: dict[tuple, int] = {}
+
+    def chunks(self, pp: int, choice: PipelineSchedule) -> list[list[range]]:
+        """``stage_chunks`` of the model, cached per (P, schedule name, v)."""
+        key = (pp, choice.name, choice.virtual_stages)
+        got = self._chunks.get(key)
+        if got is None:
+            got = self._chunks[key] = stage_chunks(self.model, pp, self.partition, choice)
+        return got
 
     def _order(self, choice: PipelineSchedule, pp: int, accum: int) -> list:
         key = (choice.name, choice.virtual_stages, pp, accum)
@@ -176,9 +187,12 @@ class ScheduleMemory:
                     activation: str, prefetch: str) -> list[int]:
         """Per stage: Eq. 9 without activations + the peak of the order's live activation sets."""
         model, L = self.model, self.model.layers
-        chunks = stage_chunks(model, pp, self.partition, choice)
-        per_layer = layer_full_bytes(model, b, seq, tp) if activation == "full" else layer_checkpoint_bytes(model, b,
-                                                                                                             seq)
+        chunks = self.chunks(pp, choice)
+        full = activation == "full"
+        per_layer = self._per_layer.get((full, b, seq, tp))
+        if per_layer is None:
+            per_layer = self._per_layer[(full, b, seq, tp)] = (layer_full_bytes(model, b, seq, tp) if full
+                                                               else layer_checkpoint_bytes(model, b, seq))
         tokens = b * seq * TOKEN_BYTES
         split = choice.name == "zb-h1"
         if split:
@@ -207,9 +221,12 @@ class ScheduleMemory:
                 else:
                     cur -= kept[c]
             n_layers = sum(len(r) for r in stage)
-            base = stage_bytes_without_activations(model, pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, seq=seq,
-                                                   activation=activation, prefetch=prefetch, first=p == 0,
-                                                   last=p == pp - 1, n_layers=n_layers, constants=self.constants)
+            key = (pp, dp, tp, zero, b, seq, activation, prefetch, p == 0, p == pp - 1, n_layers)
+            base = self._base.get(key)
+            if base is None:       # the same for every schedule of the layout
+                base = self._base[key] = stage_bytes_without_activations(
+                    model, pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, seq=seq, activation=activation,
+                    prefetch=prefetch, first=p == 0, last=p == pp - 1, n_layers=n_layers, constants=self.constants)
             out.append(base + peak)
         return out
 

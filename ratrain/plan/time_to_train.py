@@ -27,14 +27,11 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ratrain.errors import ConfigError  # noqa: E402
-from rtcommon.fileio import atomic_write_figure  # noqa: E402
+from ratrain.errors import ConfigError
+from rtcommon.fileio import atomic_write_figure
+from rtcommon.plotting import plt
 
 INTERVAL_RULE = "young"                  # X* = sqrt(2 c M)
 TABLE_INTERVALS_S = (300.0, 900.0, 1800.0)  # plus half, once and twice the optimum: the flat minimum

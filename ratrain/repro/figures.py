@@ -4,15 +4,11 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from rtcommon.figstyle import DPI, finish, subplots  # noqa: E402
-from rtcommon.fileio import atomic_write_figure  # noqa: E402
+from rtcommon.figstyle import DPI, finish, subplots
+from rtcommon.fileio import atomic_write_figure
+from rtcommon.plotting import matplotlib, plt
 
 __all__ = ["plt", "save_figure", "bar_comparison", "scaleout_figure", "ablation_figure", "stage_memory_figure",
            "table5_figure", "attention_figure"]
@@ -102,7 +98,7 @@ def stage_memory_figure(rows, path: Path) -> None:
         ax.set_xlabel("stage")
         ax.set_ylabel("GB (2^30 bytes)")
         ax.set_ylim(0, 22)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), bbox_to_anchor=(0.5, -0.06), frameon=False)
     fig.suptitle("Table 3: per-stage memory of the smallest feasible footprint found")

@@ -11,17 +11,11 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from ratrain.errors import ConfigError  # noqa: E402
-from ratrain.sim.timeline import Task  # noqa: E402
-from rtcommon.durations import format_ms, time_unit  # noqa: E402
-from rtcommon.fileio import atomic_write_figure  # noqa: E402
+from ratrain.errors import ConfigError
+from ratrain.sim.timeline import Task
+from rtcommon.durations import format_ms, time_unit
+from rtcommon.fileio import atomic_write_figure
+from rtcommon.plotting import plt
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send": "#9A9A9A", "Recv": "#C8C8C8",
           "GradSync": "#8172B3", "UpdateShard": "#C44E52", "PrefetchW": "#937860", "Update": "#DA8BC3",
@@ -84,6 +78,9 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
         n_stages = len(result.stage_layers)
         chunks = result.pipeline.chunks(sum(len(x) for x in result.stage_layers), n_stages)
         chunk_of = {layer: g // n_stages for g, r in enumerate(chunks) for layer in r}
+    from matplotlib.patches import Patch  # after plt: its first use sets the backend
+    from matplotlib.ticker import FuncFormatter
+
     fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 1.6))
     span = hi - lo
     labels = 0

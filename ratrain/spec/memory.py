@@ -574,11 +574,28 @@ class PeakMemory:
         self.model, self.partition, self.constants = model, partition, constants
         self._parts: dict[int, list[int]] = {}
         self._sizes: dict[tuple[int, int, int, int, bool], _LayerBytes] = {}
+        self._representatives: dict[int, list[tuple[int, int]]] = {}
 
     def counts(self, pp: int) -> list[int]:
         got = self._parts.get(pp)
         if got is None:
             got = self._parts[pp] = [len(r) for r in partition_model(self.model, pp, self.partition)]
+        return got
+
+    def representatives(self, pp: int) -> list[tuple[int, int]]:
+        """(stage, layer count) of the stages whose peak can be the largest: a stage's bytes grow with
+        the micro-batches it holds (N_act(p) = min(P - p, A) falls with p), everything else being equal,
+        so of the stages alike in place (first, last) and layer count only the first counts."""
+        got = self._representatives.get(pp)
+        if got is None:
+            seen: set[tuple[bool, bool, int]] = set()
+            got = []
+            for p, n in enumerate(self.counts(pp)):
+                alike = (p == 0, p == pp - 1, n)
+                if alike not in seen:
+                    seen.add(alike)
+                    got.append((p, n))
+            self._representatives[pp] = got
         return got
 
     def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
@@ -599,7 +616,7 @@ class PeakMemory:
             _check_vocab(self.model, tp)
             sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp, sequence_parallel, layout)
         best = 0
-        for p, n in enumerate(self.counts(pp)):
+        for p, n in self.representatives(pp):
             bd = _stage_bytes(self.model, sizes, first=p == 0, last=p == pp - 1, n_layers=n,
                               n_act=in_flight_microbatches(p, pp, accum), dp=dp * cp, tp=tp, zero=zero,
                               tokens_per_mb=b * (seq // cp), activation=activation, prefetch=prefetch,

@@ -1,0 +1,102 @@
+"""Commands load what they run: --help and cheap commands import neither the emulator, Numba nor
+Matplotlib, and the lazy command registry gives the same parser as registering every command."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mtemu.cli
+import ratrain.cli
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("numba", "matplotlib", "mtemu.machine", "mtemu.fast.queues", "mtemu.fast.runs")
+UNIFORM = ["simulate", "--uniform", "--stages", "4", "--microbatches", "8", "--t-forward", "1", "--t-backward", "2",
+           "--json"]
+
+
+def _loaded(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
+    """(exit status, heavy modules loaded, stdout) of ``cli``'s main(argv) in a fresh interpreter."""
+    code = (f"import sys; from {cli} import main; rc = main({argv!r}); "
+            f"heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or m.startswith({HEAVY!r})); "
+            "print('\\nLOADED ' + repr([rc, heavy]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    text, _, tail = out.stdout.rpartition("\nLOADED ")
+    rc, heavy = eval(tail)      # noqa: S307 (our own repr)
+    return rc, heavy, text
+
+
+@pytest.mark.parametrize("cli, argv", [
+    ("ratrain.cli", ["--help"]),
+    ("ratrain.cli", ["plan", "--help"]),
+    ("ratrain.cli", ["simulate", "--help"]),
+    ("ratrain.cli", ["time-to-train", "--help"]),
+    ("ratrain.cli", ["task", "--help"]),
+    ("ratrain.cli", ["validate", "measured", "--help"]),
+    ("ratrain.cli", ["plan", "--clusters", "nine"]),          # an argument error
+    ("mtemu.cli", ["--help"]),
+    ("mtemu.cli", ["cache", "--help"]),
+])
+def test_help_and_argument_errors_load_no_emulator_numba_or_matplotlib(cli, argv):
+    rc, heavy, _ = _loaded(cli, argv)
+    assert rc == (2 if "nine" in argv else 0)
+    assert heavy == []
+
+
+def test_a_uniform_simulation_loads_no_emulator_or_matplotlib():
+    rc, heavy, text = _loaded("ratrain.cli", UNIFORM)
+    assert rc == 0 and heavy == []
+    assert json.loads(text)["step_time_ms"] > 0
+
+
+def _help(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], str]:
+    """--help text of the parser and of every subcommand under it, by command path."""
+    out = {(): parser.format_help()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.update({(name, *path): text for path, text in _help(sub).items()})
+    return out
+
+
+@pytest.mark.parametrize("cli", [ratrain.cli, mtemu.cli])
+def test_the_lazy_registry_builds_the_parser_of_every_command(cli, monkeypatch):
+    """The top-level help from the registry alone equals the one every module registers, and each
+    command's parser built for its own argv equals the full parser's."""
+    monkeypatch.setenv("COLUMNS", "100")
+    full = _help(cli.build_parser())
+    assert _help(cli.build_parser(["--help"]))[()] == full[()]
+    assert [c.name for c in cli.COMMANDS] == [path[0] for path in full if len(path) == 1]
+    for command in cli.COMMANDS:
+        lazy = _help(cli.build_parser([command.name, "--help"]))
+        for path, text in full.items():
+            if path[:1] == (command.name,):
+                assert lazy[path] == text, path
+
+
+def test_the_command_word_is_the_first_non_option():
+    from rtcommon.cli import chosen_command
+    commands = ratrain.cli.COMMANDS
+    assert chosen_command(commands, ["plan", "--model", "memory"]).name == "plan"
+    assert chosen_command(commands, ["-h"]) is None
+    assert chosen_command(commands, ["no-such-command"]) is None
+    assert chosen_command(commands, ["memory"]).module == "ratrain.cli.model"
+
+
+def test_a_plot_loads_matplotlib_on_the_agg_backend(tmp_path):
+    out = tmp_path / "step.png"
+    code = ("import sys; from ratrain.cli import main; "
+            f"rc = main({UNIFORM + ['--plot', str(out)]!r}); import matplotlib; "
+            "print(rc, matplotlib.get_backend().lower(), 'matplotlib.pyplot' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[-3:] == ["0", "agg", "True"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
