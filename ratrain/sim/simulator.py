@@ -59,6 +59,7 @@ from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
+from ratrain.sim import simulation_memo
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import Task
@@ -764,15 +765,38 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     ``schedule``: a name from ``ratrain.sim.pipeline_order.SCHEDULES`` (defaults for
     the rest) or a ``PipelineSchedule`` (virtual stages, weight-gradient share).
     """
+    key, hit = simulation_memo.find(costs, schedule, mechanisms, full=True)
+    if hit is not None:
+        return hit
+    sim, pipeline, T, last_b, segs = _run_step(costs, schedule, mechanisms, "simulate")
+    result = _result(sim, pipeline, mechanisms, T, last_b, segs)
+    simulation_memo.keep(key, result, (T, last_b))
+    return result
+
+
+def simulate_step_time(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
+                  mechanisms: Mechanisms = Mechanisms()) -> tuple[float, float]:
+    """``(step_time_ms, last_backward_end_ms)`` of ``simulate`` on the same inputs, bit for bit: the
+    same event simulation and period search, without building the step's task records and summaries."""
+    key, hit = simulation_memo.find(costs, schedule, mechanisms, full=False)
+    if hit is not None:
+        return hit
+    _, _, T, last_b, _ = _run_step(costs, schedule, mechanisms, "simulate_step_time")
+    simulation_memo.keep(key, None, (T, last_b))
+    return T, last_b
+
+
+def _run_step(costs: PipelineCosts, schedule: str | PipelineSchedule, mechanisms: Mechanisms, caller: str):
+    """The event simulation of one step and its period: (sim, pipeline, T, last_b, segments)."""
     if not isinstance(costs, PipelineCosts):
-        raise ConfigError(f"simulate: costs must be a PipelineCosts, got {type(costs).__name__}")
+        raise ConfigError(f"{caller}: costs must be a PipelineCosts, got {type(costs).__name__}")
     if not isinstance(mechanisms, Mechanisms):
-        raise ConfigError(f"simulate: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
+        raise ConfigError(f"{caller}: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
     pipeline = PipelineSchedule.of(schedule)
     layers = sum(len(stage) for stage in costs.stages)
     work = layers * (4 * costs.microbatches + 4) + 2 * len(costs.stages) * costs.microbatches
     if work > MAX_SIM_TASKS:
-        raise ConfigError(f"simulate: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
+        raise ConfigError(f"{caller}: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
                           f"tasks, above the simulator's bound of {MAX_SIM_TASKS:,} "
                           "(ratrain.sim.simulator.MAX_SIM_TASKS); use fewer layers or micro-batches")
     sim = _Sim(costs, pipeline, mechanisms)
@@ -790,7 +814,13 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
         else:
             lower = max(lower, max(j.end for j in sim.life[p]) - stage_first_f[p])
     segs = _segments(jobs, P)
-    T = _period(segs, lower)
+    return sim, pipeline, _period(segs, lower), last_b, segs
+
+
+def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: float, last_b: float,
+            segs) -> SimResult:
+    """The step's task records, annotations and per-stage summaries."""
+    P, jobs = sim.P, sim.jobs
 
     # ---- tasks, ordered like the executor orders them
     tasks_notes: list[tuple[Task, TaskNote]] = []
@@ -994,4 +1024,5 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
 
 
 __all__ = ["ABLATION_VARIANTS", "ACTIVATIONS", "LIFECYCLE_KINDS", "Mechanisms", "SimResult", "StageSummary",
-           "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate"]
+           "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate",
+           "simulate_step_time"]
