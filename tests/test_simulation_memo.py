@@ -8,10 +8,14 @@ import dataclasses
 import pytest
 
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
+from ratrain.repro.experiment import DEFAULT_SETTINGS
 from ratrain.repro.payload_diff import compare_payloads, differences
+from ratrain.repro.training import _sim, _step_and_tail_ms
 from ratrain.sim import simulation_memo
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.simulator import Mechanisms, simulate, simulate_step_time
+from ratrain.spec.models import get_model
+from ratrain.spec.parallel import ParallelConfig
 
 
 def _costs(microbatches: int = 12, stages: int = 3, transfer: float = 0.37) -> PipelineCosts:
@@ -75,3 +79,14 @@ def test_payload_comparison_ignores_timings_and_folders_only():
     assert compare_payloads(before, moved) == ["experiments.ranking.rows[0].tau: 0.5 -> 0.5000000000000001"]
     assert differences({"x": -0.0}, {"x": 0.0}) == ["x: -0.0 -> 0.0"]
     assert differences({"x": float("nan")}, {"x": float("nan")}) == []
+
+
+@pytest.mark.parametrize("variant", ["full", "no-fsr", "no-layerwise"])
+def test_sensitivity_steps_equal_the_experiments_simulation(variant):
+    # the sweeps' step-only path against the SimCheck path the tables use, on the shipped profile
+    model = get_model("llama2-7b")
+    cfg = ParallelConfig(pp=2, dp=4, zero=2, micro_batch=1, accum=6, seq=2048, activation="fsr")
+    mech = Mechanisms.variant(variant)
+    chk = _sim(model, cfg, "ratrain", DEFAULT_SETTINGS, mechanisms=mech)
+    step, tail = _step_and_tail_ms(model, cfg, "ratrain", DEFAULT_SETTINGS, mechanisms=mech)
+    assert step.hex() == chk.simulated_ms.hex() and tail.hex() == chk.result.exposed_tail_ms.hex()

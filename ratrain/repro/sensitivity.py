@@ -108,7 +108,7 @@ def sweep_ablation(s: Settings = DEFAULT_SETTINGS, bandwidths=LINK_BANDWIDTHS, p
     for part in partitions:
         for bw in bandwidths:
             progress(f"Sensitivity: ablation, {part} partition, link {bw / 1e9:.1f} GB/s")
-            rows, _ = ablation_rows(_with_platform(s, link_bandwidth=bw), partition=part)
+            rows, _ = ablation_rows(_with_platform(s, link_bandwidth=bw), partition=part, steps_only=True)
             by = {r["variant"]: r for r in rows}
             out.append({"partition": part, "link_gb_per_s": bw / 1e9,
                         "full_tail_s": by["full"]["exposed_tail_s"],
@@ -206,7 +206,7 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
     for res, cap in (("compute", s.fsr_buffer_layers), ("ddr", s.fsr_buffer_layers), ("ddr", 2)):
         key = res if cap == s.fsr_buffer_layers else f"{res}, {cap}-layer buffer"
         variant = replace(s, recovery_resource=res, fsr_buffer_layers=cap)
-        ar, _ = ablation_rows(variant)
+        ar, _ = ablation_rows(variant, steps_only=True)
         fsr[key] = next(r["normalized_step"] for r in ar if r["variant"] == "no-fsr")
         peak[key] = max_peak(stage_memory(model, ablation_config(variant), constants=variant.memory_constants())) / GIB
     engine = "ddr, 2-layer buffer"
