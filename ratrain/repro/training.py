@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ratrain.errors import ConfigError
 from ratrain.cost.terms import pipeline_costs
+from ratrain.errors import ConfigError
 from ratrain.plan.planner import Planner, simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import (
