@@ -5,11 +5,13 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mtemu import timing_memo
 from ratrain.errors import ConfigError
 from ratrain.repro import training
 from ratrain.repro.budget import run_budget
@@ -106,7 +108,8 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     start = RunClock.now()
     # experiments share simulated steps: the same inputs (e.g. Table 2's layouts in the sensitivity
     # study, the ablation's default link in its sweep) are simulated once per run
-    with simulation_memo.enabled():
+    # and emulated timing runs (Table 5's GEMMs again in its calibration study and the tuner)
+    with simulation_memo.enabled(), timing_memo.enabled():
         for i, key in enumerate(keys):
             prog(f"({i + 1}/{len(keys)}) {key}")
             t = RunClock.now()
@@ -136,12 +139,15 @@ class RunClock:
         return cls(time.perf_counter(), t.user + t.system + t.children_user + t.children_system)
 
     def elapsed(self) -> dict[str, float]:
+        """Wall and CPU seconds since the start, and the process's peak resident MB so far."""
         t = RunClock.now()
-        return {"wall_s": t.wall - self.wall, "cpu_s": t.cpu - self.cpu}
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # KiB on Linux
+        return {"wall_s": t.wall - self.wall, "cpu_s": t.cpu - self.cpu, "peak_rss_mb": peak_mb}
 
 
 def _format_timing(timing: dict[str, float]) -> str:
-    return f"{timing['wall_s']:.1f} s wall, {timing['cpu_s']:.1f} CPU-s"
+    return (f"{timing['wall_s']:.1f} s wall, {timing['cpu_s']:.1f} CPU-s, peak {timing['peak_rss_mb']:.0f} MB "
+            "resident so far")
 
 
 def write_report(experiments: list[Experiment], out: Path, settings=None) -> Path:

@@ -167,8 +167,8 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
         at = _with_platform(s, link_latency_s=lat)
         eff = scaleout_efficiency(at, base)
         progress(f"Sensitivity: Table 2 slowdowns with link latency {lat * 1e3:.2f} ms")
-        t2 = {(r["model"], r["method"]): r for r in table2_rows(at)}
-        t2_default = {(r["model"], r["method"]): r for r in table2_rows(s)}
+        t2 = {(r["model"], r["method"]): r for r in table2_rows(at, steps_only=True)}
+        t2_default = {(r["model"], r["method"]): r for r in table2_rows(s, steps_only=True)}
         rows.append({"finding": "table6-link-latency", "fitted_link_latency_ms": lat * 1e3, "fit_clusters": n_fit,
                      "layout": base.describe(verbose=True), "efficiency": eff,
                      "paper_efficiency": {x[0]: x[5] for x in paper.TABLE6},
@@ -215,7 +215,7 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
                         f"±{paper.TOL_ABLATION_FSR}", abs(fsr[engine] - 1.33) <= paper.TOL_ABLATION_FSR,
                         f"recovery_resource=ddr, fsr_buffer_layers=2 (peak {peak[engine]:.2f} GB; "
                         f"single buffer: {fsr['ddr']:.3f}x)"))
-    gap = absolute_gap(table2_rows(s) if lat is None else list(t2_default.values()), s)
+    gap = absolute_gap(table2_rows(s, steps_only=True) if lat is None else list(t2_default.values()), s)
     rows.append({"finding": "table2-absolute-step", "models": gap})
     fig = out / "sensitivity.png"
     _figure(rows, s, fig)

@@ -56,8 +56,11 @@ def _peak_gb(model, cfg: ParallelConfig, s: Settings) -> float:
 # ------------------------------------------------------------------------------------------
 # Table 2: same hardware, five GPU-style strategies
 # ------------------------------------------------------------------------------------------
-def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> list[dict]:
-    """The paper's Table 2 layouts simulated on our backend, with slowdowns against RATrain's."""
+def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
+                steps_only: bool = False) -> list[dict]:
+    """The paper's Table 2 layouts simulated on our backend, with slowdowns against RATrain's.
+    ``steps_only``: the same steps, tails and slowdowns without the planner's estimate (no
+    ``predicted_s``), as the sensitivity study needs."""
     progress = progress or (lambda msg: None)
     budget = s.platform.memory_budget_bytes / GIB
     rows = []
@@ -76,9 +79,13 @@ def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None
                "step_s": None, "paper_step_s": step, "slowdown": None, "paper_slowdown": slow}
         if not row["oom"]:
             progress(f"Table 2: simulating {model_name} {method} {cfg.describe()}")
-            chk = _sim(model, cfg, method, s)
-            row.update(step_s=chk.simulated_ms / 1e3, predicted_s=chk.predicted_ms / 1e3,
-                       exposed_tail_s=chk.result.exposed_tail_ms / 1e3)
+            if steps_only:
+                step_ms, tail_ms = _step_and_tail_ms(model, cfg, method, s)
+                row.update(step_s=step_ms / 1e3, exposed_tail_s=tail_ms / 1e3)
+            else:
+                chk = _sim(model, cfg, method, s)
+                row.update(step_s=chk.simulated_ms / 1e3, predicted_s=chk.predicted_ms / 1e3,
+                           exposed_tail_s=chk.result.exposed_tail_ms / 1e3)
         rows.append(row)
     for r in rows:
         base = next(x for x in rows if x["model"] == r["model"] and x["method"] == "ratrain")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ratrain.sim.pipeline_order import PipelineSchedule
+from rtcommon.scoped import Scoped
 
 # full SimResults kept (the largest steps of the reproduction hold ~10**5 task records)
 FULL_RESULTS = 48
@@ -71,41 +71,30 @@ class SimulationMemo:
                 self.results.popitem(last=False)
 
 
-_ACTIVE: SimulationMemo | None = None
+_MEMO: Scoped[SimulationMemo] = Scoped(SimulationMemo)
+# ``with enabled(): ...``: the simulations inside share results (a nested block shares the outer memo)
+enabled = _MEMO.enabled
 
 
 def active() -> SimulationMemo | None:
     """The memo in force, or None (the default: every call simulates)."""
-    return _ACTIVE
+    return _MEMO.active
 
 
 def find(costs, schedule, mechanisms, full: bool) -> tuple[tuple | None, Any]:
     """(key, what the memo holds for these inputs or None); key None when no memo is in force.
     ``full``: a whole SimResult, else (step time, main-path end)."""
-    if _ACTIVE is None:
+    memo = _MEMO.active
+    if memo is None:
         return None, None
-    key = _ACTIVE.key(costs, schedule, mechanisms)
-    return key, _ACTIVE.lookup_result(key) if full else _ACTIVE.lookup_step(key)
+    key = memo.key(costs, schedule, mechanisms)
+    return key, memo.lookup_result(key) if full else memo.lookup_step(key)
 
 
 def keep(key: tuple | None, result, step: tuple[float, float]) -> None:
     """Store a simulation under ``key`` from ``find`` (nothing when no memo was in force)."""
-    if key is not None and _ACTIVE is not None:
-        _ACTIVE.store(key, result, step)
-
-
-@contextmanager
-def enabled() -> Iterator[SimulationMemo]:
-    """Share simulated steps among the calls inside the block (nested blocks share the outer memo)."""
-    global _ACTIVE
-    if _ACTIVE is not None:
-        yield _ACTIVE
-        return
-    _ACTIVE = SimulationMemo()
-    try:
-        yield _ACTIVE
-    finally:
-        _ACTIVE = None
+    if key is not None and _MEMO.active is not None:
+        _MEMO.active.store(key, result, step)
 
 
 __all__ = ["FULL_RESULTS", "SimulationMemo", "active", "enabled", "find", "keep"]
