@@ -4,7 +4,8 @@ Unlike ``ratrain.repro.compare`` (checks against their tolerances, for a model c
 a change that must not move anything (a faster run): floats are compared by their bits, strings and
 structure exactly. What a run's cost or its output folder changes is left out:
 
-- keys named in ``TIMING_KEYS`` (``seconds``, ``timing``), anywhere;
+- keys named in ``TIMING_KEYS`` (``seconds``, ``timing``, Table 4's planner speed ``configs_per_s``),
+  anywhere;
 - the output folder: each payload's folder (from its ``report`` path, or given) is replaced by
   ``<out>`` in every string, so figure paths compare;
 - timings written into text (``TIMING_TEXT``: the ranking study's "Study time" note and the seconds
@@ -16,7 +17,7 @@ import math
 import re
 from typing import Any
 
-TIMING_KEYS = frozenset({"seconds", "timing"})
+TIMING_KEYS = frozenset({"seconds", "timing", "configs_per_s"})     # configs_per_s: the planner's speed
 OUT_TOKEN = "<out>"
 # (pattern, replacement) applied to every string of both payloads
 TIMING_TEXT: tuple[tuple[re.Pattern, str], ...] = (

@@ -4,9 +4,12 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 """
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import resource
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -94,8 +97,15 @@ def experiments_help() -> str:
         f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
+# Experiments that run on the emulator (the jitted machine): in a full run they go to a second process
+# beside the simulator's experiments (neither group reads the other's results), so the two use both cores
+EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention")
+
+
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
               settings=None) -> list[Experiment]:
+    """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report.
+    The emulator's experiments run in a second process beside the others (``EMULATOR_EXPERIMENTS``)."""
     settings = settings or DEFAULT_SETTINGS
     experiments = registry()
     keys = which or list(experiments)
@@ -104,14 +114,40 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
         raise ConfigError(f"unknown experiment(s) {', '.join(unknown)} (known: {', '.join(experiments)})")
     out = Path(out_dir)
     prog = Progress(progress)
-    done = []
     start = RunClock.now()
-    # experiments share simulated steps: the same inputs (e.g. Table 2's layouts in the sensitivity
-    # study, the ablation's default link in its sweep) are simulated once per run
-    # and emulated timing runs (Table 5's GEMMs again in its calibration study and the tuner)
+    beside = [k for k in keys if k in EMULATOR_EXPERIMENTS]
+    if len(beside) == len(keys):
+        beside = []                 # nothing to run beside them: one process
+    with _spawn_one() if beside else contextlib.nullcontext() as pool:
+        pending = pool.submit(run_experiments, beside, keys, out, progress, settings) if beside else None
+        done = run_experiments([k for k in keys if k not in beside], keys, out, prog, settings)
+        if pending is not None:
+            done += pending.result()
+    done.sort(key=lambda e: keys.index(e.key))
+    if len(keys) > 1:
+        write_report(done, out, settings)
+        total = start.elapsed()
+        prog(f"reproduce: {len(keys)} experiments in {_format_timing(total)}")
+    return done
+
+
+def _spawn_one() -> ProcessPoolExecutor:
+    # spawn, not fork: a fresh interpreter, so the parent's threads and memos stay its own
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_experiments(run: list[str], keys: list[str], out: Path, progress: Progress | bool,
+                    settings) -> list[Experiment]:
+    """The experiments ``run`` in order (numbered by their place in ``keys``), each written to
+    ``out/<key>.json`` with its timing. They share simulated steps (the same inputs, e.g. Table 2's
+    layouts in the sensitivity study or the ablation's default link in its sweep, are simulated once)
+    and emulated timing runs (Table 5's GEMMs again in its calibration study and the tuner)."""
+    prog = progress if isinstance(progress, Progress) else Progress(progress)
+    experiments = registry()
+    done = []
     with simulation_memo.enabled(), timing_memo.enabled():
-        for i, key in enumerate(keys):
-            prog(f"({i + 1}/{len(keys)}) {key}")
+        for key in run:
+            prog(f"({keys.index(key) + 1}/{len(keys)}) {key}")
             t = RunClock.now()
             exp = experiments[key](out, prog, settings)
             exp.timing = t.elapsed()
@@ -119,10 +155,6 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
             atomic_write_json(out / f"{key}.json", exp.to_json() | {"settings": settings.to_json()})
             done.append(exp)
             prog(f"{key}: {exp.passed}/{len(exp.checks)} checks pass ({_format_timing(exp.timing)})")
-    if len(keys) > 1:
-        write_report(done, out, settings)
-        total = start.elapsed()
-        prog(f"reproduce: {len(keys)} experiments in {_format_timing(total)}")
     return done
 
 
