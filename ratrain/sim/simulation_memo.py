@@ -20,7 +20,7 @@ from ratrain.sim.pipeline_order import PipelineSchedule
 from rtcommon.scoped import Scoped
 
 # full SimResults kept (the largest steps of the reproduction hold ~10**5 task records)
-FULL_RESULTS = 48
+FULL_RESULTS = 24
 
 
 def _freeze(value: Any) -> Any:
