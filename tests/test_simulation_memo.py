@@ -91,14 +91,3 @@ def test_sensitivity_steps_equal_the_experiments_simulation(variant):
     step, tail = _step_and_tail_ms(model, cfg, "ratrain", DEFAULT_SETTINGS, mechanisms=mech)
     assert step.hex() == chk.simulated_ms.hex() and tail.hex() == chk.result.exposed_tail_ms.hex()
 
-
-def test_experiments_beside_each_other_give_what_one_process_gives(tmp_path, monkeypatch):
-    # table3 stands in for an emulator experiment: it runs in the second process, table4 here
-    from ratrain.repro import report
-    one = {e.key: e.to_json() for e in report.reproduce(["table3", "table4"], tmp_path / "one", progress=False)}
-    monkeypatch.setattr(report, "EMULATOR_EXPERIMENTS", ("table3",))
-    two = report.reproduce(["table3", "table4"], tmp_path / "two", progress=False)
-    assert [e.key for e in two] == ["table3", "table4"] and all(e.timing["cpu_s"] > 0 for e in two)
-    assert compare_payloads({"experiments": one, "report": f"{tmp_path / 'one'}/report.md"},
-                            {"experiments": {e.key: e.to_json() for e in two},
-                             "report": f"{tmp_path / 'two'}/report.md"}) == []

@@ -4,12 +4,9 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 """
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
 import resource
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -97,15 +94,9 @@ def experiments_help() -> str:
         f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
-# Experiments that run on the emulator (the jitted machine): in a full run they go to a second process
-# beside the simulator's experiments (neither group reads the other's results), so the two use both cores
-EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention")
-
-
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
               settings=None) -> list[Experiment]:
-    """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report.
-    The emulator's experiments run in a second process beside the others (``EMULATOR_EXPERIMENTS``)."""
+    """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report."""
     settings = settings or DEFAULT_SETTINGS
     experiments = registry()
     keys = which or list(experiments)
@@ -115,15 +106,9 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     out = Path(out_dir)
     prog = Progress(progress)
     start = RunClock.now()
-    beside = [k for k in keys if k in EMULATOR_EXPERIMENTS]
-    if len(beside) == len(keys):
-        beside = []                 # nothing to run beside them: one process
-    with _spawn_one() if beside else contextlib.nullcontext() as pool:
-        pending = pool.submit(run_experiments, beside, keys, out, progress, settings) if beside else None
-        done = run_experiments([k for k in keys if k not in beside], keys, out, prog, settings)
-        if pending is not None:
-            done += pending.result()
-    done.sort(key=lambda e: keys.index(e.key))
+    # one process: the emulator's experiments must not run beside others that may compile or load
+    # the jitted machine (Numba's cache has one writer at a time, as the tuner's warm-up says)
+    done = _run_all(keys, out, prog, settings)
     if len(keys) > 1:
         write_report(done, out, settings)
         total = start.elapsed()
@@ -131,22 +116,15 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     return done
 
 
-def _spawn_one() -> ProcessPoolExecutor:
-    # spawn, not fork: a fresh interpreter, so the parent's threads and memos stay its own
-    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-
-
-def run_experiments(run: list[str], keys: list[str], out: Path, progress: Progress | bool,
-                    settings) -> list[Experiment]:
-    """The experiments ``run`` in order (numbered by their place in ``keys``), each written to
-    ``out/<key>.json`` with its timing. They share simulated steps (the same inputs, e.g. Table 2's
-    layouts in the sensitivity study or the ablation's default link in its sweep, are simulated once)
-    and emulated timing runs (Table 5's GEMMs again in its calibration study and the tuner)."""
-    prog = progress if isinstance(progress, Progress) else Progress(progress)
+def _run_all(keys: list[str], out: Path, prog: Progress, settings) -> list[Experiment]:
+    """The experiments ``keys`` in order, each written to ``out/<key>.json`` with its timing. They share
+    simulated steps (the same inputs, e.g. Table 2's layouts in the schedules study or the ablation's
+    default link in the sensitivity sweep, are simulated once) and emulated timing runs (Table 5's
+    GEMMs again in its calibration study and the tuner)."""
     experiments = registry()
     done = []
     with simulation_memo.enabled(), timing_memo.enabled():
-        for key in run:
+        for key in keys:
             prog(f"({keys.index(key) + 1}/{len(keys)}) {key}")
             t = RunClock.now()
             exp = experiments[key](out, prog, settings)
