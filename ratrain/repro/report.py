@@ -38,10 +38,10 @@ from rtcommon.progress import Progress
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Entry:
-    """One experiment of the main job: what runs it, one line on what it shows, and its cost on 2 busy
-    cores with the shipped profiles, as one fresh-install run measured it (Table 5's includes the
-    first Numba compile); table2-table6, ablation, budget and stragglers are rough. A run records
-    each experiment's measured cost as ``seconds`` in ``results/<key>.json``: update ``cost`` from it."""
+    """One experiment of the main job: what runs it, one line on what it shows, and its cost once the
+    emulator is compiled: the CPU time one run measured with the shipped profiles (on idle cores
+    about its wall time; the ranking study simulates on two processes). A run records each
+    experiment's cost as ``timing`` (wall_s, cpu_s) in ``results/<key>.json``: update ``cost`` from it."""
 
     run: Callable[..., Experiment]
     summary: str
@@ -51,24 +51,24 @@ class Entry:
 def catalog() -> dict[str, Entry]:
     """Every experiment of the main job, in run order."""
     return {
-        "table5": Entry(run_table5, "Table 5: emulated FP16 GEMM utilization on the five shapes, and why", "~7 min"),
+        "table5": Entry(run_table5, "Table 5: emulated FP16 GEMM utilization on the five shapes, and why", "<1 min"),
         "table5_study": Entry(run_table5_study, "Table 5: which DDR rate and calibration could meet the target",
                               "<1 min"),
-        "tune": Entry(run_tune, "tile tuner on the Table 5 shapes (the tiles --tiles tuned uses)", "~2 min"),
-        "attention": Entry(run_attention, "Fig. 10: memory-resident vs DDR-staged attention backward", "~1 min"),
-        "table2": Entry(training.run_table2, "Table 2: RATrain vs GPU-style strategies at 256 clusters", "~2 min"),
-        "table3": Entry(training.run_table3, "Table 3: fewest clusters that fit 20 GB, and the layout", "~1 min"),
-        "table4": Entry(training.run_table4, "Table 4: planner prediction vs event simulation", "~1 min"),
-        "table6": Entry(training.run_table6, "Table 6: LLaMA-2-7B scale-out from 256 to 1024 clusters", "~1 min"),
+        "tune": Entry(run_tune, "tile tuner on the Table 5 shapes (the tiles --tiles tuned uses)", "<1 min"),
+        "attention": Entry(run_attention, "Fig. 10: memory-resident vs DDR-staged attention backward", "<1 min"),
+        "table2": Entry(training.run_table2, "Table 2: RATrain vs GPU-style strategies at 256 clusters", "<1 min"),
+        "table3": Entry(training.run_table3, "Table 3: fewest clusters that fit 20 GB, and the layout", "<1 min"),
+        "table4": Entry(training.run_table4, "Table 4: planner prediction vs event simulation", "<1 min"),
+        "table6": Entry(training.run_table6, "Table 6: LLaMA-2-7B scale-out from 256 to 1024 clusters", "<1 min"),
         "ablation": Entry(training.run_ablation, "ablation: FSR, update-prefetch and layer-wise sync switched off",
-                          "~1 min"),
-        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "~3 min"),
-        "budget": Entry(run_budget, "the planner's choice and RATrain's advantage at 12-30 GB budgets", "~1 min"),
-        "sensitivity": Entry(run_sensitivity, "what the platform would have to be for the missed rows", "~7 min"),
+                          "<1 min"),
+        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "~1 min"),
+        "budget": Entry(run_budget, "the planner's choice and RATrain's advantage at 12-30 GB budgets", "<1 min"),
+        "sensitivity": Entry(run_sensitivity, "what the platform would have to be for the missed rows", "~1 min"),
         "stragglers": Entry(run_stragglers, "does a cluster-time spread explain Table 6's efficiency loss", "<1 min"),
-        "platforms": Entry(run_platforms, "a second platform: do the principles transfer beyond MT-3000", "~2 min"),
-        "ranking": Entry(run_ranking, "does the planner rank configurations as the simulator does", "~10 min"),
-        "fig9": Entry(run_fig9, "Fig. 9: utilization and training time over sequence length", "~2 min"),
+        "platforms": Entry(run_platforms, "a second platform: do the principles transfer beyond MT-3000", "<1 min"),
+        "ranking": Entry(run_ranking, "does the planner rank configurations as the simulator does", "~1 min"),
+        "fig9": Entry(run_fig9, "Fig. 9: utilization and training time over sequence length", "<1 min"),
         "correctness": Entry(run_correctness_experiment,
                              "lifecycle scheduling changes timing, not learning (a small model trained)", "<1 min"),
         "measured": Entry(run_measured, "the simulator against 1,440 measured runs on an A100 node", "<1 min"),
@@ -90,7 +90,8 @@ def experiments_help() -> str:
     """One line per experiment, with its typical cost (``ratrain reproduce --help``)."""
     entries = catalog()
     width = max(map(len, entries))
-    return "experiments (rough cost on 2 cores with the shipped profiles, after the first compile):\n" + "\n".join(
+    return ("experiments (rough CPU time with the shipped profiles once the emulator is compiled; the "
+            "first run adds about 3 min of compiling and emulating):\n") + "\n".join(
         f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
