@@ -40,3 +40,15 @@ def test_shared_only_inside_the_block_and_only_for_equal_inputs():
 def test_the_gemm_runners_are_memoized_and_keep_their_names():
     assert gemm_timing.__name__ == "gemm_timing" and a_resident_timing.__name__ == "a_resident_timing"
     assert gemm_timing.__wrapped__.__module__ == "mtemu.kernels.gemm"
+
+
+def test_fig10_runs_are_cached_and_read_back_unchanged(monkeypatch):
+    # tests run on their own cache root (conftest): the first call emulates and writes, the second reads
+    from mtemu.validate import attention as fig10
+    first = fig10.validate_attention(seqs=(512,))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("emulated again")
+    monkeypatch.setattr(fig10, "attention_backward_timing", refuse)
+    assert fig10.validate_attention(seqs=(512,)) == first
+    assert fig10.validate_attention(seqs=(512,), cache=True) == first
