@@ -62,7 +62,7 @@ def catalog() -> dict[str, Entry]:
         "table6": Entry(training.run_table6, "Table 6: LLaMA-2-7B scale-out from 256 to 1024 clusters", "<1 min"),
         "ablation": Entry(training.run_ablation, "ablation: FSR, update-prefetch and layer-wise sync switched off",
                           "<1 min"),
-        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "~1 min"),
+        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "<1 min"),
         "budget": Entry(run_budget, "the planner's choice and RATrain's advantage at 12-30 GB budgets", "<1 min"),
         "sensitivity": Entry(run_sensitivity, "what the platform would have to be for the missed rows", "~1 min"),
         "stragglers": Entry(run_stragglers, "does a cluster-time spread explain Table 6's efficiency loss", "<1 min"),
