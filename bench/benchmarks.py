@@ -484,6 +484,48 @@ class TrackPlanFreshCache:
     track_plan_llama2_70b_96_peak_mb = cached_track("track_plan_llama2_70b_96_peak_mb", "llama2-70b-96_mb", "MB")
 
 
+def run_measured(argv: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Run ``argv`` to the end; its wall seconds, CPU seconds and peak resident MB (of the process and
+    of the children it waited for: ``wait4``'s usage)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
+
+
+class TrackMainJob:
+    """`ratrain reproduce` (the README's main job, every experiment) as a new user meets it: first on
+    empty caches (Numba compiles, every kernel program is built and emulated), then again on the
+    caches that run left. Targets: 120 s wall, 240 CPU-seconds and 1.5 GB on 2 idle cores."""
+    timeout = 7200
+    number = 1
+    repeat = 1
+
+    def setup_cache(self):
+        caches = tempfile.mkdtemp(prefix="ratrain-mainjob-")
+        env = {**os.environ, "NUMBA_CACHE_DIR": os.path.join(caches, "numba"),
+               "MTEMU_CACHE_DIR": os.path.join(caches, "mtemu"), "RATRAIN_CACHE_DIR": os.path.join(caches, "ratrain")}
+        out = {}
+        for run in ("first", "later"):
+            argv = [sys.executable, "-m", "ratrain.cli", "reproduce", "--json", "--out",
+                    tempfile.mkdtemp(prefix=f"ratrain-mainjob-{run}-")]
+            out |= {f"{run}_{k}": v for k, v in run_measured(argv, env).items()}
+        return out
+
+    setup_cache.timeout = 7200
+
+    track_main_job_first_run_wall_s = cached_track("track_main_job_first_run_wall_s", "first_wall_s", "seconds")
+    track_main_job_first_run_cpu_s = cached_track("track_main_job_first_run_cpu_s", "first_cpu_s", "seconds")
+    track_main_job_first_run_peak_mb = cached_track("track_main_job_first_run_peak_mb", "first_rss_mb", "MB")
+    track_main_job_later_run_wall_s = cached_track("track_main_job_later_run_wall_s", "later_wall_s", "seconds")
+    track_main_job_later_run_cpu_s = cached_track("track_main_job_later_run_cpu_s", "later_cpu_s", "seconds")
+    track_main_job_later_run_peak_mb = cached_track("track_main_job_later_run_peak_mb", "later_rss_mb", "MB")
+
+
 class TrackStragglers:
     """The straggler study (ratrain.repro.stragglers): the per-cluster spread cv that gives the paper's Table 6
     efficiency at 1024 clusters ('step' model), and the held-out efficiency errors at 512 and 768 clusters."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from rtcommon.checks import positive_ints
 
-from .. import isa
+from .. import isa, timing_memo
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..machine import Cluster, RunStats
@@ -521,6 +521,7 @@ def _check_tiles(tiles, kind: type) -> None:
         raise MtemuError(f"tiles must be a {kind.__name__} (or None for the defaults), got {tiles!r}")
 
 
+@timing_memo.memoized
 def gemm_timing(m: int, k: int, n: int, *, tiles: GemmTiles | None = None,
                 platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Emulate the GEMM in timing-only mode (no data) and return its statistics

@@ -26,7 +26,7 @@ import numpy as np
 
 from rtcommon.checks import positive_ints
 
-from .. import isa
+from .. import isa, timing_memo
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
 from ..platform import DEFAULT, Platform, as_platform
@@ -343,6 +343,7 @@ def reference_gemm_a_resident(a: np.ndarray, b: np.ndarray, kg: int) -> np.ndarr
     return acc.astype(np.float16)
 
 
+@timing_memo.memoized
 def a_resident_timing(m: int, k: int, n: int, *, tiles: AResidentGemmTiles | None = None,
                       platform: Platform | None = None, trace: TraceOptions | None = None) -> GemmResult:
     """Emulate the A-resident GEMM in timing-only mode (``trace``: record the run in ``result.stats``)."""

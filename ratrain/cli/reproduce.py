@@ -5,7 +5,7 @@ import argparse
 
 from ratrain.cli.args import add_platform_args, platform_from_args
 from ratrain.repro.experiment import Settings, format_checks
-from ratrain.repro.report import EXPERIMENT_NAMES, experiments_help, reproduce
+from ratrain.repro.report import EXPERIMENT_NAMES, RunClock, experiments_help, reproduce
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 
@@ -14,12 +14,16 @@ def _reproduce(args):
     platform = platform_from_args(args)
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform,
                         fsr_buffer_layers=args.fsr_buffer_layers)
+    clock = RunClock.now()
     exps = reproduce(which, args.out, progress=not args.json, settings=settings)
+    timing = clock.elapsed()        # not a result: payload comparisons ignore "timing" and "seconds"
     if args.experiment:
         e = exps[0]
-        payload = {"rows": e.rows, "checks": [c.to_json() for c in e.checks], "figures": e.figures}
+        payload = {"rows": e.rows, "checks": [c.to_json() for c in e.checks], "figures": e.figures,
+                   "timing": e.timing}
     else:
-        payload = {"experiments": {e.key: e.to_json() for e in exps}, "report": f"{args.out}/report.md"}
+        payload = {"experiments": {e.key: e.to_json() for e in exps}, "report": f"{args.out}/report.md",
+                   "timing": timing}
     blocks = []
     for e in exps:
         blocks.append(f"== {e.title} ==\n" + (e.text + "\n\n" if e.text else "") + format_checks(e))

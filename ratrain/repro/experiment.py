@@ -43,6 +43,8 @@ class Experiment:
     text: str = ""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # what the run cost (wall_s, cpu_s); like ``seconds``, not a result: comparisons ignore it
+    timing: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> int:
@@ -50,7 +52,8 @@ class Experiment:
 
     def to_json(self) -> dict:
         return {"key": self.key, "title": self.title, "rows": self.rows, "checks": [c.to_json() for c in self.checks],
-                "figures": self.figures, "notes": self.notes, "seconds": self.seconds}
+                "figures": self.figures, "notes": self.notes, "seconds": self.seconds,
+                "timing": self.timing}
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,10 @@ def run_tune(out: Path, progress: Progress, settings=None) -> Experiment:
     rows, checks, figs = [], [], []
     for i, (k, n, *_r) in enumerate(TABLE5):
         progress(f"Tuner: {TABLE5_M}x{k}x{n}, {DEFAULT_GEMM} ({i + 1}/{len(TABLE5)})")
+        # in this process (workers=1): the jitted machine is loaded already and the default tiles' runs
+        # are Table 5's (timing_memo); a pool per shape would load the machine again in every worker
         r = tune_gemm(TABLE5_M, k, n, out_dir=out / "tune", progress=False, emulate_top=CHOOSE_EMULATE_TOP,
-                      loop_order=DEFAULT_GEMM)
+                      loop_order=DEFAULT_GEMM, workers=1)
         gain = 100 * (r.best.utilization - r.default.utilization)
         memories = sorted({c.reason.split(":")[0] for c in r.pruned})
         rows.append({"shape": f"{TABLE5_M}x{k}x{n}", "loop_order": r.loop_order,

@@ -125,7 +125,7 @@ def planner_rows(platform: TrainingPlatform, s: Settings = DEFAULT_SETTINGS, mod
 
 
 def _table2_rows(platform: TrainingPlatform, s: Settings, progress: Progress) -> list[dict]:
-    rows = table2_rows(replace(s, platform=platform), lambda msg: progress(f"{platform.name}: {msg}"))
+    rows = table2_rows(replace(s, platform=platform), lambda msg: progress(f"{platform.name}: {msg}"), steps_only=True)
     return [{"kind": "table2", "platform": platform.name, "model": r["model"], "method": r["method"],
              "config": r["config"], "activation": None, "peak_gb": r["peak_gb"], "fits": not r["oom"],
              "step_s": r["step_s"], "slowdown_vs_ratrain": r["slowdown"]} for r in rows]

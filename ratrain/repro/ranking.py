@@ -42,7 +42,7 @@ from ratrain.plan.planner import Candidate
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settings, format_table
 from ratrain.repro.figures import plt, save_figure
-from ratrain.sim.simulator import Mechanisms, simulate
+from ratrain.sim.simulator import Mechanisms, simulate_step_time
 from ratrain.spec.models import ModelSpec, get_model
 from ratrain.spec.parallel import ParallelConfig
 from ratrain.spec.platform import TrainingPlatform
@@ -118,9 +118,9 @@ class SimulatedStep:
 
 def _run(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform, mech: Mechanisms,
          recovery_resource: str) -> tuple[float, float]:
-    res = simulate(pipeline_costs(model, cfg, profile, platform, recovery_resource=recovery_resource),
-                   mechanisms=mech)
-    return res.step_time_ms, res.last_backward_end_ms
+    # the step time and main-path end only: simulate's own numbers, without its task records
+    return simulate_step_time(pipeline_costs(model, cfg, profile, platform, recovery_resource=recovery_resource),
+                              mechanisms=mech)
 
 
 def simulate_step(model: ModelSpec, cfg: ParallelConfig, profile, platform: TrainingPlatform,

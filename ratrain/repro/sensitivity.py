@@ -108,7 +108,7 @@ def sweep_ablation(s: Settings = DEFAULT_SETTINGS, bandwidths=LINK_BANDWIDTHS, p
     for part in partitions:
         for bw in bandwidths:
             progress(f"Sensitivity: ablation, {part} partition, link {bw / 1e9:.1f} GB/s")
-            rows, _ = ablation_rows(_with_platform(s, link_bandwidth=bw), partition=part)
+            rows, _ = ablation_rows(_with_platform(s, link_bandwidth=bw), partition=part, steps_only=True)
             by = {r["variant"]: r for r in rows}
             out.append({"partition": part, "link_gb_per_s": bw / 1e9,
                         "full_tail_s": by["full"]["exposed_tail_s"],
@@ -167,8 +167,8 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
         at = _with_platform(s, link_latency_s=lat)
         eff = scaleout_efficiency(at, base)
         progress(f"Sensitivity: Table 2 slowdowns with link latency {lat * 1e3:.2f} ms")
-        t2 = {(r["model"], r["method"]): r for r in table2_rows(at)}
-        t2_default = {(r["model"], r["method"]): r for r in table2_rows(s)}
+        t2 = {(r["model"], r["method"]): r for r in table2_rows(at, steps_only=True)}
+        t2_default = {(r["model"], r["method"]): r for r in table2_rows(s, steps_only=True)}
         rows.append({"finding": "table6-link-latency", "fitted_link_latency_ms": lat * 1e3, "fit_clusters": n_fit,
                      "layout": base.describe(verbose=True), "efficiency": eff,
                      "paper_efficiency": {x[0]: x[5] for x in paper.TABLE6},
@@ -206,7 +206,7 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
     for res, cap in (("compute", s.fsr_buffer_layers), ("ddr", s.fsr_buffer_layers), ("ddr", 2)):
         key = res if cap == s.fsr_buffer_layers else f"{res}, {cap}-layer buffer"
         variant = replace(s, recovery_resource=res, fsr_buffer_layers=cap)
-        ar, _ = ablation_rows(variant)
+        ar, _ = ablation_rows(variant, steps_only=True)
         fsr[key] = next(r["normalized_step"] for r in ar if r["variant"] == "no-fsr")
         peak[key] = max_peak(stage_memory(model, ablation_config(variant), constants=variant.memory_constants())) / GIB
     engine = "ddr, 2-layer buffer"
@@ -215,7 +215,7 @@ def run_sensitivity(out, progress, s: Settings = DEFAULT_SETTINGS):
                         f"±{paper.TOL_ABLATION_FSR}", abs(fsr[engine] - 1.33) <= paper.TOL_ABLATION_FSR,
                         f"recovery_resource=ddr, fsr_buffer_layers=2 (peak {peak[engine]:.2f} GB; "
                         f"single buffer: {fsr['ddr']:.3f}x)"))
-    gap = absolute_gap(table2_rows(s) if lat is None else list(t2_default.values()), s)
+    gap = absolute_gap(table2_rows(s, steps_only=True) if lat is None else list(t2_default.values()), s)
     rows.append({"finding": "table2-absolute-step", "models": gap})
     fig = out / "sensitivity.png"
     _figure(rows, s, fig)

@@ -108,7 +108,7 @@ def straggler_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = N
             row["shape"] = (g[row["clusters"]] - g[base_n]) / gain if gain > 0 else None
         fits[model] = {"cv": cv, "fit_clusters": n_fit}
     progress("Stragglers: Table 2 layouts")
-    t2 = [r for r in table2_rows(s) if r["step_s"] is not None]
+    t2 = [r for r in table2_rows(s, steps_only=True) if r["step_s"] is not None]
     t2_rows = []
     for model in MODELS:
         cv = fits[model]["cv"]

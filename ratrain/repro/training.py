@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ratrain.cost.terms import pipeline_costs
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import simulate_config
+from ratrain.plan.planner import Planner, simulate_config
 from ratrain.repro import targets as paper
 from ratrain.repro.experiment import (
     DEFAULT_SETTINGS,
@@ -23,7 +24,7 @@ from ratrain.repro.figures import (
     stage_memory_figure,
 )
 from ratrain.sim.plots import plot_stage_memory, plot_timeline
-from ratrain.sim.simulator import Mechanisms
+from ratrain.sim.simulator import Mechanisms, simulate_step_time
 from ratrain.sim.trace import write_chrome_trace
 from ratrain.spec.memory import max_peak, stage_memory
 from ratrain.spec.models import get_model
@@ -37,6 +38,17 @@ def _sim(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None):
                            recovery_resource=s.recovery_resource, mechanisms=s.mechanisms(method, cfg, mechanisms))
 
 
+def _step_and_tail_ms(model, cfg: ParallelConfig, method: str, s: Settings, mechanisms=None) -> tuple[float, float]:
+    """(step, exposed tail) in ms of ``_sim``'s simulation, bit for bit, without its task records or
+    the planner's estimate: what the sensitivity sweeps read."""
+    planner = Planner(model, s.platform, profile_source=s.profile_source, partition=cfg.partition,
+                      recovery_resource=s.recovery_resource)
+    costs = pipeline_costs(model, cfg, planner.profile(cfg.micro_batch, cfg.seq, cfg.tp), s.platform,
+                           recovery_resource=s.recovery_resource)
+    step, main = simulate_step_time(costs, mechanisms=s.mechanisms(method, cfg, mechanisms))
+    return step, step - main
+
+
 def _peak_gb(model, cfg: ParallelConfig, s: Settings) -> float:
     return max_peak(stage_memory(model, cfg, constants=s.memory_constants())) / GIB
 
@@ -44,8 +56,11 @@ def _peak_gb(model, cfg: ParallelConfig, s: Settings) -> float:
 # ------------------------------------------------------------------------------------------
 # Table 2: same hardware, five GPU-style strategies
 # ------------------------------------------------------------------------------------------
-def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None) -> list[dict]:
-    """The paper's Table 2 layouts simulated on our backend, with slowdowns against RATrain's."""
+def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
+                steps_only: bool = False) -> list[dict]:
+    """The paper's Table 2 layouts simulated on our backend, with slowdowns against RATrain's.
+    ``steps_only``: the same steps, tails and slowdowns without the planner's estimate (no
+    ``predicted_s``), as the sensitivity study needs."""
     progress = progress or (lambda msg: None)
     budget = s.platform.memory_budget_bytes / GIB
     rows = []
@@ -64,9 +79,13 @@ def table2_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None
                "step_s": None, "paper_step_s": step, "slowdown": None, "paper_slowdown": slow}
         if not row["oom"]:
             progress(f"Table 2: simulating {model_name} {method} {cfg.describe()}")
-            chk = _sim(model, cfg, method, s)
-            row.update(step_s=chk.simulated_ms / 1e3, predicted_s=chk.predicted_ms / 1e3,
-                       exposed_tail_s=chk.result.exposed_tail_ms / 1e3)
+            if steps_only:
+                step_ms, tail_ms = _step_and_tail_ms(model, cfg, method, s)
+                row.update(step_s=step_ms / 1e3, exposed_tail_s=tail_ms / 1e3)
+            else:
+                chk = _sim(model, cfg, method, s)
+                row.update(step_s=chk.simulated_ms / 1e3, predicted_s=chk.predicted_ms / 1e3,
+                           exposed_tail_s=chk.result.exposed_tail_ms / 1e3)
         rows.append(row)
     for r in rows:
         base = next(x for x in rows if x["model"] == r["model"] and x["method"] == "ratrain")
@@ -213,7 +232,8 @@ def scaleout_base(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
 def scaleout_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
                   base: ParallelConfig | None = None, clusters: tuple[int, ...] | None = None) -> list[dict]:
     """Table 6: ``base`` (default: the planner's layout at the first cluster count) with D scaled
-    with the clusters; ``clusters`` defaults to ``s.table6_clusters``."""
+    with the clusters; ``clusters`` defaults to ``s.table6_clusters``. Each row's step is the event
+    simulation's (``simulate_step_time``: its step time alone, the same number)."""
     progress = progress or (lambda msg: None)
     model = get_model("llama2-7b")
     base_n = s.table6_clusters[0]
@@ -226,10 +246,10 @@ def scaleout_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
         cfg = ParallelConfig(pp=base.pp, dp=base.dp * k, tp=base.tp, zero=base.zero, micro_batch=base.micro_batch,
                              accum=base.accum, seq=base.seq, activation=base.activation, prefetch=base.prefetch)
         progress(f"Table 6: simulating {n} clusters ({cfg.describe()})")
-        chk = _sim(model, cfg, "ratrain", s)
-        tokens = cfg.global_batch * cfg.seq / (chk.simulated_ms / 1e3)
+        step_ms, _ = _step_and_tail_ms(model, cfg, "ratrain", s)
+        tokens = cfg.global_batch * cfg.seq / (step_ms / 1e3)
         rows.append({"clusters": n, "global_batch": cfg.global_batch, "config": cfg.describe(verbose=True),
-                     "step_s": chk.simulated_ms / 1e3, "tokens_per_s": tokens})
+                     "step_s": step_ms / 1e3, "tokens_per_s": tokens})
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
         r["efficiency"] = r["speedup"] / (r["clusters"] / base_n)
@@ -262,8 +282,10 @@ def ablation_config(s: Settings = DEFAULT_SETTINGS, partition: str = "balanced")
 
 
 def ablation_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = None,
-                  partition: str = "balanced") -> tuple[list[dict], dict]:
-    """The four ablation variants simulated: rows (normalized step, tail amplification) and SimChecks."""
+                  partition: str = "balanced", steps_only: bool = False) -> tuple[list[dict], dict]:
+    """The four ablation variants simulated: rows (normalized step, tail amplification) and SimChecks.
+    ``steps_only``: the same step and tail numbers without the SimChecks and the planner's estimate
+    (rows without ``predicted_s``, no SimChecks), as the sensitivity sweeps need."""
     progress = progress or (lambda msg: None)
     model = get_model(s.ablation_model)
     cfg = ablation_config(s, partition)
@@ -271,6 +293,11 @@ def ablation_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | None = No
     for variant, norm, amp in paper.ABLATION:
         progress(f"Ablation: simulating {variant}")
         mech = Mechanisms.variant(variant)
+        if steps_only:
+            step_ms, tail_ms = _step_and_tail_ms(model, cfg, "ratrain", s, mechanisms=mech)
+            rows.append({"variant": variant, "step_s": step_ms / 1e3, "exposed_tail_s": tail_ms / 1e3,
+                         "paper_normalized_step": norm, "paper_tail_amplification": amp})
+            continue
         chk = _sim(model, cfg, "ratrain", s, mechanisms=mech)
         results[variant] = chk
         rows.append({"variant": variant, "step_s": chk.simulated_ms / 1e3,

@@ -65,6 +65,7 @@ from typing import Sequence
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim import offload as offload_tasks
+from ratrain.sim import simulation_memo
 from ratrain.sim.buckets import (
     BucketRecord,
     GradBuckets,
@@ -836,21 +837,49 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     ``buckets``: GradSync in gradient buckets (``ratrain.sim.buckets``) instead of one per layer;
     ``offload``: state or activations in host memory (``ratrain.sim.offload``).
     """
+    # the run memo holds runs of the default lifecycle only (what the reproduction repeats)
+    plain = buckets is None and offload is None
+    key, hit = simulation_memo.find(costs, schedule, mechanisms, full=True) if plain else (None, None)
+    if hit is not None:
+        return hit
+    sim, pipeline, T, last_b, segs = _run_step(costs, schedule, mechanisms, "simulate", buckets, offload)
+    result = _result(sim, pipeline, mechanisms, T, last_b, segs, buckets, offload)
+    simulation_memo.keep(key, result, (T, last_b))
+    return result
+
+
+def simulate_step_time(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
+                       mechanisms: Mechanisms = Mechanisms(), buckets: GradBuckets | None = None,
+                       offload: OffloadPlan | None = None) -> tuple[float, float]:
+    """``(step_time_ms, last_backward_end_ms)`` of ``simulate`` on the same inputs, bit for bit: the
+    same event simulation and period search, without building the step's task records and summaries."""
+    plain = buckets is None and offload is None
+    key, hit = simulation_memo.find(costs, schedule, mechanisms, full=False) if plain else (None, None)
+    if hit is not None:
+        return hit
+    _, _, T, last_b, _ = _run_step(costs, schedule, mechanisms, "simulate_step_time", buckets, offload)
+    simulation_memo.keep(key, None, (T, last_b))
+    return T, last_b
+
+
+def _run_step(costs: PipelineCosts, schedule: str | PipelineSchedule, mechanisms: Mechanisms, caller: str,
+              buckets: GradBuckets | None = None, offload: OffloadPlan | None = None):
+    """The event simulation of one step and its period: (sim, pipeline, T, last_b, segments)."""
     if not isinstance(costs, PipelineCosts):
-        raise ConfigError(f"simulate: costs must be a PipelineCosts, got {type(costs).__name__}")
+        raise ConfigError(f"{caller}: costs must be a PipelineCosts, got {type(costs).__name__}")
     if not isinstance(mechanisms, Mechanisms):
-        raise ConfigError(f"simulate: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
+        raise ConfigError(f"{caller}: mechanisms must be a Mechanisms, got {type(mechanisms).__name__}")
     pipeline = PipelineSchedule.of(schedule)
     layers = sum(len(stage) for stage in costs.stages)
     work = layers * (4 * costs.microbatches + 4) + 2 * len(costs.stages) * costs.microbatches
     if work > MAX_SIM_TASKS:
-        raise ConfigError(f"simulate: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
+        raise ConfigError(f"{caller}: {layers} layers x {costs.microbatches} micro-batches make about {work:,} "
                           f"tasks, above the simulator's bound of {MAX_SIM_TASKS:,} "
                           "(ratrain.sim.simulator.MAX_SIM_TASKS); use fewer layers or micro-batches")
     if buckets is not None and not isinstance(buckets, GradBuckets):
-        raise ConfigError(f"simulate: buckets must be a GradBuckets, got {type(buckets).__name__}")
+        raise ConfigError(f"{caller}: buckets must be a GradBuckets, got {type(buckets).__name__}")
     if offload is not None and not isinstance(offload, OffloadPlan):
-        raise ConfigError(f"simulate: offload must be an OffloadPlan, got {type(offload).__name__}")
+        raise ConfigError(f"{caller}: offload must be an OffloadPlan, got {type(offload).__name__}")
     sim = _Sim(costs, pipeline, mechanisms, buckets, offload)
     sim.run()
     P, jobs = sim.P, sim.jobs
@@ -866,7 +895,13 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
         else:
             lower = max(lower, max(j.end for j in sim.life[p]) - stage_first_f[p])
     segs = _segments(jobs, P)
-    T = _period(segs, lower)
+    return sim, pipeline, _period(segs, lower), last_b, segs
+
+
+def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: float, last_b: float,
+            segs, buckets: GradBuckets | None = None, offload: OffloadPlan | None = None) -> SimResult:
+    """The step's task records, annotations and per-stage summaries."""
+    P, jobs = sim.P, sim.jobs
 
     # ---- tasks, ordered like the executor orders them
     tasks_notes: list[tuple[Task, TaskNote]] = []
@@ -923,8 +958,6 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
                      next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
                      stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=bucket_records(sim),
                      offload=None if offload is None else offload_report(sim, offload, res_busy, RES_NAMES))
-
-
 
 
 def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
@@ -1090,4 +1123,5 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
 
 
 __all__ = ["ABLATION_VARIANTS", "ACTIVATIONS", "LIFECYCLE_KINDS", "Mechanisms", "SimResult", "StageSummary",
-           "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate"]
+           "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate",
+           "simulate_step_time"]
