@@ -56,7 +56,7 @@ def summary_markdown(summary: dict) -> str:
     seconds = sum(e["seconds"] for e in exps)
     lines = [f"The last full `ratrain reproduce` passed {passed} of {total} checks: {p_pass} of the {p_total} "
              f"checks against the paper's numbers and {b_pass} of {b_total} in the studies beyond the paper; "
-             f"its experiments took {_duration(seconds)} in all on 2 shared cores.", "",
+             f"its experiments took {_duration(seconds)} in all on 2 cores.", "",
              "| experiment | checks passed | time |", "| --- | --- | --- |"]
     for e in exps:
         lines.append(f"| `{e['key']}`: {e['title']} | {e['passed']}/{e['checks']} | {_duration(e['seconds'])} |")
