@@ -6,6 +6,7 @@ import argparse
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.lengths import ATTENTION_COSTS, PACKINGS, LengthDistribution, parse_lengths
+from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS
 from ratrain.spec.platform import TILE_CHOICES, TrainingPlatform
 from ratrain.spec.platforms import AnyPlatform, load_platform, require_mt3000
 
@@ -56,6 +57,18 @@ def _factor_list(text: str) -> tuple[float, ...]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.25,2, got {text!r}")
     return values
+
+
+def add_offload_args(g) -> None:
+    """The offload flags of `ratrain simulate` and `ratrain memory` (docs/LIFECYCLE.md)."""
+    g.add_argument("--offload", metavar="TARGETS",
+                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
+    g.add_argument("--host-adam", action="store_true",
+                   help="optimizer update on the host's cores (implies --offload optimizer,master,grads)")
+    g.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
+                   help="host-side update: where gradients become 32-bit (device, host, or auto: the faster)")
+    g.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
+                   help="activation offload: a reload may start K compute tasks before its consumer (default 1)")
 
 
 def add_moe_cp_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:

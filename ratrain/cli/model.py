@@ -4,7 +4,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ratrain.cli.args import add_moe_cp_args, add_platform_args, any_platform_from_args, moe_cp_from_args
+from ratrain.cli.args import (
+    add_moe_cp_args,
+    add_offload_args,
+    add_platform_args,
+    any_platform_from_args,
+    moe_cp_from_args,
+)
 from ratrain.sim.offload import conversion_choice, plan_for
 from ratrain.spec.memory import MoeCpLayout, max_peak, stage_memory
 from ratrain.spec.models import (
@@ -18,7 +24,7 @@ from ratrain.spec.models import (
     parameter_count,
 )
 from ratrain.spec.moe import capacity_factors, capacity_sweep
-from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS, Offload
+from ratrain.spec.offload import Offload
 from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PARTITIONS,
@@ -59,14 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--activation", default="fsr", choices=ACTIVATION_POLICIES)
     p.add_argument("--prefetch", default="layerwise", choices=PREFETCH_POLICIES)
     p.add_argument("--partition", default="balanced", choices=PARTITIONS)
-    p.add_argument("--offload", metavar="TARGETS",
-                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
-    p.add_argument("--host-adam", action="store_true",
-                   help="optimizer update on the host (implies --offload optimizer,master,grads)")
-    p.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
-                   help="host-side update: where gradients become 32-bit (auto: the faster on the platform)")
-    p.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
-                   help="activation offload: reloads that may arrive ahead of their backward (default 1)")
+    add_offload_args(p)
     add_moe_cp_args(p)
     add_platform_args(p)
     p.set_defaults(handler=run_memory)

@@ -22,7 +22,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
+from ratrain.cli.args import (
+    add_offload_args,
+    add_platform_args,
+    add_run_choice_args,
+    any_platform_from_args,
+    run_choices_from_args,
+)
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
 from ratrain.errors import ConfigError
@@ -38,7 +44,7 @@ from ratrain.sim.trace import write_chrome_trace
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.memory import FSR_BUFFER_LAYERS, max_peak, stage_memory
 from ratrain.spec.models import from_hf_config, get_model
-from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS, Offload
+from ratrain.spec.offload import Offload
 from ratrain.spec.parallel import ParallelConfig, in_flight_activation_sets, in_flight_microbatches
 from rtcommon.durations import decimals_for, format_ms, time_unit
 
@@ -138,14 +144,7 @@ def add_lifecycle_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-sweep", action="store_true",
                    help="also simulate a ladder of bucket sizes (one layer .. the whole stage) and report the "
                         "size that minimises the step")
-    g.add_argument("--offload", metavar="TARGETS",
-                   help=f"comma-separated state kept in host memory: {', '.join(OFFLOAD_TARGETS)}")
-    g.add_argument("--host-adam", action="store_true",
-                   help="optimizer update on the host's cores (implies --offload optimizer,master,grads)")
-    g.add_argument("--grad-convert", choices=CONVERT_CHOICES, default="auto",
-                   help="host-side update: where gradients become 32-bit (device, host, or auto: the faster)")
-    g.add_argument("--reload-lookahead", type=int, default=1, metavar="K",
-                   help="activation offload: a reload may start K compute tasks before its consumer (default 1)")
+    add_offload_args(g)
     g.add_argument("--host-link-bandwidth", type=float, metavar="BYTES_PER_S",
                    help="override the platform's host link (bytes/s per direction)")
     g.add_argument("--layer-grad-bytes", type=int, default=0, metavar="BYTES",
