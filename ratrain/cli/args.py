@@ -6,6 +6,7 @@ import argparse
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.lengths import ATTENTION_COSTS, PACKINGS, LengthDistribution, parse_lengths
+from ratrain.spec.models import ModelSpec, from_hf_config, get_model, list_models
 from ratrain.spec.offload import CONVERT_CHOICES, OFFLOAD_TARGETS
 from ratrain.spec.platform import TILE_CHOICES, TrainingPlatform
 from ratrain.spec.platforms import AnyPlatform, load_platform, require_mt3000
@@ -57,6 +58,18 @@ def _factor_list(text: str) -> tuple[float, ...]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 1,1.25,2, got {text!r}")
     return values
+
+
+def add_model_choice(p: argparse.ArgumentParser, model_help: str | None = None) -> None:
+    """``--model NAME`` or ``--hf-config FILE``, one of them required (``model_from_args`` reads it)."""
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--model", help=model_help or f"built-in model: {', '.join(list_models())}")
+    group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The model ``--model`` names or ``--hf-config`` describes."""
+    return get_model(args.model) if args.model else from_hf_config(args.hf_config)
 
 
 def add_offload_args(g) -> None:

@@ -5,22 +5,21 @@ import argparse
 from dataclasses import replace
 
 from ratrain.cli.args import (
+    add_model_choice,
     add_moe_cp_args,
     add_offload_args,
     add_platform_args,
     any_platform_from_args,
+    model_from_args,
     moe_cp_from_args,
 )
 from ratrain.sim.offload import conversion_choice, plan_for
 from ratrain.spec.memory import MoeCpLayout, max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
-    from_hf_config,
-    get_model,
     layer_device_parameter_count,
     layer_operators,
     layer_parameter_count,
-    list_models,
     parameter_count,
 )
 from ratrain.spec.moe import capacity_factors, capacity_sweep
@@ -35,14 +34,12 @@ from ratrain.spec.platform import GIB
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--model", help=f"built-in model: {', '.join(list_models())}")
-    group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
+    add_model_choice(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON payload")
 
 
 def _load_model(args):
-    return get_model(args.model) if args.model else from_hf_config(args.hf_config)
+    return model_from_args(args)
 
 
 def register(subparsers) -> None:

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import argparse
 
-from ratrain.cli.args import add_platform_args, add_run_choice_args, any_platform_from_args, run_choices_from_args
+from ratrain.cli.args import (
+    add_model_choice,
+    add_platform_args,
+    add_run_choice_args,
+    any_platform_from_args,
+    model_from_args,
+    run_choices_from_args,
+)
 from ratrain.cost.terms import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
 from ratrain.plan.schedule_search import DEFAULT_VIRTUAL_STAGES, parse_schedules
 from ratrain.plan.space import DEFAULT_SPACE, SEARCH_SPACES, SearchSpace
 from ratrain.spec.gpu import GpuPlatform
-from ratrain.spec.models import ModelSpec, check_tp, from_hf_config, get_model, list_models
+from ratrain.spec.models import ModelSpec, check_tp
 from ratrain.spec.parallel import ZERO_STAGES
 from ratrain.spec.platform import GIB
 
@@ -45,9 +52,7 @@ def _stage_list(text: str) -> tuple[int, ...]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="search (P, D, Z, T, b, A, activation, prefetch) for the fastest "
                                            "memory-feasible configuration (Algorithm 2)")
-    group = p.add_mutually_exclusive_group(required=True)
-    group.add_argument("--model", help=f"built-in model: {', '.join(list_models())}")
-    group.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
+    add_model_choice(p)
     p.add_argument("--clusters", type=int, required=True, help="clusters N = P * D * T (* CP with --cp)")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step G = D * b * A")
     p.add_argument("--seq", type=int, default=2048, help="sequence length")
@@ -141,7 +146,7 @@ def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
-    model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
+    model = model_from_args(args)
     platform = any_platform_from_args(args)
     for name in ("clusters", "global_batch", "seq", "top"):
         value = getattr(args, name)

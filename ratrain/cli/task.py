@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ratrain.cli.args import add_model_choice, model_from_args
 from ratrain.cost.profile import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.plan import bottleneck, noise_scale, task_figures
@@ -12,7 +13,7 @@ from ratrain.plan.checkpoints import AsyncSave, interval_table
 from ratrain.plan.input_pipeline import InputPipeline, parse_stage
 from ratrain.plan.task import Failures, Layout, TrainingTask, evaluate_scheme
 from ratrain.plan.time_to_train import Reliability
-from ratrain.spec.models import from_hf_config, get_model, list_models
+from ratrain.spec.models import list_models
 from ratrain.spec.platforms import load_platform
 from rtcommon.durations import format_s
 from rtcommon.progress import Progress
@@ -37,9 +38,7 @@ def _device_list(text: str) -> list[int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("task", help="a training task against its deadline: completion time, margin, "
                                            "which resource decides, batch size against the noise scale")
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help=f"built-in model: {', '.join(list_models())} (or gpt-h<h>-l<l>-a<a>)")
-    model.add_argument("--hf-config", metavar="FILE", help="HuggingFace config.json")
+    add_model_choice(p, f"built-in model: {', '.join(list_models())} (or gpt-h<h>-l<l>-a<a>)")
     p.add_argument("--tokens", type=float, required=True, help="effective training tokens D")
     p.add_argument("--seq", type=int, required=True, help="sequence length S")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step B")
@@ -237,7 +236,7 @@ def _text(payload: dict) -> str:
 
 
 def run_task(args: argparse.Namespace) -> tuple[dict, str]:
-    model = get_model(args.model) if args.model else from_hf_config(args.hf_config)
+    model = model_from_args(args)
     task = TrainingTask(model, args.tokens, args.seq, args.global_batch, args.deadline_days, args.reserve_days)
     failures, layout, pipeline = _failures(args), _layout(args), _pipeline(args)
     if args.noise_scale is not None and args.noise_scale <= 0:
