@@ -23,6 +23,7 @@ COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send"
 SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "P", "Update": "Upd"}
 COMPUTE_KINDS = ("F", "B", "W", "R")
 GIB = 2 ** 30
+LABEL_PT_PER_CHAR = 0.65 * 6      # the box labels' width per character at 6 pt
 
 
 def _save(fig, path: str | os.PathLike) -> None:
@@ -83,6 +84,8 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
 
     fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 1.6))
     span = hi - lo
+    # a box is labelled only where its label fits inside it (6 pt text, about 0.65 em a character)
+    pt_per_ms = ax.get_position().width * fig.get_figwidth() * 72 / span
     labels = 0
     used = set()
     for i, (_, row) in enumerate(rows):
@@ -92,7 +95,8 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
             if b <= a:
                 continue
             per_kind.setdefault(kind, []).append((a, b - a))
-            if label and (b - a) >= 0.012 * span and labels < max_labels and a >= lo and b <= hi:
+            fits = (b - a) >= 0.012 * span and (b - a) * pt_per_ms >= LABEL_PT_PER_CHAR * len(label) + 2
+            if label and fits and labels < max_labels and a >= lo and b <= hi:
                 ax.text((a + b) / 2, y, label, ha="center", va="center", fontsize=6, clip_on=True,
                         color="white" if kind in ("F", "B", "W", "GradSync", "UpdateShard") else "black")
                 labels += 1
