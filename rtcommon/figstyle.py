@@ -72,14 +72,14 @@ def _crowded_labels(ax, renderer) -> list[tuple[str, str]]:
 def overlapping_xtick_labels(fig) -> list[tuple[str, str]]:
     """Pairs of x tick labels of one axes whose drawn extents (the rotated rectangles the text fills)
     overlap or come closer than :data:`LABEL_GAP_PX`, after a draw of ``fig``."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     return [pair for ax in fig.axes for pair in _crowded_labels(ax, renderer)]
 
 
 def overlapping_titles(fig) -> list[tuple[str, str]]:
     """Pairs of axes titles (and the figure's title) whose drawn extents overlap."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     titles = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
     if fig._suptitle is not None:
@@ -91,7 +91,9 @@ def overlapping_titles(fig) -> list[tuple[str, str]]:
 def readable_xticks(fig) -> None:
     """Rotate each axes' x tick labels by the least of :data:`TICK_ROTATIONS` at which none overlap
     (right-aligned under their tick when slanted); a panel whose labels fit stays as it is."""
-    fig.canvas.draw()          # places the ticks; a rotation moves no label's anchor, so no draw per try
+    # one layout pass places the ticks (nothing rasterised); a rotation moves no label's anchor, so no
+    # pass per rotation tried
+    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     for ax in [ax for ax in fig.axes if _crowded_labels(ax, renderer)]:
         for rotation in TICK_ROTATIONS[1:]:

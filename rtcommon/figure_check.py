@@ -245,13 +245,13 @@ def canvas_box(fig, renderer, savefig_kwargs: dict[str, Any] | None = None):
 
 
 def check_figure(fig, savefig_kwargs: dict[str, Any] | None = None, tol: float = TOLERANCE_PX) -> list[Finding]:
-    """Draw ``fig`` on Agg and list what does not read: pairs of drawn text artists that overlap by more
+    """Lay ``fig`` out as Agg draws it and list what does not read: pairs of drawn text artists that overlap by more
     than ``tol`` px, text reaching outside the canvas ``savefig_kwargs`` would write (or cut by its clip
     box), and legends whose box covers plotted data or another text."""
     if not hasattr(fig.canvas, "get_renderer"):      # closed by pyplot: draw it on Agg again
         matplotlib.backends.backend_agg.FigureCanvasAgg(fig)
     with _recording_texts() as drawn:
-        fig.canvas.draw()
+        fig.draw_without_rendering()       # every artist placed as a draw places it, nothing rasterised
     renderer = fig.canvas.get_renderer()
     roles = _roles(fig)
     texts = list({id(t): t for t in drawn}.values())
