@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.figure  # noqa: E402
+import matplotlib.pyplot  # noqa: E402
 import pytest  # noqa: E402
 
 import rtcommon.fileio  # noqa: E402
@@ -422,3 +423,18 @@ def test_figure_reads(build, tmp_path):
     assert drawn, "drew no figure"
     problems = [f"{name}: {finding}" for name, fig, kwargs in drawn for finding in check_figure(fig, kwargs)]
     assert problems == [], "\n".join(problems)
+
+
+def test_a_figure_that_does_not_read_is_caught_by_name(tmp_path):
+    """The capture sees a figure written the project's way, under its file name, and the check fails it."""
+    def crowded(out: Path) -> None:
+        fig, ax = matplotlib.pyplot.subplots(figsize=(3, 2))
+        ax.plot([0, 1], [0, 1], label="a line under the legend")
+        ax.legend(loc="center")
+        ax.text(0.1, 0.8, "one note")
+        ax.text(0.15, 0.8, "another note")
+        rtcommon.fileio.atomic_write_figure(out / "crowded.png", fig)
+    ((name, fig, kwargs),) = draw(crowded, tmp_path)
+    kinds = {f.kind for f in check_figure(fig, kwargs)}
+    assert name == "crowded.png" and {"overlap", "legend over data"} <= kinds
+    assert not (tmp_path / "crowded.png").exists() or (tmp_path / "crowded.png").stat().st_size == 0
