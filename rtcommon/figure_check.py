@@ -99,13 +99,14 @@ def _roles(fig) -> dict[int, tuple[str, str]]:
 def text_corners(text, renderer) -> np.ndarray:
     """The four corners (display px) of the rectangle ``text`` fills, rotated with it."""
     box = text.get_window_extent(renderer)
-    angle = text.get_rotation() % 180
+    rotation = text.get_rotation()
+    angle = rotation % 180           # a rectangle turned half a turn covers the same pixels
     if angle % 90 == 0:
-        return np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
+        return _box_corners(box)
     # the axis-aligned box of a rotated rectangle shares its centre; its sides are the unrotated layout's
     text.set_rotation(0)
     flat = text.get_window_extent(renderer)
-    text.set_rotation(angle)
+    text.set_rotation(rotation)
     w, h = flat.width / 2, flat.height / 2
     c, s = np.cos(np.radians(angle)), np.sin(np.radians(angle))
     local = np.array([[-w, -h], [w, -h], [w, h], [-w, h]])

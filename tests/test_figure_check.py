@@ -137,3 +137,9 @@ def test_figure_legend_over_the_tick_labels(ax):
     findings = [f for f in check_figure(ax.figure, {"bbox_inches": "tight"}) if f.kind == "legend over data"]
     assert findings and all(f.first == "legend of the figure" for f in findings)
     assert any(f.second.startswith("x tick label") for f in findings)
+
+
+def test_measuring_a_slanted_label_leaves_it_as_it_was(ax):
+    label = ax.text(0.5, 0.5, "slanted down", rotation=330, transform=ax.transAxes)
+    check_figure(ax.figure)
+    assert label.get_rotation() == 330
