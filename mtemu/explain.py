@@ -295,6 +295,7 @@ def plot_roofline(ex: Explanation, path: str | Path, title: str | None = None) -
     ax.set_ylim(min(floor, ex.peak_mac_per_s) / 20, ex.peak_mac_per_s * 3)
     ax.set_title(title or f"bound by {ex.binding}: {100 * ex.utilization:.1f}% of peak")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    # below the axes: a run of low MAC/s at a high intensity is plotted where "lower right" would sit
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     atomic_write_figure(path, fig)

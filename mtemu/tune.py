@@ -439,7 +439,6 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     if d[ya] in mgs and d[xa] in n2s:
         ax.add_patch(plt.Rectangle((n2s.index(d[xa]) - 0.5, mgs.index(d[ya]) - 0.5), 1, 1, fill=False,
                                    edgecolor="orange", linewidth=2.5, label="default"))
-        ax.legend(loc="upper right", fontsize=8)
     ax.set_xticks(range(len(n2s)), n2s)
     ax.set_yticks(range(len(mgs)), mgs)
     labels = {"n2": "n2 (B panel width)", "mg": "mg (rows per m-block)", "br": "Br (query rows per tile)",
@@ -447,10 +446,12 @@ def _heatmap(result: TuneResult, path: Path, grid: dict | None, axes: tuple[str,
     ax.set_xlabel(labels.get(xa, xa))
     ax.set_ylabel(labels.get(ya, ya))
     shape = "x".join(map(str, result.shape))
-    screened = ", (v) = bound, screened out" if result.screened else ""
+    # the key in the title: a legend inside the axes would hide cells
+    keys = ["(v) = bound, screened out"] * bool(result.screened) \
+        + ["orange frame = default tiles"] * (d[ya] in mgs and d[xa] in n2s)
     kernel = f"{result.kernel} ({result.loop_order})" if result.loop_order else result.kernel
-    ax.set_title(f"{kernel} {shape}: best utilization (%) per ({ya}, {xa})\n"
-                 f"X = infeasible (pruned by capacity){screened}")
+    title = f"{kernel} {shape}: best utilization (%) per ({ya}, {xa})\nX = infeasible (pruned by capacity)"
+    ax.set_title(title + (f"\n{'; '.join(keys)}" if keys else ""))
     fig.colorbar(im, ax=ax, label="MAC utilization (%)")
     fig.tight_layout()
     atomic_write_figure(path, fig, dpi=100)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from rtcommon.figstyle import sparse_log_minor_labels
 from rtcommon.fileio import atomic_write_figure
 
 COLOURS = {"reserve": "#bbbbbb", "base": "#1f77b4", "recovery": "#d62728"}
@@ -129,11 +130,12 @@ def interval_figure(table: dict, path: str | os.PathLike) -> None:
         if table.get(key):
             ax.axvline(table[key], color="grey", ls=style, lw=0.9, label=f"{name} {table[key]:.0f} s")
     ax.set_xscale("log")
+    sparse_log_minor_labels(ax.xaxis)
     ax.set_xlabel("work between saves (s)")
     ax.set_ylabel("save + redo + restart share L")
     ax.set_title("Save interval", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))       # beside the curves, not on them
     _save(fig, path)
     plt.close(fig)
 

@@ -32,6 +32,7 @@ from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settin
 from ratrain.repro.figures import plt, save_figure
 from ratrain.spec.models import ModelSpec, embedding_and_head_operators, get_model, layer_operators
 from ratrain.spec.platform import GIB
+from rtcommon.figstyle import sparse_log_minor_labels
 from rtcommon.progress import Progress
 
 
@@ -261,10 +262,12 @@ def figure(rows: list[dict], path: Path, s: Settings = DEFAULT_SETTINGS) -> None
     a1.set_ylabel(f"training time for {s.fig9_token_budget / 1e9:.2f} B tokens (h)")
     a1.set_yscale("log")
     a1.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _pos: f"{v:g}"))
-    a1.yaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _pos: f"{v:g}"))
+    sparse_log_minor_labels(a1.yaxis, text=lambda v: f"{v:g}")
     a2.set_ylabel("MAC-only utilization (%)")
     alt = next((r["alt_recovery"] for r in rows if r.get("alt_recovery")), None)
-    a1.legend(fontsize=8, loc="center right", bbox_to_anchor=(1.0, 0.72))
+    handles, labels = a1.get_legend_handles_labels()       # the models, below both panels: off the lines
+    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels),
+               frameon=False)
     fig.suptitle(f"Fig. 9: sequence length ({paper.FIG9_CLUSTERS} clusters, global batch {paper.FIG9_GLOBAL_BATCH})\n"
                  f"solid: recovery on {s.recovery_resource}, hollow where activations are recomputed"
                  + (f"; dashed: recovery on {alt}" if alt else ""), fontsize=10)

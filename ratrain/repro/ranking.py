@@ -359,6 +359,8 @@ def ranking_figure(rows: list[dict], path: Path) -> None:
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(rows):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=6)
+    handles, labels = axes.flat[0].get_legend_handles_labels()     # below the panels: off every panel's points
+    fig.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels),
+               frameon=False)
     fig.suptitle("Planner ranking: every memory-feasible configuration, estimate vs simulation")
     save_figure(fig, path)

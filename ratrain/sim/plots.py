@@ -23,6 +23,7 @@ COLORS = {"F": "#4C72B0", "B": "#55A868", "W": "#2E7D6B", "R": "#DD8452", "Send"
 SHORT = {"GradSync": "G", "UpdateShard": "U", "PrefetchW": "P", "Update": "Upd"}
 COMPUTE_KINDS = ("F", "B", "W", "R")
 GIB = 2 ** 30
+LABEL_PT_PER_CHAR = 0.65 * 6      # the box labels' width per character at 6 pt
 
 
 def _save(fig, path: str | os.PathLike) -> None:
@@ -83,6 +84,9 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
 
     fig, ax = plt.subplots(figsize=(14, 0.5 * len(rows) + 1.6))
     span = hi - lo
+    # a box is labelled only where its label fits inside it with 2 pt each side (6 pt text, about 0.65 em a
+    # character)
+    pt_per_ms = ax.get_position().width * fig.get_figwidth() * 72 / span
     labels = 0
     used = set()
     for i, (_, row) in enumerate(rows):
@@ -92,7 +96,8 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
             if b <= a:
                 continue
             per_kind.setdefault(kind, []).append((a, b - a))
-            if label and (b - a) >= 0.012 * span and labels < max_labels and a >= lo and b <= hi:
+            fits = (b - a) >= 0.012 * span and (b - a) * pt_per_ms >= LABEL_PT_PER_CHAR * len(label) + 4
+            if label and fits and labels < max_labels and a >= lo and b <= hi:
                 ax.text((a + b) / 2, y, label, ha="center", va="center", fontsize=6, clip_on=True,
                         color="white" if kind in ("F", "B", "W", "GradSync", "UpdateShard") else "black")
                 labels += 1
@@ -118,7 +123,9 @@ def plot_timeline(result, path: str | os.PathLike, *, stages: Sequence[int] | No
         handles.append(plt.Line2D([], [], color="black", linestyle="--", label="last backward"))
     if step is not None and lo <= step <= hi:
         handles.append(plt.Line2D([], [], color="red", label="step end"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / max(1, len(rows))),
+    # 0.6 inch under the axes, clear of the tick labels and the axis label, however tall the axes
+    below = 0.6 / (ax.get_position().height * fig.get_figheight())
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -below),
               ncol=min(len(handles), 6), fontsize=8, frameon=False)
     if title is None and step is not None:
         v = getattr(result, "virtual_stages", 1)
