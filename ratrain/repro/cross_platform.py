@@ -96,6 +96,8 @@ def cross_platform_rows(s: Settings = DEFAULT_SETTINGS, progress: Progress | Non
 
 
 def _figure(rows: list[dict], platforms: list[str], path: Path) -> None:
+    from matplotlib.patches import Patch
+
     methods = [m for m in PLANNER_METHODS if m != "ratrain"]
     fig, axes = plt.subplots(1, len(MODELS), figsize=(7 * len(MODELS), 4.5), sharey=True)
     width = 0.8 / len(methods)
@@ -111,7 +113,7 @@ def _figure(rows: list[dict], platforms: list[str], path: Path) -> None:
                     ys.append(r["slowdown_vs_ratrain"])
                 else:
                     missing.append(x)
-            ax.bar(xs, ys, width, label=method, color=colours[j % len(colours)])
+            ax.bar(xs, ys, width, color=colours[j % len(colours)])
             ax.plot(missing, [0.55] * len(missing), "x", color=colours[j % len(colours)], ms=4)
         ax.axhline(1.0, color="k", lw=0.8, ls=":")
         ax.set_yscale("log")
@@ -120,7 +122,9 @@ def _figure(rows: list[dict], platforms: list[str], path: Path) -> None:
         ax.set_title(f"{model}: planner pick per method / RATrain's pick (x: no pick, or no RATrain pick, fits)",
                      fontsize=9)
         ax.set_ylabel("slowdown vs RATrain (x, log)")
-    axes[0].legend(fontsize=7, ncol=2)
+    # Explicit handles: a method with no bar at all would otherwise show the cycle's next colour.
+    handles = [Patch(color=colours[j % len(colours)], label=m) for j, m in enumerate(methods)]
+    axes[0].legend(handles=handles, fontsize=7, ncol=2)
     fig.suptitle("The paper's premise on MT-3000 and on GPU clusters of comparable compute (global batch 4096)")
     save_figure(fig, path)
 
