@@ -173,6 +173,19 @@ OPS: tuple[OpSpec, ...] = (
            addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
     OpSpec(30, "vfmad", (VMAC,), ("v+", "v", "v", ""), "vd, va, vb", "vmac",
            touches_am=True, is_plain=True, is_mac=True, fp64=True),
+    # FP64 for the NT micro-kernel (dot products reduced across lanes): a gather load of one hardware
+    # vector per FMA unit (``sb`` bytes apart; sb = s0 repeats one vector for every unit), the modulo-4
+    # load of the paper's VLDDWM4, the scalar-vector register's lane read (one port: SMAC1 only), a
+    # scalar FP64 add (SMAC2 first, leaving SMAC1 to the lane reads) and a 64-bit scalar store (the loads
+    # and the store join timing runs, which check an FP64 access's first element as for vldd)
+    OpSpec(31, "vlddg", (VLDST1, VLDST2), ("v=", "s", "s", ""), "vd, [sa+imm], sb", "vector_load", space=SP_AM,
+           access_bytes=8, addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
+    OpSpec(32, "vlddm4", (VLDST1, VLDST2), ("v=", "s", "", ""), "vd, [sa+imm]", "vector_load", space=SP_AM,
+           access_bytes=8, addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
+    OpSpec(33, "smvd", (SMAC1,), ("s=", "v", "", ""), "sd, va, imm", "broadcast", touches_am=True, fp64=True),
+    OpSpec(34, "sfaddd", (SMAC2, SMAC1), ("s=", "s", "s", ""), "sd, sa, sb", "vmac", fp64=True),
+    OpSpec(35, "sstd", (SLDST,), ("", "s", "s", ""), "[sa+imm], sv", None, space=SP_SM, access_bytes=8,
+           addresses_memory=True, touches_am=True, is_plain=True, fp64=True),
 )
 
 OP_BY_NAME = {op.name: op for op in OPS}

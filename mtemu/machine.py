@@ -176,6 +176,7 @@ class Settings(NamedTuple):
     threads: bool               # waiting work may run over threads
     lanes64: int                # FP64 vector lanes computed (1 in timing mode)
     dma_issue: int              # cycles the issuing DSP spends launching a DMA
+    units64: int                # FMA units (vlddg gathers one vector per unit)
 
 
 class Counters(NamedTuple):
@@ -225,7 +226,7 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
     sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
     caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
     vregs64, mem64 = machine.vregs64, machine.mem64
-    lanes64, dma_issue = settings.lanes64, settings.dma_issue
+    lanes64, dma_issue, units64 = settings.lanes64, settings.dma_issue, settings.units64
     functional, dsps, lanes, threads = settings.functional, settings.dsps, settings.lanes, settings.threads
     lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
     row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
@@ -407,7 +408,7 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                         vd = code[p, u, isa.F_R0]
                         for k in range(lanes64):
                             vregs64[d, vd, k] = xd
-                elif op == isa.OP_SLDD:
+                elif op == isa.OP_SLDD or op == isa.OP_SSTD:
                     a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     if a < 0 or a > caps[0] - 8:
                         _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 8)
@@ -418,8 +419,12 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                         time[d] = t
                         return
                     if functional:
-                        word = np.float64(mem64[(bases[0] + d * caps[0] + a) >> 3])
-                        sregs[d, code[p, u, isa.F_R0]] = word.view(np.int64)
+                        i64 = (bases[0] + d * caps[0] + a) >> 3
+                        if op == isa.OP_SLDD:
+                            word = np.float64(mem64[i64])
+                            sregs[d, code[p, u, isa.F_R0]] = word.view(np.int64)
+                        else:
+                            mem64[i64] = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
                 elif op == isa.OP_VLDD or op == isa.OP_VSTD:
                     a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                     size = lanes64 * 8
@@ -441,6 +446,49 @@ def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
                             vs = code[p, u, isa.F_R2]
                             for k in range(lanes64):
                                 mem64[i0 + k] = vregs64[d, vs, k]
+                elif op == isa.OP_VLDDG or op == isa.OP_VLDDM4:
+                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                    if op == isa.OP_VLDDG:
+                        stride = sregs[d, code[p, u, isa.F_R2]]
+                        w = lanes64 // units64          # lanes per unit (lanes past units x w keep their value)
+                        lo_a = min(a, a + (units64 - 1) * stride)
+                        hi_a = max(a, a + (units64 - 1) * stride) + max(w, 1) * 8
+                    else:
+                        stride = np.int64(32)
+                        w = lanes64
+                        lo_a = a
+                        hi_a = a + 32 * (lanes64 - 1) + 8
+                    if lo_a < 0 or hi_a > caps[1]:
+                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, lo_a, hi_a - lo_a)
+                        time[d] = t
+                        return
+                    if (a | stride) & 7:
+                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
+                        time[d] = t
+                        return
+                    if functional:
+                        i0 = (bases[1] + d * caps[1] + a) >> 3
+                        vd = code[p, u, isa.F_R0]
+                        if op == isa.OP_VLDDG:
+                            for k in range(w * units64):
+                                vregs64[d, vd, k] = mem64[i0 + (k // w) * (stride >> 3) + k % w]
+                        else:
+                            for k in range(lanes64):
+                                vregs64[d, vd, k] = mem64[i0 + 4 * k]
+                elif op == isa.OP_SMVD:
+                    lane = code[p, u, isa.F_IMM0]
+                    if lane < 0 or (functional and lane >= lanes64):
+                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, lane, 8)
+                        time[d] = t
+                        return
+                    if functional:
+                        xv = np.float64(vregs64[d, code[p, u, isa.F_R1], lane])
+                        sregs[d, code[p, u, isa.F_R0]] = xv.view(np.int64)
+                elif op == isa.OP_SFADDD:
+                    if functional:
+                        xa = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
+                        xb = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
+                        sregs[d, code[p, u, isa.F_R0]] = np.float64(xa + xb).view(np.int64)
                 elif op == isa.OP_SADDI:
                     sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
                 elif op == isa.OP_SADD:
@@ -885,7 +933,8 @@ class Cluster:
                    MachineState(self.sregs, self.vregs, self.mem, mem32, self.caps, self.bases, F16_TABLE,
                                 self.vregs64, mem64),
                    Settings(self.functional, p.dsps, lanes, p.latencies.branch_delay, p.dma_latency_cycles, bpc,
-                            float(p.dma_row_overhead_cycles), max_cycles, threads, lanes64, int(p.dma_issue_cycles)),
+                            float(p.dma_row_overhead_cycles), max_cycles, threads, lanes64, int(p.dma_issue_cycles),
+                            int(p.fma_units)),
                    Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks), defer)
         while True:
             _run(*records, run_state)

@@ -82,6 +82,7 @@ class ClusterState:
     ddr: np.ndarray                # uint8
     descriptors: list[np.ndarray] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)    # the DMA queue, in issue order
+    fma_units: int = 1             # the platform's FMA units (the units of vlddg's gather)
 
     @classmethod
     def new(cls, platform, ddr_bytes: int = 0) -> ClusterState:
@@ -92,7 +93,8 @@ class ClusterState:
                          np.zeros((p.vector_registers, p.vector_lanes), np.float32),
                          np.zeros(p.sm_bytes, np.uint8), np.zeros(p.am_bytes, np.uint8),
                          vregs64=np.zeros((p.vector_registers, p.fp64_lanes), np.float64)) for _ in range(p.dsps)]
-        return cls(dsps, np.zeros(p.gsm_bytes, np.uint8), np.zeros((ddr_bytes + 63) // 64 * 64, np.uint8))
+        return cls(dsps, np.zeros(p.gsm_bytes, np.uint8), np.zeros((ddr_bytes + 63) // 64 * 64, np.uint8),
+                   fma_units=p.fma_units)
 
     @property
     def lanes(self) -> int:
@@ -273,6 +275,48 @@ def vfmad(c: ClusterState, d: int, i: Instr) -> None:
     v = c.dsps[d].vregs64
     with np.errstate(all="ignore"):
         v[i.r0] = v[i.r0] + v[i.r1] * v[i.r2]
+
+
+def vlddg(c: ClusterState, d: int, i: Instr) -> None:
+    """Gather: with fma_units units of ``w`` = fp64_lanes // fma_units lanes, FP64 lane ``u w + k`` of ``vd``
+    = the FP64 value at AM ``sa + imm + u sb + 8k`` (``sb`` = 0: one vector for every unit); lanes past
+    fma_units x ``w`` keep their value."""
+    s = c.dsps[d]
+    units = c.fma_units
+    w = s.vregs64.shape[1] // units
+    a, stride = wrap64(int(s.sregs[i.r1]) + i.imm0), int(s.sregs[i.r2])
+    for u in range(units):
+        unit = _checked(s.am, isa.SP_AM, wrap64(a + u * stride), 8 * w, 8)
+        s.vregs64[i.r0, u * w:(u + 1) * w] = unit.view(np.float64)
+
+
+def vlddm4(c: ClusterState, d: int, i: Instr) -> None:
+    """Modulo-4 load: FP64 lane k of ``vd`` = the FP64 value at AM ``sa + imm + 32k`` (every fourth)."""
+    s = c.dsps[d]
+    lanes = s.vregs64.shape[1]
+    span = _checked(s.am, isa.SP_AM, wrap64(int(s.sregs[i.r1]) + i.imm0), 32 * (lanes - 1) + 8, 8)
+    s.vregs64[i.r0] = span.view(np.float64)[::4]
+
+
+def smvd(c: ClusterState, d: int, i: Instr) -> None:
+    """``sd`` = the bits of FP64 lane ``imm`` of ``va`` (through the scalar-vector register)."""
+    s = c.dsps[d]
+    if not 0 <= i.imm0 < s.vregs64.shape[1]:
+        raise MachineError(f"smvd lane {i.imm0} outside the {s.vregs64.shape[1]} FP64 lanes")
+    s.sregs[i.r0] = s.vregs64[i.r1, i.imm0:i.imm0 + 1].view(np.int64)[0]
+
+
+def sfaddd(c: ClusterState, d: int, i: Instr) -> None:
+    """``sd`` = ``sa + sb`` as FP64 values (their bits in scalar registers), rounded to nearest."""
+    s = c.dsps[d]
+    x = np.array([int(s.sregs[i.r1]), int(s.sregs[i.r2])], np.int64).view(np.float64)
+    with np.errstate(all="ignore"):
+        s.sregs[i.r0] = np.array([x[0] + x[1]], np.float64).view(np.int64)[0]
+
+
+def sstd(c: ClusterState, d: int, i: Instr) -> None:
+    """The 64-bit word at SM ``sa + imm`` = ``sv``."""
+    _operand(c, d, isa.OP_BY_CODE[i.op], i).view(np.int64)[0] = int(c.dsps[d].sregs[i.r2])
 
 
 def _move(src: np.ndarray, dst: np.ndarray, mode: int, sa: int, da: int, rows: int, row_bytes: int,

@@ -1,4 +1,5 @@
-"""The FP64 vector ops (sldd, svbcastd, vldd, vstd, vfmad): the jitted machine computes the bits
+"""The FP64 ops (sldd, svbcastd, vldd, vstd, vfmad; the NT kernel's vlddg, vlddm4, smvd, sfaddd, sstd):
+the jitted machine computes the bits
 mtemu.semantics states and NumPy's float64 gives; platforms without FP64 lanes refuse them.
 
 Hand cases first, then random hazard-free FP64 programs (mixed with FP32 ops, whose register file is
@@ -48,7 +49,8 @@ def _both(prog, c, ref, fast_forward=None, **kw):
 
 
 def test_fp64_ops_are_in_the_table_with_their_units():
-    assert FP64_NAMES == {"sldd", "svbcastd", "vldd", "vstd", "vfmad"}
+    assert FP64_NAMES == {"sldd", "svbcastd", "vldd", "vstd", "vfmad", "vlddg", "vlddm4", "smvd", "sfaddd", "sstd"}
+    assert isa.OP_BY_NAME["smvd"].units == (isa.SMAC1,)           # one read port of the scalar-vector register
     assert isa.OP_BY_NAME["vfmad"].units == (isa.VMAC,) and isa.OP_BY_NAME["vfmad"].is_mac
     assert {isa.OP_BY_NAME[n].access_bytes for n in ("sldd", "vldd", "vstd")} == {8}
 
@@ -72,6 +74,32 @@ def test_multiply_accumulate_matches_numpy_float64():
     _both(prog, c, ref)
     got = c.region("AM", 2048, LANES64 * 8).view(np.float64)
     assert np.array_equal(got.view(np.uint64), (acc + a[0] * b).view(np.uint64))
+
+
+def test_gather_modulo_load_and_the_scalar_path_match_numpy():
+    """vlddg: unit u (fma_units = 3 units of 16 // 3 = 5 lanes here; lane 15 keeps its value) from
+    s3 bytes further per unit, or one vector repeated (s0); vlddm4: every fourth value; smvd reads a lane
+    into a scalar, sfaddd adds two FP64 scalars, sstd stores one to SM."""
+    rng = np.random.default_rng(2)
+    mem = rng.standard_normal(512)
+    c, ref = _new()
+    _fill(c, ref, "AM", 0, mem)
+    _fill(c, ref, "SM", 0, np.array([0.25]))
+    prog = parse("\n".join([
+        "{ svbcastd v1, s0 | svbcastd v2, s0 }", *["{ nop }"] * 3,
+        "{ vlddg v1, [s2+64], s3 | vlddg v2, [s2+8], s0 }", "{ vlddm4 v3, [s2+16] | sldd s5, [s0+0] }",
+        *["{ nop }"] * 8,
+        "{ smvd s4, v3, 7 }", *["{ nop }"] * 3,
+        "{ sfaddd s6, s4, s5 }", *["{ nop }"] * 5,
+        "{ sstd [s0+8], s6 }", "{ halt }"]), PLAT)
+    _both(prog, c, ref, init_sregs={0: {3: 256}})
+    w = LANES64 // PLAT.fma_units
+    g = c.vregs64[0, 1].copy()
+    want = np.concatenate([mem[8 + 32 * u:8 + 32 * u + w] for u in range(PLAT.fma_units)] + [[0.0]])
+    assert np.array_equal(g, want)
+    assert np.array_equal(c.vregs64[0, 2], np.concatenate([np.tile(mem[1:1 + w], PLAT.fma_units), [0.0]]))
+    assert np.array_equal(c.vregs64[0, 3], mem[2:2 + 4 * LANES64:4])
+    assert c.region("SM", 8, 8).view(np.float64)[0] == mem[2 + 4 * 7] + 0.25
 
 
 def test_fp64_and_fp32_register_files_are_separate():
@@ -122,12 +150,14 @@ LAT = {s.name: getattr(PLAT.latencies, s.latency) if s.latency else 0 for s in i
 
 
 def _random_program(rng) -> ProgramBuilder:
-    """s1 SM base (FP64 scalars at 0..255), s2 AM base (FP64 vectors at 0..4095); FP32 at AM 4096..."""
+    """s1 SM base (FP64 scalars at 0..255, sstd at 256..511), s2 AM base (FP64 vectors at 0..4095; s3 the
+    gather's stride); FP32 at AM 4096..."""
     b = ProgramBuilder(PLAT)
     ready: dict[tuple[str, int], int] = {}
     cycle = 0
     for _ in range(int(rng.integers(20, 60))):
-        kind = str(rng.choice(["vfmad", "vfmad", "svbcastd", "sldd", "vldd", "vstd", "vldw", "vfma"]))
+        kind = str(rng.choice(["vfmad", "vfmad", "svbcastd", "sldd", "vldd", "vstd", "vldw", "vfma", "vlddg",
+                               "vlddm4", "smvd", "sfaddd", "sstd"]))
         v = lambda: int(rng.integers(0, PLAT.vector_registers))   # noqa: E731
         if kind in ("vfmad", "vfma"):
             d, a, c = v(), v(), v()
@@ -141,6 +171,23 @@ def _random_program(rng) -> ProgramBuilder:
         elif kind == "vldd":
             d = v()
             instr, reads, writes = ins(kind, f"v{d}", ("s2", 8 * int(rng.integers(0, 496)))), [("s", 2)], [("v", d)]
+        elif kind == "vlddg":                  # s3: the units' stride (128 bytes), or s0: one vector
+            d, st = v(), int(rng.choice([0, 3]))
+            instr = ins(kind, f"v{d}", ("s2", 8 * int(rng.integers(0, 450))), f"s{st}")
+            reads, writes = [("s", 2), ("s", st)], [("v", d)]
+        elif kind == "vlddm4":
+            d = v()
+            instr, reads, writes = ins(kind, f"v{d}", ("s2", 8 * int(rng.integers(0, 450)))), [("s", 2)], [("v", d)]
+        elif kind == "smvd":
+            d, a = int(rng.integers(4, 8)), v()
+            instr, reads, writes = ins(kind, f"s{d}", f"v{a}", int(rng.integers(0, LANES64))), [("v", a)], [("s", d)]
+        elif kind == "sfaddd":
+            d, a, b2 = (int(x) for x in rng.integers(4, 8, 3))
+            instr, reads, writes = ins(kind, f"s{d}", f"s{a}", f"s{b2}"), [("s", a), ("s", b2)], [("s", d)]
+        elif kind == "sstd":
+            a = int(rng.integers(4, 8))
+            instr, reads, writes = ins(kind, ("s1", 256 + 8 * int(rng.integers(0, 32))), f"s{a}"), \
+                [("s", 1), ("s", a)], []
         elif kind == "vstd":
             s = v()
             instr, reads, writes = ins(kind, ("s2", 8 * int(rng.integers(0, 496))), f"v{s}"), [("s", 2), ("v", s)], []
@@ -170,7 +217,7 @@ def test_random_fp64_programs_match_the_reference(seed, fast_forward):
     _fill(c, ref, "AM", 0, rng.standard_normal(512))
     _fill(c, ref, "AM", 4096, rng.standard_normal(1024).astype(np.float32))
     prog = _random_program(rng).assemble()
-    _both(prog, c, ref, fast_forward=fast_forward, init_sregs={0: {1: 0, 2: 0}})
+    _both(prog, c, ref, fast_forward=fast_forward, init_sregs={0: {1: 0, 2: 0, 3: 128}})
 
 
 def test_timing_runs_count_fp64_macs_as_the_bundle_by_bundle_run():

@@ -6,10 +6,15 @@ import pytest
 from mtemu.errors import CapacityError, MtemuError, PlatformError
 from mtemu.kernels.gemm_fp64 import (
     FP64_KERNELS,
+    NT_SCRATCH_BYTES,
     PAPER_NN_BLOCKINGS,
+    PAPER_NT_BLOCKINGS,
     NNBlocking,
     nn_micro_timing,
     nn_reference,
+    nt_micro_reference,
+    nt_micro_timing,
+    nt_reference,
     plan_nn,
     run_nn,
 )
@@ -54,12 +59,61 @@ def test_paper_blockings_fit_and_one_more_row_does_not():
         plan_nn(6048, 2048, 1536, NNBlocking(1024, 48, 6, 252, 1512), FT)
 
 
+@pytest.mark.parametrize("m, k, n, blk, cores", [
+    (24, 64, 32, NNBlocking(32, 16, 12, 12, 24), 1),      # two K blocks, two M tiles, two column blocks
+    (48, 32, 48, NNBlocking(32, 24, 6, 12, 24, c_buffers=2), 1),   # two M blocks, three calls per tile
+    (24, 64, 64, NNBlocking(32, 16, 6, 12, 24), 2),       # two cores: B^T's rows split
+])
+def test_nt_gemm_is_bit_exact_with_numpy(m, k, n, blk, cores):
+    rng = np.random.default_rng(m + k + n)
+    a, bt, c = rng.standard_normal((m, k)), rng.standard_normal((n, k)), rng.standard_normal((m, n))
+    got = run_nn(a, bt, c, blk, FT, cores, nt=True)
+    want = nt_reference(a, bt, c, blk.ka)
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+    assert np.allclose(got, c + a @ bt.T)
+
+
+def test_nt_micro_reference_is_the_paper_reduction():
+    """Per lane l, the k = l (mod 16) products in order; then the 16 lanes as four sums of four."""
+    rng = np.random.default_rng(3)
+    a, bt, c = rng.standard_normal((6, 32)), rng.standard_normal((8, 32)), rng.standard_normal((6, 8))
+    lane = a[2, :16] * bt[5, :16] + a[2, 16:] * bt[5, 16:]
+    q = [((lane[4 * g] + lane[4 * g + 1]) + lane[4 * g + 2]) + lane[4 * g + 3] for g in range(4)]
+    assert nt_micro_reference(a, bt, c)[2, 5] == c[2, 5] + (((q[0] + q[1]) + q[2]) + q[3])
+
+
+@pytest.mark.parametrize("ka", [64, 2048])
+def test_nt_micro_kernel_cycles(ka):
+    """ka cycles of vfmad (three 16-lane FMAs each) and 145 more: the call and return (15), the first
+    loads (10), the five-step reduction and the 48 lane reads of the scalar-vector register."""
+    r = nt_micro_timing(ka, FT)
+    assert r.cycles == ka + 145
+    assert r.efficiency == pytest.approx(ka / (ka + 145))
+
+
+def test_nt_blockings_fit_and_refusals_name_the_memory():
+    for blk in PAPER_NT_BLOCKINGS.values():
+        plan_nn(2880, 2048, 2048, blk, FT, nt=True)
+    over = 2 * 6 * 2048 * 8 + 2 * 2048 * 24 * 8 + NT_SCRATCH_BYTES - FT.am_bytes
+    with pytest.raises(CapacityError, match=rf"^AM: 2 A tiles .* and {NT_SCRATCH_BYTES} bytes of reduction scratch "
+                                            rf"needs \d+ bytes, {over} more than the platform's 786432$"):
+        plan_nn(2880, 2048, 2880, NNBlocking(2048, 24, 6, 72, 288), FT, nt=True)
+    with pytest.raises(CapacityError, match=r"^SM: 3 C tiles of M_A x N_A = 288 x 16 FP64 needs 110592 bytes"):
+        plan_nn(2880, 2048, 2048, NNBlocking(2048, 16, 6, 288, 288), FT, nt=True)
+    with pytest.raises(MtemuError, match="N_A = 20 is not a multiple of the micro-kernel's 8 columns"):
+        plan_nn(2880, 2048, 2040, NNBlocking(2048, 20, 6, 144, 288), FT, nt=True)
+    with pytest.raises(PlatformError, match="16 FP64 lanes per FMA unit"):
+        nt_micro_timing(64, FT.with_overrides(fp64_lanes=24))
+    with pytest.raises(PlatformError, match="no FP64 lanes"):
+        nt_micro_timing(64, DEFAULT)
+
+
 def test_bad_shapes_and_platforms_are_refused_in_one_line():
     with pytest.raises(MtemuError, match="N = 100 is not a multiple of N_A = 48"):
         plan_nn(1512, 512, 100, PAPER_NN_BLOCKINGS[512], FT)
     with pytest.raises(PlatformError, match="no FP64 lanes"):
         nn_micro_timing(64, DEFAULT)
-    assert set(FP64_KERNELS) >= {"nn-micro", "nn-gemm"}
+    assert set(FP64_KERNELS) >= {"nn-micro", "nn-gemm", "nt-micro", "nt-gemm"}
 
 
 @pytest.mark.parametrize("flags, match", [
@@ -81,6 +135,7 @@ def test_validate_rows_are_marked_and_the_micro_kernel_calibration_holds():
     assert {t.shape[0] for t in fit if t.kernel == "nn-micro"} == {64, 512, 1024}
     assert {t.shape[3] for t in fit if t.kernel == "nn-gemm"} == {128, 256, 512}
     assert all(t.cores == 1 and t.c_buffers == 3 for t in fit)        # multi-core and variants held out
+    assert all(not t.fit for t in TARGETS if t.kernel.startswith("nt"))    # the NT results are held out
     for t in fit[:3]:
         row = Row(t, emulate(t, plat).efficiency, 0)
         assert abs(row.error_pp) <= TOLERANCE_PP, row.to_json()

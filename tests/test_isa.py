@@ -96,11 +96,11 @@ def test_derived_sets():
         "vfma", "svbcast", "svbcastw", "vexp", "vlog", "vmax", "ssth", "vldh", "vldw", "vstw", "vsth")}
     assert set(isa.ops_where(has_target=True)) == {isa.OP_BR, isa.OP_BNZ, isa.OP_BDEC, isa.OP_CALL}
     assert set(isa.ops_where(names_scalar_dest=True)) == {isa.OP_SADDI, isa.OP_SADD, isa.OP_SMOVI, isa.OP_SLDH,
-                                                          isa.OP_SLDD}
+                                                          isa.OP_SLDD, isa.OP_SMVD, isa.OP_SFADDD}
     table = isa.op_table(is_plain=True)
     assert table.shape == (isa.N_OPCODES,) and not table[0] and table[isa.OP_NOP] and not table[isa.OP_DMA]
-    assert isa.ops_where(lambda s: s.space == isa.SP_AM, vector=True).tolist() == [8, 9, 10, 11, 28, 29]
-    assert isa.ops_where(fp64=True).tolist() == [26, 27, 28, 29, 30]
+    assert isa.ops_where(lambda s: s.space == isa.SP_AM, vector=True).tolist() == [8, 9, 10, 11, 28, 29, 31, 32]
+    assert isa.ops_where(fp64=True).tolist() == [26, 27, 28, 29, 30, 31, 32, 33, 34, 35]
     with pytest.raises(AttributeError):
         isa.ops_where(no_such_flag=True)
 
@@ -132,6 +132,8 @@ WRITERS = {
     "vldh": ins("vldh", "v5", ("s1", 0)), "vldw": ins("vldw", "v5", ("s1", 0)),
     "sldd": ins("sldd", "s5", ("s1", 0)), "svbcastd": ins("svbcastd", "v5", "s1"),
     "vldd": ins("vldd", "v5", ("s1", 0)), "vfmad": ins("vfmad", "v5", "v1", "v2"),
+    "vlddg": ins("vlddg", "v5", ("s1", 0), "s1"), "vlddm4": ins("vlddm4", "v5", ("s1", 0)),
+    "smvd": ins("smvd", "s5", "v1", 0), "sfaddd": ins("sfaddd", "s5", "s1", "s1"),
 }
 READERS = {"s": ins("saddi", "s6", "s5", 0), "v": ins("vstw", ("s1", 0), "v5")}
 

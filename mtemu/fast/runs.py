@@ -80,9 +80,9 @@ def _access(op, lanes):
         return CLASS_AM, 2 * lanes, 2
     if op == isa.OP_VLDW or op == isa.OP_VSTW:
         return CLASS_AM, 4 * lanes, 4
-    if op == isa.OP_SLDD:
+    if op == isa.OP_SLDD or op == isa.OP_SSTD:
         return CLASS_SM, 8, 8
-    if op == isa.OP_VLDD or op == isa.OP_VSTD:
+    if op == isa.OP_VLDD or op == isa.OP_VSTD or op == isa.OP_VLDDG or op == isa.OP_VLDDM4:
         return CLASS_AM, 8 * lanes, 8       # (in timing mode only, where lanes is 1 for every type)
     return -1, 0, 0
 

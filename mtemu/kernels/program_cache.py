@@ -57,6 +57,7 @@ _GENERATOR_SOURCES = {
     "gemm_a_resident": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm.py",
                         "kernels/gemm_a_resident.py"),
     "gemm_fp64": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm_fp64.py"),
+    "gemm_fp64_nt": ("isa.py", "assembler.py", "kernels/schedule.py", "kernels/gemm_fp64.py"),
 }
 
 

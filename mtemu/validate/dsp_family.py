@@ -12,7 +12,14 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..kernels.gemm_fp64 import PAPER_NN_BLOCKINGS, nn_gemm_timing, nn_micro_timing
+from ..kernels.gemm_fp64 import (
+    PAPER_NN_BLOCKINGS,
+    PAPER_NT_BLOCKINGS,
+    nn_gemm_timing,
+    nn_micro_timing,
+    nt_gemm_timing,
+    nt_micro_timing,
+)
 from ..platform import Platform, load_platform
 
 PLATFORM_FILE = Path(__file__).resolve().parents[2] / "platforms" / "ft-m7032.toml"
@@ -22,7 +29,7 @@ PEAK_GFLOPS = 172.8
 
 @dataclass(frozen=True)
 class Target:
-    kernel: str                 # nn-micro, nn-gemm
+    kernel: str                 # nn-micro, nn-gemm, nt-micro, nt-gemm
     shape: tuple[int, ...]      # micro-kernel: (K_A,); GEMM: (M, K, N, K_A)
     measured: float             # efficiency, fraction of peak
     source: str                 # where in the paper
@@ -57,6 +64,21 @@ TARGETS: tuple[Target, ...] = (
            cores=4),
     Target("nn-gemm", (6048, 2048, 12288, 512), _gf(165), "V-C1, Fig. 15: 8-core speedup close to 8", False,
            cores=8),
+    # held out: the NT kernels (C = A B^T + C). Micro-kernel 6 x K_A x 8; GEMM M = 2880, K = 2048,
+    # N = 2048 x cores with V-B2's blockings
+    Target("nt-micro", (64,), 0.303, "V-A, Fig. 12(b): 52.4 GFLOPS, 30.3 %", False),
+    Target("nt-micro", (2048,), 0.932, "V-A, Fig. 12(b): 161.0 GFLOPS, 93.2 %", False),
+    Target("nt-gemm", (2880, 2048, 2048, 512), _gf(128), "V-B2, Fig. 14: about 128 GFLOPS", False),
+    Target("nt-gemm", (2880, 2048, 2048, 1024), _gf(145), "V-B2, Fig. 14: about 145 GFLOPS", False),
+    Target("nt-gemm", (2880, 2048, 2048, 2048), _gf(154), "V-B2, Fig. 14: about 154 GFLOPS", False),
+    # multi-core NT (V-C2, Fig. 16): near-linear at K_A = 512 (taken as linear from 128 GFLOPS); at
+    # K_A = 1024 speedups 3.73 (4 cores) and 6.52 (8 cores) over the single-core 145 GFLOPS
+    Target("nt-gemm", (2880, 2048, 16384, 512), _gf(128), "V-C2, Fig. 16: near-linear speedup (8 cores)", False,
+           cores=8),
+    Target("nt-gemm", (2880, 2048, 8192, 1024), _gf(145 * 3.73 / 4), "V-C2, Fig. 16: speedup 3.73 on 4 cores",
+           False, cores=4),
+    Target("nt-gemm", (2880, 2048, 16384, 1024), _gf(145 * 6.52 / 8), "V-C2, Fig. 16: speedup 6.52 on 8 cores",
+           False, cores=8),
 )
 # Multi-core scaling the paper describes only in words (V-C1: "when K_A is set to 128 and 256 the
 # scalability of GEMM is poor"): printed as emulated speedups, no target.
@@ -93,11 +115,12 @@ def family_platform() -> Platform:
 
 
 def emulate(target: Target, platform: Platform):
-    if target.kernel == "nn-micro":
-        return nn_micro_timing(target.shape[0], platform)
+    if target.kernel.endswith("micro"):
+        return (nt_micro_timing if target.kernel == "nt-micro" else nn_micro_timing)(target.shape[0], platform)
     m, k, n, ka = target.shape
-    blk = replace(PAPER_NN_BLOCKINGS[ka], c_buffers=target.c_buffers)
-    return nn_gemm_timing(m, k, n, blk, platform, cores=target.cores)
+    nt = target.kernel == "nt-gemm"
+    blk = replace((PAPER_NT_BLOCKINGS if nt else PAPER_NN_BLOCKINGS)[ka], c_buffers=target.c_buffers)
+    return (nt_gemm_timing if nt else nn_gemm_timing)(m, k, n, blk, platform, cores=target.cores)
 
 
 def validate_dsp_family(platform: Platform | None = None, progress: bool = False) -> list[Row]:
@@ -146,7 +169,7 @@ def format_scaling(rows: list[ScalingRow]) -> str:
 
 def _shape(t: Target) -> str:
     if t.kernel.endswith("micro"):
-        return f"6 x {t.shape[0]} x 48"
+        return f"6 x {t.shape[0]} x {8 if t.kernel == 'nt-micro' else 48}"
     m, k, n, ka = t.shape
     extra = (f", {t.cores} cores" if t.cores > 1 else "") + (f", {t.c_buffers} C buffers" if t.c_buffers != 3 else "")
     return f"{m} x {k} x {n}, K_A {ka}{extra}"
