@@ -25,3 +25,19 @@ def own_cache_root(tmp_path_factory):
     patch.setenv(caches.NUMBA_VARIABLE, str(numba))
     yield caches.root()
     patch.undo()
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run a command's ``main(argv)`` in this process: (exit status, stdout, stderr) as ``python -m`` would
+    give them, without a new interpreter loading the machine again (seconds per call). Tests of the process
+    itself (start-up, imports, signals) still start one."""
+    def run(main, argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as exc:           # argparse's errors
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return code or 0, out, err
+    return run
