@@ -5,8 +5,12 @@ The root (``RTCACHE_DIR``) points at a fresh temporary folder, and the per-packa
 move it again (monkeypatch) into their own ``tmp_path``. The exception is Numba's compiled code: it
 stays where it was before the test run (``NUMBA_CACHE_DIR`` if set, as ``.ci/run`` does; else the
 user's own mtemu cache), so the suite does not recompile the machine (minutes) on every run. It is
-keyed by the state of the jitted sources (mtemu.jit), so it cannot hand a test stale code. Shipped
-data (``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.
+keyed by the state of the jitted sources (mtemu.jit), so it cannot hand a test stale code. Built kernel
+programs are kept the same way, in ``<numba>/tests-programs`` (the root's ``mtemu/programs`` links to it):
+an entry is keyed by the hash of its generator's sources, the shape, the tiles and the platform digest,
+so it too cannot be stale, and the suite does not assemble the same few hundred programs again on every
+run. Tests of those caches move them into their own ``tmp_path`` as before. Shipped data
+(``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.
 """
 from __future__ import annotations
 
@@ -23,8 +27,21 @@ def own_cache_root(tmp_path_factory):
     for variable in caches.PART_VARIABLES.values():
         patch.delenv(variable, raising=False)
     patch.setenv(caches.NUMBA_VARIABLE, str(numba))
+    _keep_built_programs(numba)
     yield caches.root()
     patch.undo()
+
+
+def _keep_built_programs(numba) -> None:
+    """Point this run's program cache at the one kept between runs beside Numba's (made on first use)."""
+    kept = numba / "tests-programs"
+    here = caches.path("programs")
+    try:
+        kept.mkdir(parents=True, exist_ok=True)
+        here.parent.mkdir(parents=True, exist_ok=True)
+        here.symlink_to(kept, target_is_directory=True)
+    except OSError:
+        pass                        # a fresh folder then: every program is built, as on a first run
 
 
 @pytest.fixture
