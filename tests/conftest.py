@@ -14,6 +14,8 @@ run. Tests of those caches move them into their own ``tmp_path`` as before. Ship
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rtcommon import caches
@@ -34,8 +36,23 @@ def own_cache_root(tmp_path_factory):
 
 def _keep_built_programs(numba) -> None:
     """Point this run's program cache at the one kept between runs beside Numba's (made on first use)."""
-    kept = numba / "tests-programs"
-    here = caches.path("programs")
+    _link(caches.path("programs"), numba / "tests-programs")
+
+
+@pytest.fixture
+def mtemu_cache_in(monkeypatch):
+    """``move(folder)``: the mtemu caches move to ``folder`` (for a test of the tuner's, the latencies' or
+    another cache's own behaviour) except the built programs, still the kept ones, so that the test
+    starts from empty caches without assembling every program again."""
+    def move(folder: Path) -> Path:
+        kept = caches.path("programs").resolve()
+        monkeypatch.setenv(caches.PART_VARIABLES["mtemu"], str(folder))
+        _link(caches.path("programs"), kept)
+        return folder
+    return move
+
+
+def _link(here: Path, kept: Path) -> None:
     try:
         kept.mkdir(parents=True, exist_ok=True)
         here.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,8 @@ CS = "c-stationary"           # the tests that check against the C-stationary ke
 
 
 @pytest.fixture
-def cachedir(tmp_path, monkeypatch):
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cache"))
+def cachedir(tmp_path, mtemu_cache_in):
+    mtemu_cache_in(tmp_path / "cache")
     return tmp_path
 
 

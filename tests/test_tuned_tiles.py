@@ -21,8 +21,8 @@ TINY = ModelSpec(name="tiny-tuned", hidden=192, ffn=384, layers=4, heads=3, kv_h
 
 
 @pytest.fixture
-def private(tmp_path, monkeypatch):
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "mtemu"))
+def private(tmp_path, monkeypatch, mtemu_cache_in):
+    mtemu_cache_in(tmp_path / "mtemu")
     monkeypatch.setenv("RATRAIN_CACHE_DIR", str(tmp_path / "ratrain"))
     monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
     profile._MEMO.clear()
@@ -71,9 +71,9 @@ def test_better_tiles_shorten_the_simulated_step(private):
                                                                                      ).simulated_ms
 
 
-def test_cli_tunes_the_named_loop_order_and_refuses_a_foreign_tile(private, tmp_path, monkeypatch, run_cli):
+def test_cli_tunes_the_named_loop_order_and_refuses_a_foreign_tile(private, tmp_path, mtemu_cache_in, run_cli):
     from mtemu.cli import main
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cli"))
+    mtemu_cache_in(tmp_path / "cli")
     run = ["tune", "gemm", "--m", "64", "--k", "64", "--n", "192", "--emulate-top", "1", "--out", str(tmp_path / "out"),
            "--json"]
     code, out, err = run_cli(main, run + ["--kg", "64"])
