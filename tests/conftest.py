@@ -5,10 +5,16 @@ The root (``RTCACHE_DIR``) points at a fresh temporary folder, and the per-packa
 move it again (monkeypatch) into their own ``tmp_path``. The exception is Numba's compiled code: it
 stays where it was before the test run (``NUMBA_CACHE_DIR`` if set, as ``.ci/run`` does; else the
 user's own mtemu cache), so the suite does not recompile the machine (minutes) on every run. It is
-keyed by the state of the jitted sources (mtemu.jit), so it cannot hand a test stale code. Shipped
-data (``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.
+keyed by the state of the jitted sources (mtemu.jit), so it cannot hand a test stale code. Built kernel
+programs are kept the same way, in ``<numba>/tests-programs`` (the root's ``mtemu/programs`` links to it):
+an entry is keyed by the hash of its generator's sources, the shape, the tiles and the platform digest,
+so it too cannot be stale, and the suite does not assemble the same few hundred programs again on every
+run. Tests of those caches move them into their own ``tmp_path`` as before. Shipped data
+(``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -23,5 +29,49 @@ def own_cache_root(tmp_path_factory):
     for variable in caches.PART_VARIABLES.values():
         patch.delenv(variable, raising=False)
     patch.setenv(caches.NUMBA_VARIABLE, str(numba))
+    _keep_built_programs(numba)
     yield caches.root()
     patch.undo()
+
+
+def _keep_built_programs(numba) -> None:
+    """Point this run's program cache at the one kept between runs beside Numba's (made on first use)."""
+    _link(caches.path("programs"), numba / "tests-programs")
+
+
+@pytest.fixture
+def mtemu_cache_in(monkeypatch):
+    """``move(folder)``: the mtemu caches move to ``folder`` (for a test of the tuner's, the latencies' or
+    another cache's own behaviour) except the built programs, still the kept ones, so that the test
+    starts from empty caches without assembling every program again."""
+    def move(folder: Path) -> Path:
+        kept = caches.path("programs").resolve()
+        monkeypatch.setenv(caches.PART_VARIABLES["mtemu"], str(folder))
+        _link(caches.path("programs"), kept)
+        return folder
+    return move
+
+
+def _link(here: Path, kept: Path) -> None:
+    try:
+        kept.mkdir(parents=True, exist_ok=True)
+        here.parent.mkdir(parents=True, exist_ok=True)
+        here.symlink_to(kept, target_is_directory=True)
+    except OSError:
+        pass                        # a fresh folder then: every program is built, as on a first run
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run a command's ``main(argv)`` in this process: (exit status, stdout, stderr) as ``python -m`` would
+    give them, without a new interpreter loading the machine again (seconds per call). Tests of the process
+    itself (start-up, imports, signals) still start one."""
+    def run(main, argv: list[str]) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as exc:           # argparse's errors
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return code or 0, out, err
+    return run

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,13 @@ def _modules(package: str) -> dict[str, Path]:
 def _imports(path: Path, module: str) -> tuple[list[list[str]], list[tuple[int, list[str]]]]:
     """(per module-level import statement: the names it may load, first the module it names;
     [(line, those names)] of imports inside functions)."""
+    top, nested = _parsed_imports(path, module)
+    return [list(names) for names in top], [(line, list(names)) for line, names in nested]
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_imports(path: Path, module: str) -> tuple[tuple, tuple]:
+    """:func:`_imports` of one file, parsed once per test run (every test here reads every file)."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     top, nested = [], []
@@ -61,7 +69,7 @@ def _imports(path: Path, module: str) -> tuple[list[list[str]], list[tuple[int, 
             for node in ast.walk(fn):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     nested.append((node.lineno, names(node)))
-    return top, nested
+    return tuple(map(tuple, top)), tuple((line, tuple(n)) for line, n in nested)
 
 
 def _graph(package: str) -> dict[str, set[str]]:

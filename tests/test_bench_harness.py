@@ -109,6 +109,8 @@ def test_cheap_time_benchmark_runs():
     assert b.cfg.pp == 8 and b.costs is not None
 
 
+# asv's own discovery in a fresh process (seconds); the quick layer imports every benchmark module above
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("asv") is None, reason="asv not installed (pip install -e '.[bench]')")
 def test_asv_check_finds_no_problems():
     proc = subprocess.run(["asv", "check", "--python=same"], cwd=ROOT, capture_output=True, text=True,

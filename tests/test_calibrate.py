@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,17 +123,17 @@ def test_bad_inputs_are_named():
         bandwidth_study((0.0,))
 
 
-def test_cli_study_json_and_errors():
-    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "validate", "table5-study", "--bandwidths", "30",
-                          "--json"], capture_output=True, text=True, check=True)
-    d = json.loads(out.stdout)
+def test_cli_study_json_and_errors(run_cli):
+    from mtemu.cli import main
+    code, out, err = run_cli(main, ["validate", "table5-study", "--bandwidths", "30", "--json"])
+    assert code == 0, err
+    d = json.loads(out)
     row = d["rows"][0]
     assert row["ddr_bandwidth"] == 30e9
     assert {"fixed", "protocol", "oracle"} <= set(row)
     assert len(row["oracle"]["rows"]) == 5 and d["emulated"] == []
-    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "validate", "table5-study", "--bandwidths", "30,x"],
-                         capture_output=True, text=True)
-    assert bad.returncode != 0 and "--bandwidths" in bad.stderr and "Traceback" not in bad.stderr
+    code, _, err = run_cli(main, ["validate", "table5-study", "--bandwidths", "30,x"])
+    assert code != 0 and "--bandwidths" in err and "Traceback" not in err
 
 
 def test_a_resident_bound_in_closed_form():

@@ -82,16 +82,15 @@ def test_capacities_and_inputs_are_checked():
         run_a_resident(a, b[:4])
 
 
-def test_cli_loop_order():
+def test_cli_loop_order(run_cli):
     import json
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "200", "--n", "100",
-                          "--loop-order", "a-resident", "--kg", "64", "--json"],
-                         capture_output=True, text=True, check=True)
-    d = json.loads(out.stdout)
+
+    from mtemu.cli import main
+    code, out, err = run_cli(main, ["gemm", "--m", "64", "--k", "200", "--n", "100", "--loop-order", "a-resident",
+                                    "--kg", "64", "--json"])
+    assert code == 0, err
+    d = json.loads(out)
     assert d["tiles"]["kg"] == 64 and d["utilization"] <= d["bound"]["utilization"]
-    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "64", "--k", "64", "--n", "64",
-                          "--loop-order", "c-stationary", "--kg", "32"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "--kg applies to --loop-order a-resident only" in bad.stderr
+    code, _, err = run_cli(main, ["gemm", "--m", "64", "--k", "64", "--n", "64", "--loop-order", "c-stationary",
+                                  "--kg", "32"])
+    assert code == 2 and "--kg applies to --loop-order a-resident only" in err

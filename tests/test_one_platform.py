@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -97,9 +95,11 @@ def test_link_bandwidth_moves_the_planners_choice_toward_data_parallel_traffic()
     assert fast.step_ms < slow.step_ms
 
 
-def test_description_round_trips_through_both_clis(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ratrain.cli", "platform", "--json"], capture_output=True,
-                         text=True, check=True).stdout
+def test_description_round_trips_through_both_clis(tmp_path, run_cli):
+    from mtemu.cli import main as mtemu_main
+    from ratrain.cli import main as ratrain_main
+    code, out, err = run_cli(ratrain_main, ["platform", "--json"])
+    assert code == 0, err
     data = json.loads(out)
     data["cluster"]["ddr_bandwidth"] = 40e9
     path = tmp_path / "edited.json"
@@ -107,9 +107,8 @@ def test_description_round_trips_through_both_clis(tmp_path):
     again = TrainingPlatform.from_file(path)
     assert again.cluster.ddr_bandwidth == 40e9 and again.link_bandwidth == 3.7e9
     assert Platform.from_file(path).ddr_bandwidth == 40e9                     # mtemu reads the [cluster] part
-    mt = subprocess.run([sys.executable, "-m", "mtemu.cli", "platform", "--platform", str(path), "--json"],
-                        capture_output=True, text=True)
-    assert mt.returncode == 0 and json.loads(mt.stdout)["ddr_bandwidth"] == 40e9
+    code, out, err = run_cli(mtemu_main, ["platform", "--platform", str(path), "--json"])
+    assert code == 0 and json.loads(out)["ddr_bandwidth"] == 40e9, err
 
 
 @pytest.mark.parametrize("data, pattern", [

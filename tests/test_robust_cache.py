@@ -30,8 +30,8 @@ GOOD = {"utilization": 0.5, "cycles": 1000, "latency_ms": 0.01, "stalls": {"late
 
 
 @pytest.fixture
-def cachedir(tmp_path, monkeypatch):
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cache"))
+def cachedir(tmp_path, mtemu_cache_in):
+    mtemu_cache_in(tmp_path / "cache")
     caches._warned.clear()
     return tmp_path
 

@@ -1,6 +1,7 @@
 """A damaged entry of the machine's Numba cache is a cache miss: one CacheWarning, then it is
 compiled again and the next run is clean (Numba alone fails on every later run)."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,13 +27,25 @@ def _run(script, cache):
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("damage", ["truncate-nbc", "flip-nbc", "truncate-nbi"])
-def test_a_damaged_numba_cache_entry_is_rebuilt(tmp_path, damage):
-    script = tmp_path / "tinyjit.py"
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The tiny script and a cache it compiled into: each damage case starts from a copy of it."""
+    folder = tmp_path_factory.mktemp("tinyjit")
+    script = folder / "tinyjit.py"
     script.write_text(TINY)
-    cache = tmp_path / "numba"
+    cache = folder / "numba"
     first = _run(script, cache)
     assert first.returncode == 0 and first.stdout.strip() == "42", first.stderr
+    return script, cache
+
+
+# one damage in the quick layer; the other two read the same repair path
+@pytest.mark.parametrize("damage", [pytest.param("truncate-nbc", marks=pytest.mark.slow), "flip-nbc",
+                                    pytest.param("truncate-nbi", marks=pytest.mark.slow)])
+def test_a_damaged_numba_cache_entry_is_rebuilt(tmp_path, compiled, damage):
+    script, template = compiled
+    cache = tmp_path / "numba"
+    shutil.copytree(template, cache)
     suffix = ".nbi" if damage.endswith("nbi") else ".nbc"
     (entry,) = cache.rglob(f"*{suffix}")
     raw = entry.read_bytes()

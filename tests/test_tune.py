@@ -15,8 +15,8 @@ CS = "c-stationary"           # the tests that check against the C-stationary ke
 
 
 @pytest.fixture
-def cachedir(tmp_path, monkeypatch):
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "cache"))
+def cachedir(tmp_path, mtemu_cache_in):
+    mtemu_cache_in(tmp_path / "cache")
     return tmp_path
 
 
@@ -57,19 +57,36 @@ def test_a_corrupt_cache_entry_is_re_emulated(cachedir):
     assert [c.utilization for c in again.candidates] == [c.utilization for c in r.candidates]
 
 
-def test_local_processes_give_the_same_table(cachedir):
-    one = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, cache=False)
+@pytest.fixture(scope="module")
+def one_process_table():
+    """The sweep on this process alone (uncached): what every parallel run must give."""
+    table = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, cache=False)
+    return [c.to_json() for c in table.candidates]
+
+
+def test_local_processes_give_the_same_table(one_process_table):
     two = tune_gemm(*SHAPE, grid=GRID, workers=2, out_dir=None, progress=False, cache=False)
-    assert [c.to_json() for c in one.candidates] == [c.to_json() for c in two.candidates]
+    assert [c.to_json() for c in two.candidates] == one_process_table
 
 
-def test_dask_local_cluster_gives_the_same_table(cachedir):
+def _dask_table(workers: int, processes: bool) -> list[dict]:
     distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] not installed")
-    local = tune_gemm(*SHAPE, grid=GRID, workers=1, out_dir=None, progress=False, cache=False)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
+                                  dashboard_address=None) as cluster:
         with distributed.Client(cluster) as client:
             remote = tune_gemm(*SHAPE, grid=GRID, scheduler=client, out_dir=None, progress=False, cache=False)
-    assert [c.to_json() for c in remote.candidates] == [c.to_json() for c in local.candidates]
+    return [c.to_json() for c in remote.candidates]
+
+
+def test_dask_cluster_in_this_process_gives_the_same_table(one_process_table):
+    # the scheduler path (map, as completed, back in order) on one worker thread: no process to start
+    assert _dask_table(1, processes=False) == one_process_table
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_gives_the_same_table(one_process_table):
+    # worker processes, each loading the machine: the same path as above, across processes
+    assert _dask_table(2, processes=True) == one_process_table
 
 
 def test_defaults_that_do_not_fit_are_reported():

@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import asdict
 
 import pytest
@@ -24,8 +21,8 @@ TINY = ModelSpec(name="tiny-tuned", hidden=192, ffn=384, layers=4, heads=3, kv_h
 
 
 @pytest.fixture
-def private(tmp_path, monkeypatch):
-    monkeypatch.setenv("MTEMU_CACHE_DIR", str(tmp_path / "mtemu"))
+def private(tmp_path, monkeypatch, mtemu_cache_in):
+    mtemu_cache_in(tmp_path / "mtemu")
     monkeypatch.setenv("RATRAIN_CACHE_DIR", str(tmp_path / "ratrain"))
     monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
     profile._MEMO.clear()
@@ -74,12 +71,13 @@ def test_better_tiles_shorten_the_simulated_step(private):
                                                                                      ).simulated_ms
 
 
-def test_cli_tunes_the_named_loop_order_and_refuses_a_foreign_tile(private, tmp_path):
-    env = {**os.environ, "MTEMU_CACHE_DIR": str(tmp_path / "cli")}
-    run = [sys.executable, "-m", "mtemu.cli", "tune", "gemm", "--m", "64", "--k", "64", "--n", "192", "--emulate-top",
-           "1", "--out", str(tmp_path / "out"), "--json"]
-    out = subprocess.run(run + ["--kg", "64"], capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["loop_order"] == DEFAULT_GEMM
-    bad = subprocess.run(run + ["--loop-order", "c-stationary", "--kg", "64"], capture_output=True, text=True, env=env)
-    assert bad.returncode == 2 and "unknown tile 'kg'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+def test_cli_tunes_the_named_loop_order_and_refuses_a_foreign_tile(private, tmp_path, mtemu_cache_in, run_cli):
+    from mtemu.cli import main
+    mtemu_cache_in(tmp_path / "cli")
+    run = ["tune", "gemm", "--m", "64", "--k", "64", "--n", "192", "--emulate-top", "1", "--out", str(tmp_path / "out"),
+           "--json"]
+    code, out, err = run_cli(main, run + ["--kg", "64"])
+    assert code == 0, err
+    assert json.loads(out)["loop_order"] == DEFAULT_GEMM
+    code, _, err = run_cli(main, run + ["--loop-order", "c-stationary", "--kg", "64"])
+    assert code == 2 and "unknown tile 'kg'" in err and len(err.strip().splitlines()) == 1

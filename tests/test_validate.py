@@ -4,8 +4,6 @@ The paper's target is 1.5 pp per row, met on every row with nothing fitted to th
 tiles were chosen on the two fit rows; the other three are held out; docs/CHOICES.md).
 """
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -45,20 +43,19 @@ def test_pipeline_and_tiles_explain_the_utilization():
     assert naive["ddr_bytes"] > 2 * base["ddr_bytes"]
 
 
-def test_cli_json_shape():
-    out = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "256", "--k", "256", "--n", "384",
-                          "--json"],
-                         capture_output=True, text=True, check=True)
-    payload = json.loads(out.stdout)
+def test_cli_json_shape(run_cli):
+    from mtemu.cli import main
+    code, out, err = run_cli(main, ["gemm", "--m", "256", "--k", "256", "--n", "384", "--json"])
+    assert code == 0, err
+    payload = json.loads(out)
     for key in ("cycles", "utilization", "tmac_per_s", "latency_ms", "stalls"):
         assert key in payload
     assert 0 < payload["utilization"] < 1
     # the closed-form bound printed beside it can only be above the emulated utilization
     assert payload["bound"]["bound_by"] in ("ddr", "compute")
     assert payload["utilization"] <= payload["bound"]["utilization"] < 1
-    bad = subprocess.run([sys.executable, "-m", "mtemu.cli", "gemm", "--m", "0", "--k", "1", "--n", "1"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "dimension m" in bad.stderr
+    code, _, err = run_cli(main, ["gemm", "--m", "0", "--k", "1", "--n", "1"])
+    assert code == 2 and err.count("\n") == 1 and "dimension m" in err
 
 
 def test_table5_views_name_the_loop_order_and_the_tiles_that_ran():

@@ -20,19 +20,25 @@ from ratrain.spec.platforms import load_platform
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
-def test_validation_doc_tables_match_a_fresh_run():
+@pytest.fixture(scope="module")
+def fresh_run():
+    """The calibration runs, their platform and one `ratrain validate measured` of them (both tests read it)."""
     runs, platform = read_runs(CALIBRATION_RUNS), load_platform(CALIBRATION_PLATFORM)
+    return runs, platform, validate(runs, platform)
+
+
+@pytest.mark.slow     # > 5 s: the full suite runs it, the quick layer does not
+def test_validation_doc_tables_match_a_fresh_run(fresh_run):
+    runs, platform, validation = fresh_run
     doc = (ROOT / "docs" / "VALIDATION.md").read_text()
-    rows = error_table(runs, platform) + residual_table(validate(runs, platform))
+    rows = error_table(runs, platform) + residual_table(validation)
     assert len(rows) == 8
     for row in rows:
         assert row in doc, f"docs/VALIDATION.md does not have the row a fresh run gives: {row}"
 
 
-def test_readme_quotes_the_errors_a_fresh_run_gives():
-    runs, platform = read_runs(CALIBRATION_RUNS), load_platform(CALIBRATION_PLATFORM)
-    validation = validate(runs, platform)
+def test_readme_quotes_the_errors_a_fresh_run_gives(fresh_run):
+    _, platform, validation = fresh_run
     whole = validation.summary
     held = compare([r for r in validation.runs if r["gpus"] not in FIT_GPUS], platform.name).summary
     text = " ".join((ROOT / "README.md").read_text().split())
