@@ -44,6 +44,7 @@ from ratrain.cost.terms import (
     stage_kinds,
 )
 from ratrain.errors import ConfigError
+from ratrain.plan.choices import MAX_MICRO_BATCH, MAX_TP, METHODS
 from ratrain.plan.estimator import (
     StepBreakdown,
     lifecycle_tail,
@@ -89,10 +90,6 @@ from ratrain.spec.parallel import (
     partition_model,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
-
-METHODS = ("ratrain", "tp-heavy", "zero3-heavy", "backward-ckpt", "full-save", "tuned")
-MAX_MICRO_BATCH = 8        # b is searched over divisors of G/D up to this (longer b only adds memory)
-MAX_TP = 8                 # T beyond 8 ranks on a 3.7 GB/s link is never competitive
 
 
 def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") -> Mechanisms:
