@@ -211,11 +211,16 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
             started = True
         if started:
             continue
-        nxt = [e[0] for e in events[:1]] + [t for t, _, _ in pending[:1]]
-        nxt += [f for f in free if f > now + 1e-12]
-        if has_send and now < X and on_link:
-            nxt.append(X)
-        now = min(nxt)
+        # the next instant anything can change: an end, a ready time, a resource freed, the last Send done
+        nxt = events[0][0] if events else inf
+        if pending and pending[0][0] < nxt:
+            nxt = pending[0][0]
+        for f in free:
+            if now + 1e-12 < f < nxt:
+                nxt = f
+        if has_send and now < X and on_link and X < nxt:
+            nxt = X
+        now = nxt
         while events and events[0][0] <= now + 1e-12:
             t, c, j = heapq.heappop(events)
             complete(c, j, t)
