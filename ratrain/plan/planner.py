@@ -426,8 +426,9 @@ class Planner:
             return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
                                                update_prefetch=mech["update_prefetch"], recovery_resource="compute")
 
-        waiting = [(float(bounds[k]), int(peaks[fit[k]]), points[fit[k]], 0, lambda k=int(k): make(k))
-                   for k in order]
+        rows = fit[order]
+        waiting = [(bound, peak, points[i], 0, lambda k=k: make(k)) for bound, peak, i, k in
+                   zip(bounds[order].tolist(), peaks[rows].tolist(), rows.tolist(), order.tolist(), strict=True)]
         return len(points), len(points) - len(fit), len(fit), waiting
 
     def _config(self, point: tuple, seq: int) -> ParallelConfig:

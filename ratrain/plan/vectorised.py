@@ -25,6 +25,8 @@ KINDS = ("mid", "first", "last", "only")
 FIELDS = ("forward", "backward", "recompute", "gradsync", "update", "prefetch", "params")
 FULL, CKPT, FSR = (ACTIVATION_POLICIES.index(a) for a in ("full", "ckpt", "fsr"))
 LAYERWISE = PREFETCH_POLICIES.index("layerwise")
+_ACTIVATION = {a: i for i, a in enumerate(ACTIVATION_POLICIES)}
+_PREFETCH = {p: i for i, p in enumerate(PREFETCH_POLICIES)}
 
 
 @dataclass
@@ -46,8 +48,8 @@ class Grid:
         """From ``search_space``'s (P, D, T, Z, b, A, activation, prefetch) tuples."""
         cols = list(zip(*points, strict=True)) if points else [()] * 8
         ints = [np.array(c, dtype=np.int64) for c in cols[:6]]
-        act = np.array([ACTIVATION_POLICIES.index(a) for a in cols[6]], dtype=np.int64)
-        pref = np.array([PREFETCH_POLICIES.index(x) for x in cols[7]], dtype=np.int64)
+        act = np.array([_ACTIVATION[a] for a in cols[6]], dtype=np.int64)
+        pref = np.array([_PREFETCH[x] for x in cols[7]], dtype=np.int64)
         p, d, t, z, b, a = ints
         return cls(p, d, t, z, b, a, act, pref, seq)
 
