@@ -20,10 +20,12 @@ UNIFORM = ["simulate", "--uniform", "--stages", "4", "--microbatches", "8", "--t
            "--json"]
 
 
-def _loaded(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
-    """(exit status, heavy modules loaded, stdout) of ``cli``'s main(argv) in a fresh interpreter."""
+def _loaded(cli: str, argv: list[str], extra: tuple[str, ...] = ()) -> tuple[int, list[str], str]:
+    """(exit status, heavy modules loaded (and any of ``extra``, by top-level name), stdout) of ``cli``'s
+    main(argv) in a fresh interpreter."""
     code = (f"import sys; from {cli} import main; rc = main({argv!r}); "
-            f"heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or m.startswith({HEAVY!r})); "
+            f"heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'numba' or m.startswith({HEAVY!r}) "
+            f"or m in {extra!r}); "
             "print('\\nLOADED ' + repr([rc, heavy]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
@@ -33,21 +35,45 @@ def _loaded(cli: str, argv: list[str]) -> tuple[int, list[str], str]:
     return rc, heavy, text
 
 
-@pytest.mark.parametrize("cli, argv", [
-    ("ratrain.cli", ["--help"]),
-    ("ratrain.cli", ["plan", "--help"]),
-    ("ratrain.cli", ["simulate", "--help"]),
-    ("ratrain.cli", ["time-to-train", "--help"]),
-    ("ratrain.cli", ["task", "--help"]),
-    ("ratrain.cli", ["validate", "measured", "--help"]),
-    ("ratrain.cli", ["plan", "--clusters", "nine"]),          # an argument error
-    ("mtemu.cli", ["--help"]),
-    ("mtemu.cli", ["cache", "--help"]),
-])
+# every command's --help (and the subcommands'), and an argument error: nothing heavy; NumPy too only
+# where the parser's defaults live with it (the correctness run's config, the GPU cost model's modes)
+NEEDS_NUMPY = {("ratrain.cli", "correctness"), ("ratrain.cli", "validate")}
+HELP = ([("ratrain.cli", ["--help"]), ("mtemu.cli", ["--help"])]
+        + [("ratrain.cli", [c.name, "--help"]) for c in ratrain.cli.COMMANDS]
+        + [("mtemu.cli", [c.name, "--help"]) for c in mtemu.cli.COMMANDS]
+        + [("ratrain.cli", ["validate", "measured", "--help"]), ("mtemu.cli", ["explain", "gemm", "--help"]),
+           ("mtemu.cli", ["explain", "program", "--help"]),
+           ("ratrain.cli", ["plan", "--clusters", "nine"]),          # argument errors
+           ("mtemu.cli", ["gemm", "--m", "nine"])])
+
+
+@pytest.mark.parametrize("cli, argv", HELP, ids=[" ".join([cli.split(".")[0], *argv]) for cli, argv in HELP])
 def test_help_and_argument_errors_load_no_emulator_numba_or_matplotlib(cli, argv):
-    rc, heavy, _ = _loaded(cli, argv)
+    rc, heavy, _ = _loaded(cli, argv, extra=("numpy",))
     assert rc == (2 if "nine" in argv else 0)
-    assert heavy == []
+    numpy = (cli, argv[0]) in NEEDS_NUMPY
+    assert heavy == (["numpy"] if numpy else [])
+
+
+def test_the_mtemu_parsers_defaults_are_the_librarys():
+    """mtemu.cli.defaults holds what the parsers show without loading the kernels: each equals its home."""
+    from dataclasses import fields
+
+    from mtemu.cli import defaults
+    from mtemu.kernels.attention.plan import SCHEDULES, VARIANTS
+    from mtemu.kernels.gemm import GemmTiles
+    from mtemu.kernels.registry import GEMM_VARIANTS
+    from mtemu.program_runner import DEFAULT_BUILD_SECONDS, DEFAULT_MAX_SECONDS
+    from mtemu.trace import DEFAULT_MAX_EVENTS, TraceOptions
+
+    assert tuple(GEMM_VARIANTS) == defaults.GEMM_LOOP_ORDERS
+    assert {v.name: v.description for v in GEMM_VARIANTS.values()} == defaults.GEMM_DESCRIPTIONS
+    assert {v.name: v.default_tiles.describe() for v in GEMM_VARIANTS.values()} == defaults.GEMM_DEFAULT_TILES_TEXT
+    assert tuple(f.name for f in fields(GemmTiles) if f.name != "pipelined") == defaults.GEMM_TILE_FIELDS
+    assert (VARIANTS, SCHEDULES) == (defaults.ATTENTION_VARIANTS, defaults.ATTENTION_SCHEDULES)
+    assert (DEFAULT_MAX_EVENTS, TraceOptions().capacity) == (defaults.TRACE_MAX_EVENTS, defaults.TRACE_CAPACITY)
+    assert (DEFAULT_MAX_SECONDS, DEFAULT_BUILD_SECONDS) == \
+        (defaults.PROGRAM_MAX_SECONDS, defaults.PROGRAM_BUILD_SECONDS)
 
 
 def test_a_uniform_simulation_loads_no_emulator_or_matplotlib():

@@ -56,19 +56,29 @@ def test_infeasible_grid_is_pruned_before_any_timing():
 def test_only_feasible_configs_are_timed_and_profiled():
     calls = []
     pl = Planner(get_model("llama2-7b"), profile_source="roofline", profile_fn=roofline_fn(calls))
-    real = pl.bounded              # every feasible candidate's estimate starts there
-    seen = []
-
-    def checked(cfg, method="ratrain", source=None, *schedule):
-        assert max_peak(stage_memory(pl.model, cfg)) <= BUDGET, cfg
-        seen.append(cfg)
-        return real(cfg, method, source, *schedule)
-    pl.bounded = checked
     r = pl.plan(8, 64, top=50)
+    feasible = []
+    for p, d, t, z, b, a, act, pref in search_space(pl.model, 8, 64):
+        cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, activation=act, prefetch=pref)
+        if max_peak(stage_memory(pl.model, cfg)) <= BUDGET:
+            feasible.append(cfg)
     assert 0 < r.timed < r.enumerated and r.timed + r.pruned_by_memory == r.enumerated
-    assert len(seen) == r.timed
+    assert r.timed == len(feasible)
     assert len(calls) == len(set(calls))                 # one profile per (b, seq, T)
-    assert set(calls) == {(c.micro_batch, c.seq, c.tp) for c in seen}
+    assert set(calls) == {(c.micro_batch, c.seq, c.tp) for c in feasible}
+    # the scalar loop (other schedules, MoE, CP) estimates exactly the feasible candidates too
+    seen = []
+    real = Planner.bounded
+
+    def checked(self, cfg, method="ratrain", source=None, *schedule):
+        seen.append(cfg)
+        return real(self, cfg, method, source, *schedule)
+    scalar = Planner(get_model("llama2-7b"), profile_source="roofline", profile_fn=roofline_fn())
+    scalar._vectorisable = lambda choices: False
+    scalar.bounded = checked.__get__(scalar)
+    assert scalar.plan(8, 64, top=50).timed == len(seen) == len(feasible)
+    assert {c.describe() + str((c.micro_batch, c.zero, c.activation, c.prefetch)) for c in seen} == \
+        {c.describe() + str((c.micro_batch, c.zero, c.activation, c.prefetch)) for c in feasible}
 
 
 def _every_candidate_ranked(pl: Planner, clusters: int, global_batch: int, method: str, top: int):

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import asdict, fields
-
-from rtcommon.hostmem import check_host_memory
+from typing import TYPE_CHECKING
 
 from ..errors import MtemuError
-from ..kernels.attention import default_tiles
-from ..kernels.capacity import AttentionTiles
-from ..kernels.gemm import DEFAULT_TILES, GemmTiles
-from ..kernels.gemm_a_resident import AResidentGemmTiles
-from ..kernels.registry import DEFAULT_GEMM, GEMM_VARIANTS
 from ..platform import Platform, load_platform
+from .defaults import DEFAULT_GEMM, GEMM_DEFAULT_TILES_TEXT, GEMM_DESCRIPTIONS, GEMM_LOOP_ORDERS, GEMM_TILE_FIELDS
+
+if TYPE_CHECKING:
+    from ..kernels.capacity import AttentionTiles
+    from ..kernels.gemm import GemmTiles
+    from ..kernels.gemm_a_resident import AResidentGemmTiles
 
 _PLATFORM_FLAGS = {f.name: f.type for f in fields(Platform) if f.name not in ("name", "latencies")}
 
@@ -43,27 +43,26 @@ def platform_from_args(args: argparse.Namespace) -> Platform:
 
 # --- GEMM tiles and loop order ----------------------------------------------------------------
 def add_tile_args(p: argparse.ArgumentParser) -> None:
-    defaults = "; ".join(v.default_tiles.describe() for v in GEMM_VARIANTS.values())
+    defaults = "; ".join(GEMM_DEFAULT_TILES_TEXT[name] for name in GEMM_LOOP_ORDERS)
     g = p.add_argument_group("tiles", f"GEMM tile sizes (defaults per loop order: {defaults}). Tiles are "
                                       "clipped to the shape and nv to n2 / vector lanes (a-resident's nv=4 runs "
                                       "as nv=2 on n2=384); runs print the tiles that ran")
-    for f in fields(GemmTiles):
-        if f.name == "pipelined":
-            continue
-        g.add_argument("--" + f.name, type=int, default=None)
+    for name in GEMM_TILE_FIELDS:
+        g.add_argument("--" + name, type=int, default=None)
     g.add_argument("--no-pipeline", action="store_true", help="variant without load/compute overlap")
 
 
 def add_loop_order_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("loop order")
-    g.add_argument("--loop-order", choices=tuple(GEMM_VARIANTS), default=DEFAULT_GEMM,
-                   help="; ".join(f"{v.name}{' (default)' if v.name == DEFAULT_GEMM else ''}: {v.description}"
-                                  for v in GEMM_VARIANTS.values()))
+    g.add_argument("--loop-order", choices=GEMM_LOOP_ORDERS, default=DEFAULT_GEMM,
+                   help="; ".join(f"{name}{' (default)' if name == DEFAULT_GEMM else ''}: {GEMM_DESCRIPTIONS[name]}"
+                                  for name in GEMM_LOOP_ORDERS))
     g.add_argument("--kg", type=int, help="a-resident: columns of A per resident A_g block")
     g.add_argument("--b-slots", type=int, help="a-resident: B tiles in AM (2 or 3)")
 
 
 def tiles_from_args(args: argparse.Namespace) -> GemmTiles:
+    from ..kernels.gemm import DEFAULT_TILES, GemmTiles
     kw = {f.name: getattr(args, f.name) for f in fields(GemmTiles)
           if f.name != "pipelined" and getattr(args, f.name, None) is not None}
     if getattr(args, "no_pipeline", False):
@@ -73,6 +72,7 @@ def tiles_from_args(args: argparse.Namespace) -> GemmTiles:
 
 def any_tiles_from_args(args: argparse.Namespace) -> GemmTiles | AResidentGemmTiles:
     """GemmTiles, or AResidentGemmTiles with --loop-order a-resident (its own defaults)."""
+    from ..kernels.gemm_a_resident import AResidentGemmTiles
     if getattr(args, "loop_order", DEFAULT_GEMM) != "a-resident":
         for flag in ("kg", "b_slots"):
             if getattr(args, flag, None) is not None:
@@ -113,6 +113,7 @@ def check_attention_shape(args: argparse.Namespace) -> None:
         raise MtemuError(f"--kv-heads {args.kv_heads} must divide --heads {args.heads}")
     functional = getattr(args, "mode", "timing") == "functional"
     # timing mode still holds FP16 Q, K, V (zeros) of the shape
+    from rtcommon.hostmem import check_host_memory
     need = (functional_attention_bytes(args.heads, args.seq, args.head_dim) if functional
             else 6 * args.heads * args.seq * args.head_dim)
     check_host_memory(need, f"{'functional' if functional else 'timing'} attention (heads={args.heads}, "
@@ -129,11 +130,14 @@ def functional_attention_bytes(heads: int, seq: int, head_dim: int) -> int:
 def check_gemm_host_memory(m: int, k: int, n: int) -> None:
     """Functional GEMM: float64 random operands and reference (8 bytes an element) plus the
     cluster's FP16 copies; refuse before allocating what the host does not have."""
+    from rtcommon.hostmem import check_host_memory
     check_host_memory(12 * (m * k + k * n + m * n), f"functional GEMM {m}x{k}x{n} with its reference", MtemuError)
 
 
 def attention_tiles_from_args(args: argparse.Namespace, platform: Platform) -> AttentionTiles:
     """The kernel's default tiles for --head-dim, with any of --br --bc --br-prime --bc-prime."""
+    from ..kernels.attention import default_tiles
+    from ..kernels.capacity import AttentionTiles
     base = default_tiles(args.head_dim, platform)
     kw = {name: getattr(args, name) for name in ("br", "bc", "br_prime", "bc_prime") if getattr(args, name) is not None}
     return AttentionTiles(**{"br": base.br, "bc": base.bc, "d": args.head_dim, "br_prime": base.br_prime,

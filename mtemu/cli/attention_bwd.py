@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from ..kernels.attention import SCHEDULES, VARIANTS, attention_backward_timing, run_attention_backward
-from ..kernels.attention_ref import attention_backward_ref, attention_forward_ref
 from .args import (
     add_attention_shape_args,
     add_attention_tile_args,
@@ -16,10 +12,15 @@ from .args import (
     default_kv_heads,
     platform_from_args,
 )
+from .defaults import ATTENTION_SCHEDULES, ATTENTION_VARIANTS
 from .run import add_trace_args, report_extras, trace_options
 
 
 def _attention_bwd(args: argparse.Namespace) -> tuple[dict, str]:
+    import numpy as np
+
+    from ..kernels.attention import attention_backward_timing, run_attention_backward
+    from ..kernels.attention_ref import attention_backward_ref, attention_forward_ref
     trace, window = trace_options(args)
     plat = platform_from_args(args)
     tiles = attention_tiles_from_args(args, plat)
@@ -62,8 +63,8 @@ def _attention_bwd(args: argparse.Namespace) -> tuple[dict, str]:
 def register(sub) -> None:
     p = sub.add_parser("attention-bwd", help="emulate the Algorithm-1 attention backward")
     add_attention_shape_args(p)
-    p.add_argument("--variant", choices=VARIANTS, default="resident")
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto",
+    p.add_argument("--variant", choices=ATTENTION_VARIANTS, default="resident")
+    p.add_argument("--schedule", choices=ATTENTION_SCHEDULES, default="auto",
                    help="how K/V reach the DSPs: gsm (K/V resident in GSM), broadcast (lock-step "
                         "rounds, Algorithm 1 as written), own (per-DSP loads); auto picks")
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")

@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from ..kernels.attention import SCHEDULES, run_attention
-from ..kernels.attention_ref import attention_forward_ref
 from .args import (
     add_attention_shape_args,
     add_attention_tile_args,
@@ -16,10 +12,15 @@ from .args import (
     default_kv_heads,
     platform_from_args,
 )
+from .defaults import ATTENTION_SCHEDULES
 from .run import add_trace_args, report_extras, trace_options
 
 
 def _attention_fwd(args: argparse.Namespace) -> tuple[dict, str]:
+    import numpy as np
+
+    from ..kernels.attention import run_attention
+    from ..kernels.attention_ref import attention_forward_ref
     trace, window = trace_options(args)
     plat = platform_from_args(args)
     check_attention_shape(args)
@@ -53,7 +54,8 @@ def _attention_fwd(args: argparse.Namespace) -> tuple[dict, str]:
 def register(sub) -> None:
     p = sub.add_parser("attention-fwd", help="emulate the attention forward (O, saved P and logsumexp)")
     add_attention_shape_args(p)
-    p.add_argument("--schedule", choices=SCHEDULES, default="auto", help="how K/V reach the DSPs (see attention-bwd)")
+    p.add_argument("--schedule", choices=ATTENTION_SCHEDULES, default="auto",
+                   help="how K/V reach the DSPs (see attention-bwd)")
     p.add_argument("--mode", choices=("timing", "functional"), default="timing")
     p.add_argument("--no-causal", action="store_true", help="full (non-causal) attention")
     p.add_argument("--seed", type=int, default=0, help="random inputs in functional mode")

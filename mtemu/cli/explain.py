@@ -10,16 +10,15 @@ import argparse
 from dataclasses import asdict
 
 from ..errors import MtemuError
-from ..explain import explain_gemm, plot_roofline
-from ..kernels.registry import gemm_variant
 from ..platform import load_platform
-from ..program_runner import run_program
-from ..trace import write_chrome_trace
 from .args import add_loop_order_args, add_tile_args, any_tiles_from_args
 from .run import add_program_args, add_trace_args, report_extras, trace_line, trace_options
 
 
 def _gemm(args: argparse.Namespace):
+    from ..explain import explain_gemm, plot_roofline
+    from ..kernels.registry import gemm_variant
+    from ..trace import write_chrome_trace
     trace, window = trace_options(args)
     plat = load_platform(args.platform)
     for name in ("m", "k", "n"):
@@ -43,6 +42,7 @@ def _gemm(args: argparse.Namespace):
 
 
 def _program(args: argparse.Namespace):
+    from ..program_runner import run_program
     trace, window = trace_options(args)
     plat = load_platform(args.platform)
     result = run_program(args.program, plat, inputs=args.input, outputs=[], out_dir=None, mode=args.mode,

@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..explain import gemm_tile_moves
-from ..kernels.gemm import gemm_timing, run_gemm
-from ..kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing, run_a_resident
-from ..kernels.gemm_bound import a_resident_bound, gemm_bound
 from ..platform import Platform
-from ..trace import TraceOptions
 from .args import add_loop_order_args, add_platform_args, add_tile_args, any_tiles_from_args, platform_from_args
 from .run import add_trace_args, report_extras, trace_options
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..kernels.gemm_a_resident import AResidentGemmTiles
+    from ..trace import TraceOptions
+
 
 def _gemm(args: argparse.Namespace) -> tuple[dict, str]:
+    from ..explain import gemm_tile_moves
     trace, window = trace_options(args)
     plat = platform_from_args(args)
     tiles = any_tiles_from_args(args)
@@ -31,6 +32,8 @@ def _gemm(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _gemm_c_stationary(args: argparse.Namespace, plat: Platform, tiles, trace: TraceOptions | None):
+    from ..kernels.gemm import gemm_timing, run_gemm
+    from ..kernels.gemm_bound import gemm_bound
     if args.mode == "timing":
         r = gemm_timing(args.m, args.k, args.n, tiles=tiles, platform=plat, trace=trace)
     else:
@@ -52,6 +55,7 @@ def _gemm_c_stationary(args: argparse.Namespace, plat: Platform, tiles, trace: T
 
 
 def _random_operands(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
     rng = np.random.default_rng(args.seed)
     return (rng.standard_normal((args.m, args.k)).astype(np.float16),
             rng.standard_normal((args.k, args.n)).astype(np.float16))
@@ -59,6 +63,8 @@ def _random_operands(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
 
 def _gemm_a_resident(args: argparse.Namespace, plat: Platform, tiles: AResidentGemmTiles,
                      trace: TraceOptions | None):
+    from ..kernels.gemm_a_resident import a_resident_timing, run_a_resident
+    from ..kernels.gemm_bound import a_resident_bound
     if args.mode == "timing":
         r = a_resident_timing(args.m, args.k, args.n, tiles=tiles, platform=plat, trace=trace)
     else:

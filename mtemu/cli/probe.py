@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..ddr_probe import PAPER_EFFECTIVE_DDR, format_probe, probe
 from ..errors import MtemuError
 from ..platform import load_platform
 
 
 def run_probe_command(args: argparse.Namespace) -> tuple[dict, str]:
     """Handler: probe every pattern on each requested DSP count; returns (payload, text)."""
+    from ..ddr_probe import PAPER_EFFECTIVE_DDR, format_probe, probe
     plat = load_platform(args.platform)
     counts = args.dsps or [plat.dsps]
     for n in counts:

@@ -6,13 +6,15 @@ Also the trace and explain flags every kernel command can share: :func:`add_trac
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..errors import MtemuError
-from ..explain import explain, plot_roofline
-from ..machine import RunStats
 from ..platform import load_platform
-from ..program_runner import DEFAULT_BUILD_SECONDS, DEFAULT_MAX_SECONDS, run_program
-from ..trace import DEFAULT_MAX_EVENTS, TraceOptions, parse_window, write_chrome_trace
+from .defaults import PROGRAM_BUILD_SECONDS, PROGRAM_MAX_SECONDS, TRACE_CAPACITY, TRACE_MAX_EVENTS
+
+if TYPE_CHECKING:
+    from ..machine import RunStats
+    from ..trace import TraceOptions
 
 
 def add_trace_args(p: argparse.ArgumentParser, explain_flag: bool = True) -> None:
@@ -20,9 +22,9 @@ def add_trace_args(p: argparse.ArgumentParser, explain_flag: bool = True) -> Non
     g.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of the run")
     g.add_argument("--trace-window", metavar="START:END",
                    help="cycles kept at full detail (outside: short spans merged per bin)")
-    g.add_argument("--trace-max-events", type=int, default=DEFAULT_MAX_EVENTS, metavar="N",
-                   help=f"merge short spans until the trace has at most N spans (default {DEFAULT_MAX_EVENTS})")
-    g.add_argument("--trace-capacity", type=int, default=TraceOptions().capacity, metavar="N",
+    g.add_argument("--trace-max-events", type=int, default=TRACE_MAX_EVENTS, metavar="N",
+                   help=f"merge short spans until the trace has at most N spans (default {TRACE_MAX_EVENTS})")
+    g.add_argument("--trace-capacity", type=int, default=TRACE_CAPACITY, metavar="N",
                    help="state changes recorded per DSP (more are counted and reported as dropped)")
     if explain_flag:
         g.add_argument("--explain", action="store_true", help="which resource bounds the run, with the numbers")
@@ -31,6 +33,7 @@ def add_trace_args(p: argparse.ArgumentParser, explain_flag: bool = True) -> Non
 
 def trace_options(args: argparse.Namespace) -> tuple[TraceOptions | None, tuple[int, int] | None]:
     """Check the trace flags before anything runs."""
+    from ..trace import TraceOptions, parse_window
     window = parse_window(args.trace_window) if args.trace_window else None
     if window and not args.trace:
         raise MtemuError("--trace-window needs --trace FILE.json")
@@ -44,6 +47,8 @@ def trace_options(args: argparse.Namespace) -> tuple[TraceOptions | None, tuple[
 def report_extras(stats: RunStats, args: argparse.Namespace, window: tuple[int, int] | None,
                   useful_macs: int | None = None, gemm: dict | None = None) -> tuple[dict, list[str]]:
     """Write the trace and roofline the flags ask for; (payload additions, text lines)."""
+    from ..explain import explain, plot_roofline
+    from ..trace import write_chrome_trace
     payload: dict = {}
     lines: list[str] = []
     if args.trace:
@@ -81,15 +86,16 @@ def add_program_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", metavar="FILE", help="TOML or JSON file of platform fields")
     p.add_argument("--max-cycles", type=int, metavar="N",
                    help="stop with an error past N cycles (default: derived from the program's size and data)")
-    p.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS, metavar="S",
+    p.add_argument("--max-seconds", type=float, default=PROGRAM_MAX_SECONDS, metavar="S",
                    help=f"stop with an error past S seconds of host time, whatever the cycle limit "
-                        f"(default {DEFAULT_MAX_SECONDS:g})")
-    p.add_argument("--build-seconds", type=float, default=DEFAULT_BUILD_SECONDS, metavar="S",
+                        f"(default {PROGRAM_MAX_SECONDS:g})")
+    p.add_argument("--build-seconds", type=float, default=PROGRAM_BUILD_SECONDS, metavar="S",
                    help=f"a Python program: stop with an error when loading it and its build(platform) take "
-                        f"more than S seconds of host time (default {DEFAULT_BUILD_SECONDS:g})")
+                        f"more than S seconds of host time (default {PROGRAM_BUILD_SECONDS:g})")
 
 
 def _run(args: argparse.Namespace):
+    from ..program_runner import run_program
     trace, window = trace_options(args)
     plat = load_platform(args.platform)
     result = run_program(args.program, plat, inputs=args.input, outputs=args.output, out_dir=args.out_dir,

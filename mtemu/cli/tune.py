@@ -5,7 +5,6 @@ import argparse
 
 from ..errors import MtemuError
 from ..kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
-from ..tune import format_tune, tune_attention, tune_gemm
 from .args import add_platform_args, parse_ints, platform_from_args
 
 # its own folder: a reproduction writes results/tune, whose heatmap its report embeds
@@ -13,6 +12,7 @@ DEFAULT_OUT = "mtemu-tune"
 
 
 def _tune(args: argparse.Namespace) -> tuple[dict, str]:
+    from ..tune import format_tune, tune_attention, tune_gemm
     plat = platform_from_args(args)
     if args.kernel == "attention":
         for name in ("seq", "heads", "head_dim"):

@@ -5,24 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..calibrate import bandwidth_study, emulate_a_resident, emulate_fit, format_study, plot_study
 from ..errors import MtemuError
-from ..kernels.gemm import GemmTiles
 from ..platform import Platform
-from ..validate import (
-    format_attention,
-    format_table5,
-    format_table5_summary,
-    format_table5_tiles,
-    format_variants,
-    table5,
-    table5_variants,
-    validate_attention,
-)
-from ..validate.dsp_family import PLATFORM_FILE as DSP_FAMILY_PLATFORM
-from ..validate.dsp_family import TOLERANCE_PP as DSP_FAMILY_TOLERANCE_PP
-from ..validate.dsp_family import format_dsp_family, format_scaling, validate_dsp_family
-from ..validate.dsp_family import scaling as dsp_family_scaling
 from .args import (
     add_loop_order_args,
     add_platform_args,
@@ -34,6 +18,7 @@ from .args import (
 
 
 def _validate(args: argparse.Namespace) -> tuple[dict, str]:
+    from ..validate import format_attention, validate_attention
     if args.what == "dsp-family":
         return _dsp_family(args)
     plat = platform_from_args(args)
@@ -49,6 +34,10 @@ def _validate(args: argparse.Namespace) -> tuple[dict, str]:
 
 def _dsp_family(args: argparse.Namespace) -> tuple[dict, str]:
     """The FP64 kernels on platforms/ft-m7032.toml (or --platform), against the paper's measurements."""
+    from ..validate.dsp_family import PLATFORM_FILE as DSP_FAMILY_PLATFORM
+    from ..validate.dsp_family import TOLERANCE_PP as DSP_FAMILY_TOLERANCE_PP
+    from ..validate.dsp_family import format_dsp_family, format_scaling, validate_dsp_family
+    from ..validate.dsp_family import scaling as dsp_family_scaling
     if args.platform is None:
         args.platform = str(DSP_FAMILY_PLATFORM)
     plat = platform_from_args(args)
@@ -60,6 +49,15 @@ def _dsp_family(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
+    from ..kernels.gemm import GemmTiles
+    from ..validate import (
+        format_table5,
+        format_table5_summary,
+        format_table5_tiles,
+        format_variants,
+        table5,
+        table5_variants,
+    )
     tiles = any_tiles_from_args(args)
     rows = table5(plat, tiles, progress=not args.json)
     variants = table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
@@ -69,6 +67,7 @@ def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
 
 
 def _table5_study(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
+    from ..calibrate import bandwidth_study, emulate_a_resident, emulate_fit, format_study, plot_study
     rows = bandwidth_study([1e9 * x for x in parse_floats(args.bandwidths, "--bandwidths")], plat)
     note = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     emulated = [emulate_fit(getattr(r, strategy), plat, progress=note)

@@ -13,7 +13,6 @@ from ratrain.cli.args import (
     model_from_args,
     moe_cp_from_args,
 )
-from ratrain.sim.offload import conversion_choice, plan_for
 from ratrain.spec.memory import MoeCpLayout, max_peak, stage_memory
 from ratrain.spec.models import (
     embedding_and_head_operators,
@@ -102,6 +101,7 @@ def run_model(args) -> tuple[dict, str]:
 
 
 def run_memory(args) -> tuple[dict, str]:
+    from ratrain.sim.offload import conversion_choice, plan_for
     spec = _load_model(args)
     cfg = ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, zero=args.zero, micro_batch=args.micro_batch,
                          accum=args.accum, seq=args.seq, activation=args.activation,

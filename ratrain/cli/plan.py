@@ -16,10 +16,9 @@ from ratrain.cli.args import (
     model_from_args,
     run_choices_from_args,
 )
-from ratrain.cost.terms import PROFILE_SOURCES
+from ratrain.cost.sources import PROFILE_SOURCES
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP, METHODS, Planner
-from ratrain.plan.schedule_search import DEFAULT_VIRTUAL_STAGES, parse_schedules
+from ratrain.plan.choices import DEFAULT_VIRTUAL_STAGES, MAX_MICRO_BATCH, MAX_TP, METHODS
 from ratrain.plan.space import DEFAULT_SPACE, SEARCH_SPACES, SearchSpace
 from ratrain.spec.gpu import GpuPlatform
 from ratrain.spec.models import ModelSpec, check_tp
@@ -146,6 +145,8 @@ def check_search_space(model: ModelSpec, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
+    from ratrain.plan.planner import Planner
+    from ratrain.plan.schedule_search import parse_schedules
     model = model_from_args(args)
     platform = any_platform_from_args(args)
     for name in ("clusters", "global_batch", "seq", "top"):

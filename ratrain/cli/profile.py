@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ratrain.cli.args import add_platform_args, platform_from_args
-from ratrain.cost.profile import PROFILE_SOURCES, build_profiles, layer_profile
+from ratrain.cost.sources import PROFILE_SOURCES
 from ratrain.spec.models import from_hf_config, get_model, list_models
 from rtcommon.progress import Progress
 
@@ -14,6 +14,7 @@ def _model(args):
 
 
 def _profile(args):
+    from ratrain.cost.profile import build_profiles, layer_profile
     spec = _model(args)
     platform = platform_from_args(args)
     if args.scheduler and args.source != "roofline":

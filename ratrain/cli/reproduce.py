@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 
 from ratrain.cli.args import add_platform_args, platform_from_args
-from ratrain.repro.experiment import Settings, format_checks
-from ratrain.repro.report import EXPERIMENT_NAMES, RunClock, experiments_help, reproduce
+from ratrain.repro.experiment_list import EXPERIMENT_NAMES, experiments_help
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 
 def _reproduce(args):
+    from ratrain.repro.experiment import Settings, format_checks
+    from ratrain.repro.report import RunClock, reproduce
     which = [args.experiment] if args.experiment else None
     platform = platform_from_args(args)
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform,

@@ -30,9 +30,7 @@ from ratrain.cli.args import (
     run_choices_from_args,
 )
 from ratrain.cost.tasks import PipelineCosts
-from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import simulate_config
 from ratrain.sim.bucket_sweep import bucket_sweep
 from ratrain.sim.buckets import GradBuckets
 from ratrain.sim.grid import format_grid
@@ -262,6 +260,8 @@ def costs_from_args(args: argparse.Namespace) -> PipelineCosts:
 def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: Offload | None):
     """Costs from the model's latency profile via the cost model; also the planner's prediction, the
     offload plan (None without offload) and the memory model's peaks with and without it."""
+    from ratrain.cost.terms import load_profile, mechanism_report, pipeline_costs
+    from ratrain.plan.planner import simulate_config
     model = from_hf_config(args.hf_config) if args.hf_config else get_model(args.model)
     mech = mechanisms_from_args(args)
     fields, lengths = run_choices_from_args(args)

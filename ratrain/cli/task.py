@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from ratrain.cli.args import add_model_choice, model_from_args
-from ratrain.cost.profile import PROFILE_SOURCES
+from ratrain.cost.sources import PROFILE_SOURCES
 from ratrain.errors import ConfigError
-from ratrain.plan import bottleneck, noise_scale, task_figures
-from ratrain.plan.checkpoints import AsyncSave, interval_table
-from ratrain.plan.input_pipeline import InputPipeline, parse_stage
-from ratrain.plan.task import Failures, Layout, TrainingTask, evaluate_scheme
-from ratrain.plan.time_to_train import Reliability
 from ratrain.spec.models import list_models
 from ratrain.spec.platforms import load_platform
 from rtcommon.durations import format_s
 from rtcommon.progress import Progress
+
+if TYPE_CHECKING:
+    from ratrain.plan.input_pipeline import InputPipeline
+    from ratrain.plan.task import Failures, Layout
 
 # The keys of one scheme that a single-scheme payload also carries at its top level
 SCHEME_KEYS = ("iterations", "step_time_s", "overhead_share", "completion_days", "margin_days", "meets_deadline")
@@ -108,6 +108,7 @@ def _schemes(args: argparse.Namespace) -> list[tuple[str | None, int]]:
 
 
 def _layout(args: argparse.Namespace) -> Layout | None:
+    from ratrain.plan.task import Layout
     given = {k: getattr(args, k) for k in ("tp", "pp", "dp", "zero", "micro_batch", "activation")}
     if all(v is None for v in given.values()):
         return None
@@ -120,6 +121,9 @@ def _layout(args: argparse.Namespace) -> Layout | None:
 
 
 def _failures(args: argparse.Namespace) -> Failures:
+    from ratrain.plan.checkpoints import AsyncSave
+    from ratrain.plan.task import Failures
+    from ratrain.plan.time_to_train import Reliability
     save = None
     checkpoint_s = 0.0
     if args.checkpoint_s is not None or args.checkpoint_bytes is not None or args.checkpoint_gbps is not None:
@@ -137,6 +141,7 @@ def _failures(args: argparse.Namespace) -> Failures:
 
 
 def _pipeline(args: argparse.Namespace) -> InputPipeline | None:
+    from ratrain.plan.input_pipeline import InputPipeline, parse_stage
     if not args.input_stage:
         return None
     if args.input_wait_s is not None:
@@ -236,6 +241,9 @@ def _text(payload: dict) -> str:
 
 
 def run_task(args: argparse.Namespace) -> tuple[dict, str]:
+    from ratrain.plan import bottleneck, noise_scale, task_figures
+    from ratrain.plan.checkpoints import interval_table
+    from ratrain.plan.task import TrainingTask, evaluate_scheme
     model = model_from_args(args)
     task = TrainingTask(model, args.tokens, args.seq, args.global_batch, args.deadline_days, args.reserve_days)
     failures, layout, pipeline = _failures(args), _layout(args), _pipeline(args)

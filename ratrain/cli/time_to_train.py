@@ -6,8 +6,6 @@ import math
 
 from ratrain.cli.args import add_platform_args, any_platform_from_args
 from ratrain.errors import ConfigError
-from ratrain.plan.planner import plan, simulate_config
-from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
 from ratrain.spec.models import get_model, list_models
 from ratrain.spec.parallel import ParallelConfig
 from rtcommon.durations import format_s
@@ -54,6 +52,7 @@ def register(subparsers) -> None:
 
 def step_from_model(args: argparse.Namespace) -> tuple[float, ParallelConfig]:
     """--model mode: the simulated step (s) of the given configuration, or of the planner's pick."""
+    from ratrain.plan.planner import plan, simulate_config
     model = get_model(args.model)
     platform = any_platform_from_args(args)
     seq = args.seq or 2048
@@ -125,6 +124,7 @@ def _text(payload: dict) -> str:
 
 
 def run_time_to_train(args: argparse.Namespace) -> tuple[dict, str]:
+    from ratrain.plan.time_to_train import Reliability, plot_time_to_train_vs_clusters, sweep_clusters, time_to_train
     cfg = None
     if args.model is not None:
         step_s, cfg = step_from_model(args)

@@ -5,14 +5,12 @@ import argparse
 from pathlib import Path
 
 from ratrain.cli.args import any_platform_from_args
-from ratrain.cost.megatron import ACTIVATION_MODES
 from ratrain.errors import ConfigError
-from ratrain.repro.gpu_fit import fit_gpu_platform
-from ratrain.repro.measured import format_validation, plot_validation, read_allreduce, read_runs, validate
 from ratrain.spec.gpu import GpuPlatform
 
 
 def register(subparsers) -> None:
+    from ratrain.cost.megatron import ACTIVATION_MODES
     p = subparsers.add_parser("validate", help="the simulator against measured training runs of a GPU cluster")
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("measured", help="simulate every row of a runs CSV and compare with its measured time")
@@ -49,6 +47,7 @@ def _gpu_platform(args: argparse.Namespace) -> GpuPlatform:
 
 
 def run_measured(args: argparse.Namespace) -> tuple[dict, str]:
+    from ratrain.repro.measured import format_validation, plot_validation, read_runs, validate
     platform = _gpu_platform(args)
     runs = read_runs(args.runs)
     result = validate(runs, platform, activation=args.activation, sequence_parallel=args.sequence_parallel,
@@ -61,6 +60,8 @@ def run_measured(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
+    from ratrain.repro.gpu_fit import fit_gpu_platform
+    from ratrain.repro.measured import read_allreduce, read_runs
     platform = _gpu_platform(args)
     runs = read_runs(args.runs)
     samples = read_allreduce(args.allreduce)

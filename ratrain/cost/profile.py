@@ -48,6 +48,7 @@ from pathlib import Path
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
 from mtemu.kernels.names import TILE_CHOICE_VERSION
 from ratrain.cost.ddr_terms import term_pattern
+from ratrain.cost.sources import PROFILE_SOURCES
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
     ModelSpec,
@@ -68,7 +69,6 @@ TUNED_KEY = f"tuned-v{TILE_CHOICE_VERSION}"
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "profiles"
 # GEMMs above this many MACs are extrapolated from two reduced emulations
 EXTRAPOLATE_ABOVE_MACS = 70e9
-PROFILE_SOURCES = ("emulated", "bound", "roofline")
 # Training terms whose bytes set the time of an operator kind (their patterns: ratrain.cost.ddr_terms)
 DDR_TERMS = ("elementwise", "embedding", "loss", "optimizer_update", "prefetch_write", "parameter_copy")
 

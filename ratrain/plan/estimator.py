@@ -158,55 +158,69 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
     ends = ([0.0] * n, [0.0] * n, [0.0] * n)
     durs = [(k.gradsync, k.update, k.prefetch) for k in kinds]
     res_of = (0, 1, 0 if prefetch_link else 1)          # 0: link, 1: DDR
-    ready_at: dict[tuple[int, int], float] = {(0, j): ready[j] for j in range(n)}   # (G/U/W index, layer)
+    # tasks not yet ready as (ready time, G/U/W index, layer); ready ones per resource as (EDF key, index,
+    # layer), the key (deadline, layer), or for GradSync alone on the link FIFO (ready time, upper layer first)
+    pending = [(ready[j], 0, j) for j in range(n) if durs[j][0] != 0]
+    heapq.heapify(pending)
+    ready_on: tuple[list, list] = ([], [])
+    on_link = len(pending)                   # tasks waiting for the link, ready or not
     free = [-inf, -inf]
     link_end, link_start = -inf, inf
     events: list[tuple[float, int, int]] = []
 
     def complete(c: int, j: int, t: float) -> None:
+        nonlocal on_link
         ends[c][j] = t
-        if c < 2:
-            became_ready(c + 1, j, t)
-
-    def became_ready(c: int, j: int, t: float) -> None:
-        if durs[j][c] == 0:
-            complete(c, j, t)                 # instant
-        else:
-            ready_at[(c, j)] = t
+        while c < 2:
+            c += 1
+            if durs[j][c] != 0:
+                heapq.heappush(pending, (t, c, j))
+                on_link += res_of[c] == 0
+                return
+            ends[c][j] = t                   # zero-length: done when ready
 
     for j in range(n):                       # zero-length GradSyncs are done when ready
         if durs[j][0] == 0:
-            del ready_at[(0, j)]
             complete(0, j, ready[j])
     now = -inf
-    while ready_at or events:
+    while pending or ready_on[0] or ready_on[1] or events:
+        while pending and pending[0][0] <= now + 1e-12:
+            t, c, j = heapq.heappop(pending)
+            heapq.heappush(ready_on[res_of[c]], (((ff[j], j) if (c or prefetch_link) else (t, -j)), c, j))
         started = False
         for r in (0, 1):
-            if free[r] > now + 1e-12:
+            if free[r] > now + 1e-12 or not ready_on[r]:
                 continue
-            # EDF key (deadline, layer); GradSync alone on the link: FIFO (ready time, upper layer first)
-            cands = sorted((((ff[j], j) if (c or prefetch_link) else (t, -j)), c, j)
-                           for (c, j), t in ready_at.items() if res_of[c] == r and t <= now + 1e-12)
+            queue = ready_on[r]
             if r == 0 and has_send and now < X:
                 # transfers keep priority: only a task that ends before the last Send may start
-                cands = [x for x in cands if now + durs[x[2]][x[1]] <= 1e-9]
-            if not cands:
-                continue
-            _, c, j = cands[0]
-            del ready_at[(c, j)]
+                fitting = [x for x in sorted(queue) if now + durs[x[2]][x[1]] <= 1e-9]
+                if not fitting:
+                    continue
+                queue.remove(fitting[0])
+                heapq.heapify(queue)
+                _, c, j = fitting[0]
+            else:
+                _, c, j = heapq.heappop(queue)
             end = now + durs[j][c]
             free[r] = end
             if r == 0:
+                on_link -= 1
                 link_start, link_end = min(link_start, now), max(link_end, end)
             heapq.heappush(events, (end, c, j))
             started = True
         if started:
             continue
-        nxt = [e[0] for e in events[:1]] + [t for t in ready_at.values() if t > now + 1e-12]
-        nxt += [f for f in free if f > now + 1e-12]
-        if has_send and now < X and any(res_of[c] == 0 for c, _ in ready_at):
-            nxt.append(X)
-        now = min(nxt)
+        # the next instant anything can change: an end, a ready time, a resource freed, the last Send done
+        nxt = events[0][0] if events else inf
+        if pending and pending[0][0] < nxt:
+            nxt = pending[0][0]
+        for f in free:
+            if now + 1e-12 < f < nxt:
+                nxt = f
+        if has_send and now < X and on_link and X < nxt:
+            nxt = X
+        now = nxt
         while events and events[0][0] <= now + 1e-12:
             t, c, j = heapq.heappop(events)
             complete(c, j, t)

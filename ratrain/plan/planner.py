@@ -18,6 +18,12 @@ Methods (baselines on the same backend, same profiles, same constants):
 Memory pruning uses a fast transcription of ``ratrain.spec.memory.stage_memory`` (partitions
 cached per P); tests/test_planner.py checks it equals ``max_peak(stage_memory(...))`` exactly,
 and every configuration the planner returns is re-checked with ``stage_memory`` itself.
+
+The analytic pass (memory check, cost terms, main-path bound) runs over arrays of every candidate at
+once (``ratrain.plan.vectorised``, bit-identical to the scalar functions) for the 1F1B search of a
+dense model at EP = CP = 1 with recovery on compute; the lifecycle chains of the candidates that can
+still enter the top run one at a time as before. Other searches (more schedules, MoE, CP, recovery on
+DDR) take the scalar loop.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import time
 from bisect import insort
 from dataclasses import dataclass, field, replace
 from typing import Callable
+
+import numpy as np
 
 from ratrain.cost.terms import (
     PROFILE_SOURCES,
@@ -36,6 +44,7 @@ from ratrain.cost.terms import (
     stage_kinds,
 )
 from ratrain.errors import ConfigError
+from ratrain.plan.choices import MAX_MICRO_BATCH, MAX_TP, METHODS
 from ratrain.plan.estimator import (
     StepBreakdown,
     lifecycle_tail,
@@ -51,6 +60,14 @@ from ratrain.plan.schedule_search import (
     chunk_kinds,
     runnable,
     weight_shares,
+)
+from ratrain.plan.vectorised import (
+    Grid,
+    kind_arrays,
+    main_path_ms,
+    peak_bytes,
+    stacked_kind_arrays,
+    vectorisable_terms,
 )
 from ratrain.sim.pipeline_order import PipelineSchedule, interleaved_chunk_sizes
 from ratrain.sim.simulator import Mechanisms, simulate
@@ -73,10 +90,6 @@ from ratrain.spec.parallel import (
     partition_model,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
-
-METHODS = ("ratrain", "tp-heavy", "zero3-heavy", "backward-ckpt", "full-save", "tuned")
-MAX_MICRO_BATCH = 8        # b is searched over divisors of G/D up to this (longer b only adds memory)
-MAX_TP = 8                 # T beyond 8 ranks on a 3.7 GB/s link is never competitive
 
 
 def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") -> Mechanisms:
@@ -379,6 +392,50 @@ class Planner:
                        fsr_buffer_layers=self.constants.fsr_buffer_layers)
         return simulate(costs, schedule=order, mechanisms=mech).step_time_ms
 
+    # -- the analytic pass over arrays (ratrain.plan.vectorised)
+    def _vectorisable(self, choices: tuple) -> bool:
+        """1F1B alone, dense layers at EP = CP = 1 and recovery on compute: the closed forms over arrays
+        hold (other searches take the scalar loop, the same numbers one configuration at a time)."""
+        return (choices == (ONE_F_ONE_B,) and not self.moe_cp and self.model.moe is None
+                and self.recovery_resource == "compute")
+
+    def _analytic_pass(self, points: list[tuple], seq: int, method: str, source: str | None,
+                       budget: int) -> tuple[int, int, int, list]:
+        """The scalar loop's memory check and main-path bound on every point at once: (enumerated, pruned,
+        feasible, the feasible points as (bound, peak, point, 0, make) in bound order, stable)."""
+        grid = Grid.of(points, seq)
+        peaks = peak_bytes(self.memory, grid)
+        fit = np.flatnonzero(peaks <= budget)
+        sub = grid.take(fit)
+        if vectorisable_terms(self.model, self.platform):
+            kinds = kind_arrays(self.model, self.platform, sub,
+                                lambda b, t: self.profile(b, seq, t, source))
+        else:
+            kinds = stacked_kind_arrays([self.terms(self._config(points[i], seq), source) for i in fit])
+        bounds = main_path_ms(kinds, sub, lambda pp: [len(r) for r in self.stage_layers(pp)],
+                              fsr=method != "tuned", fsr_buffer_layers=self.constants.fsr_buffer_layers)
+        order = np.argsort(bounds, kind="stable")
+
+        def make(k: int):
+            cfg = self._config(points[fit[k]], seq)
+            mech = self._mechanisms(cfg, method)
+            terms = kinds.terms(k)
+            one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
+                            activation=mech["activation"], fsr=mech["fsr"], recovery_resource="compute",
+                            fsr_buffer_layers=mech["fsr_buffer_layers"])
+            return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
+                                               update_prefetch=mech["update_prefetch"], recovery_resource="compute")
+
+        rows = fit[order]
+        waiting = [(bound, peak, points[i], 0, lambda k=k: make(k)) for bound, peak, i, k in
+                   zip(bounds[order].tolist(), peaks[rows].tolist(), rows.tolist(), order.tolist(), strict=True)]
+        return len(points), len(points) - len(fit), len(fit), waiting
+
+    def _config(self, point: tuple, seq: int) -> ParallelConfig:
+        p, d, t, z, b, a, act, pref = point
+        return ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
+                              prefetch=pref, partition=self.partition, **self.moe_cp)
+
     # -- the search
     def plan(self, clusters: int, global_batch: int, seq: int = 2048, method: str = "ratrain",
              top: int = 10, *, micro_batches=None, tp_degrees=None, zero_stages=None, confirm: int = 3,
@@ -411,38 +468,45 @@ class Planner:
         # the `top` best (step, peak, grid point, schedule) so far; candidates wait on their main path,
         # a lower bound of their step, and only those that can still enter the top run their lifecycle chains
         timed: list[tuple[float, int, tuple, int, ParallelConfig, StepBreakdown]] = []
-        waiting: list[tuple[float, int, tuple, int, ParallelConfig, Callable[[], StepBreakdown]]] = []
+        # (bound, peak, grid point, schedule, the call that makes its configuration and finishing call)
+        waiting: list[tuple[float, int, tuple, int, Callable]] = []
         plain_1f1b = [c == ONE_F_ONE_B for c in choices]
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
-        for c in search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
-                              tp_degrees=tp_degrees, zero_stages=zero_stages):
-            p, d, t, z, b, a, act, pref = c
-            if (d * cp) % ep or (self.model.moe is not None and self.model.moe.experts % ep):
-                continue            # EP divides the data ranks and the experts
-            for si, choice in enumerate(choices):
-                plain = plain_1f1b[si]
-                if not plain and (not runnable(choice, self.model.layers, p, a) or (p == 1 and one_stage_1f1b_only)):
-                    continue
-                enumerated += 1
-                # Eq. 10 first: nothing is timed (or profiled) unless it fits
-                if plain:
-                    peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref, moe_cp=self.moe_cp)
-                else:
-                    peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
-                if peak > budget:
-                    pruned += 1
-                    continue
-                feasible += 1
-                cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
-                                     prefetch=pref, partition=self.partition, **self.moe_cp)
-                bound, finish = self.bounded(cfg, method, fast, choice)
-                waiting.append((bound, peak, c, si, cfg, finish))
+        points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
+                              tp_degrees=tp_degrees, zero_stages=zero_stages)
+        if self._vectorisable(choices):
+            enumerated, pruned, feasible, waiting = self._analytic_pass(list(points), seq, method, fast, budget)
+        else:
+            for c in points:
+                p, d, t, z, b, a, act, pref = c
+                if (d * cp) % ep or (self.model.moe is not None and self.model.moe.experts % ep):
+                    continue            # EP divides the data ranks and the experts
+                for si, choice in enumerate(choices):
+                    plain = plain_1f1b[si]
+                    if not plain and (not runnable(choice, self.model.layers, p, a)
+                                      or (p == 1 and one_stage_1f1b_only)):
+                        continue
+                    enumerated += 1
+                    # Eq. 10 first: nothing is timed (or profiled) unless it fits
+                    if plain:
+                        peak = self.memory.peak(p, d, t, z, b, a, seq, act, pref, moe_cp=self.moe_cp)
+                    else:
+                        peak = self.schedule_memory.peak(choice, p, d, t, z, b, a, seq, act, pref)
+                    if peak > budget:
+                        pruned += 1
+                        continue
+                    feasible += 1
+                    cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
+                                         prefetch=pref, partition=self.partition, **self.moe_cp)
+                    bound, finish = self.bounded(cfg, method, fast, choice)
+                    waiting.append((bound, peak, c, si, lambda cfg=cfg, finish=finish: (cfg, finish)))
         waiting.sort(key=lambda x: x[0])
-        for bound, peak, c, si, cfg, finish in waiting:
+        for bound, peak, c, si, make in waiting:
             if len(timed) >= top and bound > timed[-1][0]:
                 break           # this step and every later one exceed the whole top's
+            cfg, finish = make()
             bd = finish()
             insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
             del timed[top:]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ratrain.cost.terms import CostTerms, LayerKind
 from ratrain.errors import ConfigError
+from ratrain.plan.choices import DEFAULT_VIRTUAL_STAGES
 from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, build
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, layer_weight_gradient_bytes, weight_gradient_ms
 from ratrain.spec.memory import (
@@ -34,7 +35,6 @@ from ratrain.spec.memory import (
 from ratrain.spec.models import ModelSpec
 from ratrain.spec.parallel import partition_model
 
-DEFAULT_VIRTUAL_STAGES = 2
 TOKEN_BYTES = 4                 # int32 ids (first chunk) and labels (last chunk) per token, as Eq. 9
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ratrain.plan.planner import MAX_MICRO_BATCH, MAX_TP
+from ratrain.plan.choices import MAX_MICRO_BATCH, MAX_TP
 
 
 @dataclass(frozen=True)

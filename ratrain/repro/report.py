@@ -20,6 +20,9 @@ from ratrain.repro.compare import compare_markdown, load_baseline
 from ratrain.repro.correctness import run_correctness_experiment
 from ratrain.repro.cross_platform import run_cross_platform
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment, format_check_value, settings_markdown
+from ratrain.repro.experiment_list import EXPERIMENT_NAMES as EXPERIMENT_NAMES  # re-exported: the list's home
+from ratrain.repro.experiment_list import EXPERIMENTS
+from ratrain.repro.experiment_list import experiments_help as experiments_help
 from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
 from ratrain.repro.measured import run_measured
@@ -40,9 +43,7 @@ from rtcommon.progress import Progress
 @dataclass(frozen=True)
 class Entry:
     """One experiment of the main job: what runs it, one line on what it shows, and its cost once the
-    emulator is compiled: the CPU time one run measured with the shipped profiles (on idle cores
-    about its wall time; the ranking study simulates on two processes). A run records each
-    experiment's cost as ``timing`` (wall_s, cpu_s) in ``results/<key>.json``: update ``cost`` from it."""
+    emulator is compiled (``ratrain.repro.experiment_list``, where the names and lines live)."""
 
     run: Callable[..., Experiment]
     summary: str
@@ -51,49 +52,20 @@ class Entry:
 
 def catalog() -> dict[str, Entry]:
     """Every experiment of the main job, in run order."""
-    return {
-        "table5": Entry(run_table5, "Table 5: emulated FP16 GEMM utilization on the five shapes, and why", "<1 min"),
-        "table5_study": Entry(run_table5_study, "Table 5: which DDR rate and calibration could meet the target",
-                              "<1 min"),
-        "tune": Entry(run_tune, "tile tuner on the Table 5 shapes (the tiles --tiles tuned uses)", "<1 min"),
-        "attention": Entry(run_attention, "Fig. 10: memory-resident vs DDR-staged attention backward", "<1 min"),
-        "table2": Entry(training.run_table2, "Table 2: RATrain vs GPU-style strategies at 256 clusters", "<1 min"),
-        "table3": Entry(training.run_table3, "Table 3: fewest clusters that fit 20 GB, and the layout", "<1 min"),
-        "table4": Entry(training.run_table4, "Table 4: planner prediction vs event simulation", "<1 min"),
-        "table6": Entry(training.run_table6, "Table 6: LLaMA-2-7B scale-out from 256 to 1024 clusters", "<1 min"),
-        "ablation": Entry(training.run_ablation, "ablation: FSR, update-prefetch and layer-wise sync switched off",
-                          "<1 min"),
-        "schedules": Entry(run_schedules, "RATrain's layouts under 1F1B, GPipe, interleaved and ZB-H1", "<1 min"),
-        "budget": Entry(run_budget, "the planner's choice and RATrain's advantage at 12-30 GB budgets", "<1 min"),
-        "sensitivity": Entry(run_sensitivity, "what the platform would have to be for the missed rows", "~1 min"),
-        "stragglers": Entry(run_stragglers, "does a cluster-time spread explain Table 6's efficiency loss", "<1 min"),
-        "platforms": Entry(run_platforms, "a second platform: do the principles transfer beyond MT-3000", "<1 min"),
-        "ranking": Entry(run_ranking, "does the planner rank configurations as the simulator does", "~1 min"),
-        "fig9": Entry(run_fig9, "Fig. 9: utilization and training time over sequence length", "<1 min"),
-        "correctness": Entry(run_correctness_experiment,
-                             "lifecycle scheduling changes timing, not learning (a small model trained)", "<1 min"),
-        "measured": Entry(run_measured, "the simulator against 1,440 measured runs on an A100 node", "<1 min"),
-        "cross_platform": Entry(run_cross_platform, "the paper's premise on MT-3000 and on GPU clusters", "<1 min"),
+    runners = {
+        "table5": run_table5, "table5_study": run_table5_study, "tune": run_tune, "attention": run_attention,
+        "table2": training.run_table2, "table3": training.run_table3, "table4": training.run_table4,
+        "table6": training.run_table6, "ablation": training.run_ablation, "schedules": run_schedules,
+        "budget": run_budget, "sensitivity": run_sensitivity, "stragglers": run_stragglers,
+        "platforms": run_platforms, "ranking": run_ranking, "fig9": run_fig9,
+        "correctness": run_correctness_experiment, "measured": run_measured, "cross_platform": run_cross_platform,
     }
+    return {key: Entry(runners[key], summary, cost) for key, (summary, cost) in EXPERIMENTS.items()}
 
 
 def registry() -> dict[str, Callable[..., Experiment]]:
     """Every experiment's runner, in run order."""
     return {key: entry.run for key, entry in catalog().items()}
-
-
-EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "table3", "table4", "table6", "ablation",
-                    "schedules", "budget", "sensitivity", "stragglers", "platforms",
-                    "ranking", "fig9", "correctness", "measured", "cross_platform")
-
-
-def experiments_help() -> str:
-    """One line per experiment, with its typical cost (``ratrain reproduce --help``)."""
-    entries = catalog()
-    width = max(map(len, entries))
-    return ("experiments (rough CPU time with the shipped profiles once the emulator is compiled; the "
-            "first run adds about 3 min of compiling and emulating):\n") + "\n".join(
-        f"  {key:{width}s}  {entry.cost:>7s}  {entry.summary}" for key, entry in entries.items())
 
 
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,

@@ -598,6 +598,15 @@ class PeakMemory:
             self._representatives[pp] = got
         return got
 
+    def sizes(self, b: int, seq: int, tp: int, pp: int) -> _LayerBytes:
+        """The layer sizes of a dense configuration at EP = CP = 1 (cached): what ``peak`` reads."""
+        key = (b, seq, tp, pp, False)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            _check_vocab(self.model, tp)
+            sizes = self._sizes[key] = _layer_bytes(self.model, b, seq, tp, pp)
+        return sizes
+
     def peak(self, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
              activation: str, prefetch: str, sequence_parallel: bool = False, *, moe_cp: dict | None = None) -> int:
         """``moe_cp``: the ParallelConfig fields of EP, CP and the routing (``ep``, ``cp``,
