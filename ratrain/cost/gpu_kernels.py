@@ -107,6 +107,8 @@ def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
             return 1, 1
         extra = 0 if fused_softmax(op) else TORCH_SOFTMAX_KERNELS - 1
         return 3 + extra, 5 + extra
+    if op.kind == "loss":
+        return CROSS_ENTROPY_KERNELS
     return 1, 1
 
 
