@@ -300,3 +300,35 @@ def test_operator_floor_and_fused_dropout_add(a100):
     rate = a100.device.hbm_bandwidth * a100.kernels.hbm_efficiency
     assert ops["attn_dropout"].forward_s == pytest.approx(max(7 * elements / rate, a100.kernels.launch_s))
     assert ops["attn_residual"].forward_s == 0.0 and ops["mlp_residual"].backward_s == 0.0
+
+
+def test_loss_is_megatrons_fp32_cross_entropy(a100):
+    from ratrain.cost.gpu_kernels import CROSS_ENTROPY_BYTES, CROSS_ENTROPY_KERNELS
+    model = gpt_model(1024, 16, 4, 1024, tp=2)
+    rate = a100.device.hbm_bandwidth * a100.kernels.hbm_efficiency
+    logits = 4 * 1024 * model.vocab // 2
+    loss = next(o for o in gpu_layer_profile(model, 4, 1024, 2, a100).last_ops if o.kind == "loss")
+    assert CROSS_ENTROPY_BYTES == (6 + 4 + 8 + 8 + 4 + 8, 8 + 6)      # the passes over the FP32 logits
+    assert loss.forward_s == pytest.approx(CROSS_ENTROPY_BYTES[0] * logits / rate, rel=1e-12)
+    assert loss.backward_s == pytest.approx(CROSS_ENTROPY_BYTES[1] * logits / rate, rel=1e-12)
+    tiny = gpu_layer_profile(gpt_model(64, 2, 1, 32), 1, 32, 1, a100).last_ops[-1]   # host-bound: its kernels
+    assert (tiny.forward_s, tiny.backward_s) == pytest.approx(
+        tuple(k * a100.kernels.launch_s for k in CROSS_ENTROPY_KERNELS), rel=1e-12)
+
+
+def test_cross_validation_predicts_each_gpu_count_with_a_fit_on_the_others(a100):
+    from ratrain.repro.gpu_fit import FIT_START, cross_validate, fit_gpu_platform
+    runs = read_runs(MEASURED / "a100-single-node-runs.csv")
+    few = [r for g in (2, 4, 8) for r in [r for r in runs if r.gpus == g][:3]]
+    samples = read_allreduce(MEASURED / "a100-allreduce")
+    fitted, fit = fit_gpu_platform(a100, few, samples, evaluations=8)
+    assert (fit.fit_rows, fit.held_out_rows, fit.held_out_error) == (9, 0, {})
+    again, _ = fit_gpu_platform(a100.with_overrides(**{"kernels.launch_s": 1e-4}), few, samples, evaluations=8)
+    assert again == fitted                     # every fit starts from FIT_START, not the file's values
+    cv = cross_validate(a100, few, samples, evaluations=8)
+    assert [f["held_out_gpus"] for f in cv.folds] == [2, 4, 8]
+    assert [f["fit_rows"] for f in cv.folds] == [6, 6, 6] and cv.error["runs"] == 9
+    fold8, _ = fit_gpu_platform(a100, few, samples, fit_gpus=(2, 4), evaluations=8)
+    assert cv.folds[2]["constants"]["kernels.launch_s"] == fold8.kernels.launch_s
+    assert cv.error["mean_abs_error"] == pytest.approx(sum(f["error"]["mean_abs_error"] for f in cv.folds) / 3)
+    assert set(FIT_START) == set(cv.folds[0]["constants"])

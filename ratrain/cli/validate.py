@@ -11,6 +11,7 @@ from ratrain.spec.gpu import GpuPlatform
 
 def register(subparsers) -> None:
     from ratrain.cost.megatron import ACTIVATION_MODES
+    from ratrain.repro.gpu_fit import EVALUATIONS
     p = subparsers.add_parser("validate", help="the simulator against measured training runs of a GPU cluster")
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("measured", help="simulate every row of a runs CSV and compare with its measured time")
@@ -26,9 +27,12 @@ def register(subparsers) -> None:
     f.add_argument("runs", metavar="RUNS.csv", help="measured runs (the calibration file's columns)")
     f.add_argument("--allreduce", metavar="DIR", required=True,
                    help="folder of nccl-tests all-reduce CSVs named allreduce-<N>gpu.csv")
-    f.add_argument("--fit-gpus", type=int, nargs="+", default=[2, 4],
-                   help="GPU counts whose runs are fitted on; the others are held out (default 2 4)")
-    f.add_argument("--evaluations", type=int, default=120, help="simulations of the fit rows the search may spend")
+    f.add_argument("--fit-gpus", type=int, nargs="+", default=None,
+                   help="GPU counts whose runs are fitted on; the others are held out (default: every run)")
+    f.add_argument("--cross-validate", action="store_true",
+                   help="also fit once per GPU count on the other counts' runs and predict its runs")
+    f.add_argument("--evaluations", type=int, default=EVALUATIONS,
+                   help="simulations of the fit rows each search may spend")
     _common(f)
     f.set_defaults(handler=run_fit)
 
@@ -60,15 +64,17 @@ def run_measured(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
-    from ratrain.repro.gpu_fit import fit_gpu_platform
+    from ratrain.repro.gpu_fit import cross_validate, fit_gpu_platform
     from ratrain.repro.measured import read_allreduce, read_runs
     platform = _gpu_platform(args)
     runs = read_runs(args.runs)
     samples = read_allreduce(args.allreduce)
-    fitted, fit = fit_gpu_platform(platform, runs, samples, fit_gpus=tuple(args.fit_gpus), evaluations=args.evaluations,
+    fit_gpus = tuple(args.fit_gpus) if args.fit_gpus else None
+    fitted, fit = fit_gpu_platform(platform, runs, samples, fit_gpus=fit_gpus, evaluations=args.evaluations,
                                    progress=not args.json)
-    payload = {"fit": fit.to_json(), "platform": fitted.to_json()}
-    lines = [f"fitted on {fit.fit_rows} runs ({', '.join(map(str, args.fit_gpus))} GPUs), "
+    payload = {"fit": fit.to_json(), "platform": fitted.to_json(), "cross_validation": None}
+    counts = fit_gpus or sorted({r.gpus for r in runs})
+    lines = [f"fitted on {fit.fit_rows} runs ({', '.join(map(str, counts))} GPUs), "
              f"{fit.held_out_rows} held out; {fit.evaluations} evaluations"]
     for name, value in fit.constants.items():
         lines.append(f"  {name:<36} {value:.6g}")
@@ -79,4 +85,13 @@ def run_fit(args: argparse.Namespace) -> tuple[dict, str]:
     ar = fit.allreduce
     lines.append(f"all-reduce fit: {ar['rows']} measurements, mean |error| {100 * ar['mean_abs_error']:.2f} %, "
                  f"max {100 * ar['max_abs_error']:.2f} %")
+    if args.cross_validate:
+        cv = cross_validate(platform, runs, samples, evaluations=args.evaluations, progress=not args.json)
+        payload["cross_validation"] = cv.to_json()
+        for fold in cv.folds:
+            e = fold["error"]
+            lines.append(f"{fold['held_out_gpus']} GPUs predicted by the fit on the others: mean |error| "
+                         f"{100 * e['mean_abs_error']:.2f} %, max {100 * e['max_abs_error']:.2f} %")
+        lines.append(f"cross-validated, all runs: mean |error| {100 * cv.error['mean_abs_error']:.2f} %, "
+                     f"max {100 * cv.error['max_abs_error']:.2f} %")
     return payload, "\n".join(lines)

@@ -16,9 +16,11 @@ which `ratrain validate fit-gpu` fits on measured runs (docs/VALIDATION.md says 
   the SMs (cuBLAS's split-K and stream-K kernels), so only the tile quantization remains, not the
   partial last wave. A memory floor: the operands and the result
   cross HBM once, at ``hbm_efficiency`` of the bandwidth.
-- Elementwise, normalisation, dropout, softmax, embedding, loss: bytes moved / (HBM bandwidth x
+- Elementwise, normalisation, dropout, softmax, embedding: bytes moved / (HBM bandwidth x
   ``hbm_efficiency``); backward moves twice the forward's bytes (the incoming gradient and the
   saved input are read, the outgoing gradient written).
+- The loss as Megatron computes it by default: the logits cast to FP32 and several passes over
+  them each way (:data:`CROSS_ENTROPY_BYTES`, :func:`cross_entropy_profile`), not one FP16 pass.
 - The host issues every kernel at ``launch_s`` each (PyTorch's eager dispatch and autograd
   bookkeeping, the CUDA launch): an operator lasts at least its kernels' issue time
   (:func:`operator_kernels` counts them).
@@ -105,6 +107,8 @@ def operator_kernels(op: Operator, platform: GpuPlatform) -> tuple[int, int]:
             return 1, 1
         extra = 0 if fused_softmax(op) else TORCH_SOFTMAX_KERNELS - 1
         return 3 + extra, 5 + extra
+    if op.kind == "loss":
+        return CROSS_ENTROPY_KERNELS
     return 1, 1
 
 
@@ -212,6 +216,24 @@ def _fused(ops: list[Operator], platform: GpuPlatform) -> list[OpProfile]:
     return out
 
 
+# Megatron's loss as it runs by default (no --fp16-lm-cross-entropy): the FP16 logits are cast to
+# FP32 and _VocabParallelCrossEntropy makes passes over them, bytes per logit: forward cast (read
+# 2, write 4), max (4), subtract the max in place (8), exp in place (8), sum (4), divide by the sum
+# in place (8), 38 in all; backward: subtract one at the targets (small), scale by the incoming
+# gradient in place (8), cast back (read 4, write 2), 14. Kernels each way, the small per-token
+# ones (target mask, gather of the target logits, log) included: 9 forward, 4 backward. The
+# per-token all-reduces under T > 1 are ``ratrain.cost.megatron``'s, on the tensor group's link.
+CROSS_ENTROPY_BYTES = (38, 14)
+CROSS_ENTROPY_KERNELS = (9, 4)
+
+
+def cross_entropy_profile(name: str, logits: int, platform: GpuPlatform) -> OpProfile:
+    """Megatron's FP32 vocab-parallel cross-entropy over ``logits`` values on one rank."""
+    fwd, bwd = (max(bytes_seconds(nbytes * logits, platform), host_seconds(kernels, platform))
+                for nbytes, kernels in zip(CROSS_ENTROPY_BYTES, CROSS_ENTROPY_KERNELS, strict=True))
+    return OpProfile(name, "loss", fwd, bwd, CROSS_ENTROPY_BYTES[0] * logits)
+
+
 def platform_key(platform: GpuPlatform) -> str:
     """What a GPU profile's numbers depend on: the device and the kernel model (not the network)."""
     text = json.dumps({"device": asdict(platform.device), "kernels": asdict(platform.kernels)}, sort_keys=True)
@@ -223,12 +245,15 @@ def gpu_layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int, plat
     ops = _fused(layer_operators(spec, micro_batch, seq, tp), platform)
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
     first = [operator_profile(o, platform) for o in extra["first"]]
-    last = [operator_profile(o, platform) for o in extra["last"]]
+    logits = micro_batch * seq * (spec.vocab // tp)
+    last = [cross_entropy_profile(o.name, logits, platform) if o.kind == "loss"
+            else operator_profile(o, platform) for o in extra["last"]]
     rates = {term: hbm_rate(platform) for term in DDR_TERMS}
     return LayerProfile(spec.name, micro_batch, seq, tp, GPU_SOURCE, ops, first, last, platform_key(platform),
                         GPU_SOURCE, rates)
 
 
-__all__ = ["GPU_SOURCE", "attention_seconds", "bytes_seconds", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
+__all__ = ["CROSS_ENTROPY_BYTES", "CROSS_ENTROPY_KERNELS", "GPU_SOURCE", "attention_seconds", "bytes_seconds",
+           "cross_entropy_profile", "gemm_seconds", "gemm_tiles", "gpu_layer_profile",
            "FUSED_DROPOUT_ADD", "TORCH_SOFTMAX_BYTES", "fused_softmax", "hbm_rate", "host_seconds", "operator_kernels",
            "operator_profile", "platform_key"]

@@ -38,6 +38,7 @@ costs: the same step, with a P x (A x 2) event graph instead of P x L x (A x 2).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ratrain.cost.collectives import GpuCollectives, Placement
 from ratrain.cost.gpu_kernels import bytes_seconds, gpu_layer_profile, host_seconds
@@ -67,7 +68,9 @@ OPTIMIZER_BYTES_PER_PARAM = 6 + 8 + 4 + 28 + 6 + 2
 OPTIMIZER_KERNELS = 6
 ACTIVATION_MODES = ("full", "ckpt", "selective")
 ATTENTION_CORE = ("attention", "attn_probs_dropout")
-
+# a GPU layer profile depends only on its arguments (all frozen): the many layouts of one model,
+# micro-batch and T on one platform share it (read here, never changed)
+_layer_profile = lru_cache(maxsize=1024)(gpu_layer_profile)
 
 
 @dataclass
@@ -101,7 +104,7 @@ def megatron_step(model: ModelSpec, cfg: ParallelConfig, platform: GpuPlatform, 
     if model.layers % P:
         raise ConfigError(f"model {model.name}: {model.layers} layers do not split evenly over pp={P}")
     coll = GpuCollectives(platform, Placement(T, D, P))
-    prof = gpu_layer_profile(model, cfg.micro_batch, cfg.seq, T, platform)
+    prof = _layer_profile(model, cfg.micro_batch, cfg.seq, T, platform)
     m = cfg.micro_batch * cfg.seq
     act = m * model.hidden * FP16
     tp_ar = _group_ms(coll, act, "tp", sequence_parallel)

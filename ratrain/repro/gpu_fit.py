@@ -8,11 +8,15 @@ What is fitted, and how (docs/VALIDATION.md gives the values and the errors they
   (``ratrain.cost.collectives.fit_allreduce``);
 - the kernel model (``kernels.gemm_efficiency``, ``hbm_efficiency``, ``launch_s``,
   ``step_overhead_s``, ``p2p_host_s``): the mean absolute relative error of the simulated iterations over the fit
-  rows, minimised by a deterministic Nelder-Mead search over their logarithms, from the
-  platform's values.
+  rows, minimised by a deterministic Nelder-Mead search over their logarithms, from
+  :data:`FIT_START` (round a-priori values, the same for every fit, so that no fit starts from
+  constants fitted on rows it is meant not to see).
 
-The fit rows are a subset of the runs (by default those on 2 and 4 GPUs); the rest are held out
-and reported apart, so the error on runs the fit did not see is stated beside the fit's own.
+The fit rows are the runs on ``fit_gpus`` GPUs (by default every run); the rest are held out and
+reported apart. :func:`cross_validate` states what the fit does on runs it did not see: for each
+GPU count, the kernel constants fitted on the runs on the other GPU counts predict that count's
+runs (leave one GPU count out); the all-reduce constants are fitted on the nccl-tests curves,
+which are not iteration times, and are the same in every fold.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from ratrain.cost.collectives import fit_allreduce
 from ratrain.errors import ConfigError
-from ratrain.repro.measured import MeasuredRun, validate
+from ratrain.repro.measured import MeasuredRun, compare, predict, validate
 from ratrain.spec.gpu import GpuPlatform
 from rtcommon.progress import Progress
 
@@ -31,6 +35,12 @@ KERNEL_CONSTANTS = ("kernels.gemm_efficiency", "kernels.hbm_efficiency", "kernel
 BOUNDS = {"kernels.gemm_efficiency": (0.05, 1.0), "kernels.hbm_efficiency": (0.05, 1.0),
           "kernels.launch_s": (1e-7, 1e-3), "kernels.step_overhead_s": (0.0, 1.0),
           "kernels.p2p_host_s": (0.0, 0.01)}
+# where every search starts: round a-priori values, not fitted (a large GEMM at 85 % of peak, elementwise
+# kernels at 90 % of HBM bandwidth, 50 us of host time per kernel, 1 ms per iteration and per pipeline
+# send or receive)
+FIT_START = {"kernels.gemm_efficiency": 0.85, "kernels.hbm_efficiency": 0.9, "kernels.launch_s": 5e-5,
+             "kernels.step_overhead_s": 1e-3, "kernels.p2p_host_s": 1e-3}
+EVALUATIONS = 160
 
 
 @dataclass
@@ -53,7 +63,8 @@ def _get(platform: GpuPlatform, dotted: str) -> float:
 
 
 def _objective(platform: GpuPlatform, runs: list[MeasuredRun]) -> float:
-    return validate(runs, platform).summary["mean_abs_error"]
+    """Mean |error| of the simulated iterations (``validate``'s, without its memory and ranking measures)."""
+    return sum(abs(predict(r, platform).iteration_ms / r.measured_ms - 1.0) for r in runs) / len(runs)
 
 
 def _clip(name: str, value: float) -> float:
@@ -61,7 +72,7 @@ def _clip(name: str, value: float) -> float:
     return min(max(value, lo), hi)
 
 
-def fit_kernel_constants(platform: GpuPlatform, runs: list[MeasuredRun], *, evaluations: int = 120,
+def fit_kernel_constants(platform: GpuPlatform, runs: list[MeasuredRun], *, evaluations: int = EVALUATIONS,
                          progress: bool | None = None) -> tuple[GpuPlatform, int]:
     """Nelder-Mead over the logarithms of KERNEL_CONSTANTS (each clipped to BOUNDS), minimising the
     mean |error| on ``runs``: deterministic (fixed start simplex, fixed coefficients), no gradients
@@ -112,15 +123,23 @@ def fit_kernel_constants(platform: GpuPlatform, runs: list[MeasuredRun], *, eval
     return build(simplex[i]), len(cache)
 
 
-def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: list[tuple[int, float, float]],
-                     *, fit_gpus: tuple[int, ...] = (2, 4), evaluations: int = 120,
-                     progress: bool | None = None) -> tuple[GpuPlatform, GpuFit]:
-    """Fit the collectives on ``allreduce``, then the kernel constants on the runs on ``fit_gpus``."""
+def _with_allreduce_fit(platform: GpuPlatform, allreduce: list[tuple[int, float, float]]):
     ar = fit_allreduce(allreduce, platform.node.intra_bandwidth)
-    platform = platform.with_overrides(**{"collectives.launch_s": ar.launch_s,
-                                          "collectives.step_latency_s": ar.step_latency_s,
-                                          "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
-                                          "collectives.byte_s": ar.byte_s})
+    return platform.with_overrides(**{"collectives.launch_s": ar.launch_s,
+                                      "collectives.step_latency_s": ar.step_latency_s,
+                                      "collectives.intra_bus_efficiency": ar.intra_bus_efficiency,
+                                      "collectives.byte_s": ar.byte_s}), ar
+
+
+def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: list[tuple[int, float, float]],
+                     *, fit_gpus: tuple[int, ...] | None = None, evaluations: int = EVALUATIONS,
+                     progress: bool | None = None) -> tuple[GpuPlatform, GpuFit]:
+    """Fit the collectives on ``allreduce``, then the kernel constants (from :data:`FIT_START`) on the
+    runs on ``fit_gpus`` GPUs (None: every run)."""
+    platform, ar = _with_allreduce_fit(platform, allreduce)
+    platform = platform.with_overrides(**FIT_START)
+    if fit_gpus is None:
+        fit_gpus = tuple(sorted({r.gpus for r in runs}))
     fit_rows = [r for r in runs if r.gpus in fit_gpus]
     held = [r for r in runs if r.gpus not in fit_gpus]
     if not fit_rows:
@@ -141,4 +160,42 @@ def fit_gpu_platform(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: 
     return platform, GpuFit(constants, len(fit_rows), len(held), errors(fit_rows), errors(held), ar.to_json(), evals)
 
 
-__all__ = ["BOUNDS", "KERNEL_CONSTANTS", "GpuFit", "fit_gpu_platform", "fit_kernel_constants"]
+@dataclass
+class CrossValidation:
+    """Leave one GPU count out: per fold the constants fitted without it and the error on it."""
+    folds: list[dict]        # {"held_out_gpus", "fit_rows", "constants", "error"} per GPU count
+    error: dict              # over every run, each predicted by the fold that did not see it
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _summary(rows: list[dict], name: str) -> dict:
+    s = compare(rows, name).summary
+    return {key: s[key] for key in ("runs", "mean_abs_error", "max_abs_error", "mean_group_tau", "min_group_tau",
+                                    "mean_top1_regret_pct", "max_top1_regret_pct")}
+
+
+def cross_validate(platform: GpuPlatform, runs: list[MeasuredRun], allreduce: list[tuple[int, float, float]], *,
+                   evaluations: int = EVALUATIONS, progress: bool | None = None) -> CrossValidation:
+    """For each GPU count g of ``runs``: the kernel constants fitted (as :func:`fit_gpu_platform` fits
+    them, from :data:`FIT_START`) on the runs on the other GPU counts, and their error on the runs
+    on g GPUs; then the error over all runs so predicted."""
+    counts = sorted({r.gpus for r in runs})
+    if len(counts) < 2:
+        raise ConfigError(f"cross-validation needs runs on at least two GPU counts, got {counts}")
+    folds, predicted = [], []
+    for g in counts:
+        fitted, _ = fit_gpu_platform(platform, runs, allreduce, fit_gpus=tuple(c for c in counts if c != g),
+                                     evaluations=evaluations, progress=progress)
+        rows = validate([r for r in runs if r.gpus == g], fitted).runs
+        predicted += rows
+        folds.append({"held_out_gpus": g, "fit_rows": sum(r.gpus != g for r in runs),
+                      "constants": {name: _get(fitted, name) for name in KERNEL_CONSTANTS},
+                      "error": _summary(rows, fitted.name)})
+    predicted.sort(key=lambda r: r["row"])
+    return CrossValidation(folds, _summary(predicted, platform.name))
+
+
+__all__ = ["BOUNDS", "EVALUATIONS", "FIT_START", "KERNEL_CONSTANTS", "CrossValidation", "GpuFit", "cross_validate",
+           "fit_gpu_platform", "fit_kernel_constants"]
