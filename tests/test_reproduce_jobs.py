@@ -19,7 +19,7 @@ def _fake(key):
     return run
 
 
-KEYS = ["table5", "table2", "tune", "measured", "ranking"]
+KEYS = ["table5", "table2", "tune", "budget", "measured", "ranking"]
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_two_jobs_give_one_jobs_results_in_order(fake_registry, tmp_path):
     assert _strip_pid(two) == _strip_pid(one)
     pid = {e.key: e.rows[0]["pid"] for e in two}
     # the emulator's experiments, then the side ones, in the worker; the rest here
-    assert pid["table5"] == pid["tune"] == pid["measured"] != os.getpid()
+    assert pid["table5"] == pid["tune"] == pid["budget"] == pid["measured"] != os.getpid()
     assert pid["table2"] == pid["ranking"] == os.getpid()
     for key in KEYS:
         assert json.loads((tmp_path / "two" / f"{key}.json").read_text())["rows"][0]["x"] == 0.1 + 0.2

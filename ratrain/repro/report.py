@@ -4,10 +4,10 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import resource
+import sys
 import tempfile
 import threading
 import time
@@ -91,11 +91,12 @@ EXPERIMENT_NAMES = ("table5", "table5_study", "tune", "attention", "table2", "ta
                     "ranking", "fig9", "correctness", "measured", "cross_platform")
 
 
-# The experiments that run the emulator (the jitted machine: Numba's compile and its on-disk cache).
-# With two jobs they run in one worker process, so only one process ever compiles or loads the
-# machine, and their memory is returned when it exits; the experiments in SIDE_EXPERIMENTS share
-# no simulated steps with the others and follow them there, so the two processes' loads are closer.
-EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention")
+# The experiments that run the emulator (the jitted machine: Numba's compile and its on-disk cache):
+# the kernel checks, and the budget study, whose TP plans at small budgets emulate GEMMs on empty
+# caches. With two jobs they run in one worker process, so only one process ever compiles or loads
+# the machine, and their memory is returned when it exits; the experiments in SIDE_EXPERIMENTS
+# share no simulated steps with the others and follow them there, so the two loads are closer.
+EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention", "budget")
 SIDE_EXPERIMENTS = ("correctness", "measured", "cross_platform")
 
 
@@ -156,25 +157,32 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
                settings) -> list[Experiment]:
     """``worker`` in a forked process while this one runs ``here``; the experiments back in ``keys``
     order. The worker writes its own files and hands its Experiments back through a file (pickled),
-    so it exits, and frees its memory, as soon as it is done."""
+    so it exits, and frees its memory, as soon as it is done. A bare fork, waited for only at the
+    end: multiprocessing would reap it whenever another process starts (the ranking study's pool),
+    adding its CPU time to whichever experiment runs then."""
     fd, handoff = tempfile.mkstemp(prefix="ratrain-reproduce-", suffix=".pickle")
     os.close(fd)
     try:
-        child = multiprocessing.get_context("fork").Process(
-            target=_worker_main, args=(keys, worker, out, prog, settings, handoff), name="reproduce-emulator")
-        child.start()
+        pid = os.fork()
+        if pid == 0:                     # the worker
+            code = 1
+            try:
+                _worker_main(keys, worker, out, prog, settings, handoff)
+                code = 0
+            finally:
+                os._exit(code)
         try:
             mine = _run_all(keys, out, prog, settings, only=here)
         finally:
-            child.join()
+            exitcode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         with open(handoff, "rb") as f:
-            got = pickle.load(f) if child.exitcode == 0 else None
+            got = pickle.load(f) if exitcode == 0 else None
     finally:
         os.unlink(handoff)
     if isinstance(got, BaseException):
         raise got
     if not isinstance(got, list):
-        raise RatrainError(f"reproduce: the worker running {', '.join(worker)} exited with code {child.exitcode}")
+        raise RatrainError(f"reproduce: the worker running {', '.join(worker)} exited with code {exitcode}")
     by_key = {e.key: e for e in mine + got}
     return [by_key[k] for k in keys]
 
@@ -191,6 +199,7 @@ def _worker_main(keys: list[str], worker: list[str], out: Path, prog: Progress, 
         blob = pickle.dumps(RatrainError(f"reproduce worker: {exc}"))
     with open(handoff, "wb") as f:
         f.write(blob)
+    sys.stderr.flush()
 
 
 def _run_all(keys: list[str], out: Path, prog: Progress, settings, only: list[str] | None = None) -> list[Experiment]:
