@@ -700,3 +700,25 @@ def test_cli_plot_window_in_seconds(capsys, tmp_path, monkeypatch):
     assert "--window applies to --plot" in capsys.readouterr().err
     from rtcommon.durations import time_unit
     assert time_unit(10_000.0) == ("s", 1e3) and time_unit(999.0) == ("ms", 1.0)
+
+
+def test_collector_state_restored_around_a_simulation():
+    """The simulator pauses Python's cyclic collector while it runs and gives it back as it was, also
+    when the inputs are refused; the unlinked task graph leaves no cycles for the collector."""
+    import gc
+
+    costs = PipelineCosts.uniform(3, 6, t_forward=1.0, t_backward=2.0, t_gradsync=0.5, layers_per_stage=2)
+    assert gc.isenabled()
+    simulate(costs)
+    assert gc.isenabled()
+    with pytest.raises(ConfigError):
+        simulate(costs, mechanisms="all-off")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        gc.collect()
+        simulate(costs)
+        assert not gc.isenabled()
+        assert gc.collect() == 0          # nothing cyclic left behind by the step
+    finally:
+        gc.enable()

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 from ratrain.cli.args import add_platform_args, platform_from_args
-from ratrain.repro.experiment_list import EXPERIMENT_NAMES, experiments_help
+from ratrain.errors import ConfigError
+from ratrain.repro.experiment_list import EXPERIMENT_NAMES, default_jobs, experiments_help
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
 
@@ -12,11 +13,13 @@ def _reproduce(args):
     from ratrain.repro.experiment import Settings, format_checks
     from ratrain.repro.report import RunClock, reproduce
     which = [args.experiment] if args.experiment else None
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be an integer >= 1, got {args.jobs}")
     platform = platform_from_args(args)
     settings = Settings(profile_source=args.profile, recovery_resource=args.recovery_resource, platform=platform,
                         fsr_buffer_layers=args.fsr_buffer_layers)
     clock = RunClock.now()
-    exps = reproduce(which, args.out, progress=not args.json, settings=settings)
+    exps = reproduce(which, args.out, progress=not args.json, settings=settings, jobs=args.jobs)
     timing = clock.elapsed()        # not a result: payload comparisons ignore "timing" and "seconds"
     if args.experiment:
         e = exps[0]
@@ -49,5 +52,8 @@ def register(sub) -> None:
                         f"{FSR_BUFFER_LAYERS}, Eq. 6's single M_rec)")
     add_platform_args(p)
     p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+                   help="processes (default: 2 where there are two cores, else 1): with 2 the emulator's "
+                        "experiments run in a worker beside the others; same results, files and order")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)

@@ -5,14 +5,18 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 from __future__ import annotations
 
 import os
+import pickle
 import resource
+import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from mtemu import timing_memo
-from ratrain.errors import ConfigError
+from ratrain.errors import ConfigError, RatrainError
 from ratrain.repro import training
 from ratrain.repro.budget import run_budget
 from ratrain.repro.compare import DEFAULT_EXPERIMENTS as COMPARED
@@ -22,6 +26,7 @@ from ratrain.repro.cross_platform import run_cross_platform
 from ratrain.repro.experiment import DEFAULT_SETTINGS, Experiment, format_check_value, settings_markdown
 from ratrain.repro.experiment_list import EXPERIMENT_NAMES as EXPERIMENT_NAMES  # re-exported: the list's home
 from ratrain.repro.experiment_list import EXPERIMENTS
+from ratrain.repro.experiment_list import default_jobs as default_jobs  # re-exported
 from ratrain.repro.experiment_list import experiments_help as experiments_help
 from ratrain.repro.fig9 import run_fig9
 from ratrain.repro.kernels import run_attention, run_table5, run_table5_study, run_tune
@@ -68,9 +73,21 @@ def registry() -> dict[str, Callable[..., Experiment]]:
     return {key: entry.run for key, entry in catalog().items()}
 
 
+# The experiments that run the emulator (the jitted machine: Numba's compile and its on-disk cache):
+# the kernel checks, and the budget study, whose TP plans at small budgets emulate GEMMs on empty
+# caches. With two jobs they run in one worker process, so only one process ever compiles or loads
+# the machine, and their memory is returned when it exits; the experiments in SIDE_EXPERIMENTS
+# share no simulated steps with the others and follow them there, so the two loads are closer.
+EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention", "budget")
+SIDE_EXPERIMENTS = ("correctness", "measured", "cross_platform")
+
+
 def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", progress: bool = True,
-              settings=None) -> list[Experiment]:
-    """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report."""
+              settings=None, jobs: int = 1) -> list[Experiment]:
+    """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report.
+
+    ``jobs`` 2: the emulator's experiments (and ``SIDE_EXPERIMENTS``) in a worker process beside the
+    others (``_run_split``); the results, files and their order are those of one process."""
     settings = settings or DEFAULT_SETTINGS
     experiments = registry()
     keys = which or list(experiments)
@@ -80,9 +97,10 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     out = Path(out_dir)
     prog = Progress(progress)
     start = RunClock.now()
-    # one process: the emulator's experiments must not run beside others that may compile or load
-    # the jitted machine (Numba's cache has one writer at a time, as the tuner's warm-up says)
-    done = _run_all(keys, out, prog, settings)
+    # the emulator's experiments never run beside others that may compile or load the jitted machine
+    # (Numba's cache has one writer at a time, as the tuner's warm-up says): only the worker does
+    split = _split(keys) if jobs > 1 else None
+    done = _run_split(keys, *split, out, prog, settings) if split else _run_all(keys, out, prog, settings)
     if len(keys) > 1:
         write_report(done, out, settings)
         write_summary({e.key: e.to_json() for e in done}, out)
@@ -91,15 +109,77 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     return done
 
 
-def _run_all(keys: list[str], out: Path, prog: Progress, settings) -> list[Experiment]:
+def _split(keys: list[str]) -> tuple[list[str], list[str]] | None:
+    """(the worker's keys, this process's keys), or None when one process must run them all: one side
+    would be empty, or this process already runs threads (Numba's, once a kernel ran here), which a
+    fork must not copy."""
+    worker = [k for k in keys if k in EMULATOR_EXPERIMENTS]
+    worker += [k for k in keys if k in SIDE_EXPERIMENTS and worker]
+    here = [k for k in keys if k not in worker]
+    if not worker or not here or threading.active_count() > 1:
+        return None
+    return worker, here
+
+
+def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, prog: Progress,
+               settings) -> list[Experiment]:
+    """``worker`` in a forked process while this one runs ``here``; the experiments back in ``keys``
+    order. The worker writes its own files and hands its Experiments back through a file (pickled),
+    so it exits, and frees its memory, as soon as it is done. A bare fork, waited for only at the
+    end: multiprocessing would reap it whenever another process starts (the ranking study's pool),
+    adding its CPU time to whichever experiment runs then."""
+    fd, handoff = tempfile.mkstemp(prefix="ratrain-reproduce-", suffix=".pickle")
+    os.close(fd)
+    try:
+        pid = os.fork()
+        if pid == 0:                     # the worker
+            code = 1
+            try:
+                _worker_main(keys, worker, out, prog, settings, handoff)
+                code = 0
+            finally:
+                os._exit(code)
+        try:
+            mine = _run_all(keys, out, prog, settings, only=here)
+        finally:
+            exitcode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        with open(handoff, "rb") as f:
+            got = pickle.load(f) if exitcode == 0 else None
+    finally:
+        os.unlink(handoff)
+    if isinstance(got, BaseException):
+        raise got
+    if not isinstance(got, list):
+        raise RatrainError(f"reproduce: the worker running {', '.join(worker)} exited with code {exitcode}")
+    by_key = {e.key: e for e in mine + got}
+    return [by_key[k] for k in keys]
+
+
+def _worker_main(keys: list[str], worker: list[str], out: Path, prog: Progress, settings, handoff: str) -> None:
+    """The forked worker: run ``worker`` and leave the Experiments (or the error) in ``handoff``."""
+    try:
+        got: object = _run_all(keys, out, prog, settings, only=worker)
+    except BaseException as exc:         # handed to the parent, which raises it
+        got = exc
+    try:
+        blob = pickle.dumps(got)
+    except Exception as exc:             # an unpicklable error: its line
+        blob = pickle.dumps(RatrainError(f"reproduce worker: {exc}"))
+    with open(handoff, "wb") as f:
+        f.write(blob)
+    sys.stderr.flush()
+
+
+def _run_all(keys: list[str], out: Path, prog: Progress, settings, only: list[str] | None = None) -> list[Experiment]:
     """The experiments ``keys`` in order, each written to ``out/<key>.json`` with its timing. They share
     simulated steps (the same inputs, e.g. Table 2's layouts in the schedules study or the ablation's
     default link in the sensitivity sweep, are simulated once) and emulated timing runs (Table 5's
-    GEMMs again in its calibration study and the tuner)."""
+    GEMMs again in its calibration study and the tuner). ``only``: run just these of ``keys`` (numbered
+    as in ``keys``)."""
     experiments = registry()
     done = []
     with simulation_memo.enabled(), timing_memo.enabled():
-        for key in keys:
+        for key in keys if only is None else only:
             prog(f"({keys.index(key) + 1}/{len(keys)}) {key}")
             t = RunClock.now()
             exp = experiments[key](out, prog, settings)

@@ -56,11 +56,13 @@ Model (see docs/CHOICES.md, "ratrain simulator", for the reasoning):
 """
 from __future__ import annotations
 
+import gc
 import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
@@ -89,6 +91,7 @@ LIFECYCLE_KINDS = ("GradSync", "UpdateShard", "PrefetchW", "Update")
 RES_NAMES = ("compute", "ddr", "link", "d2h", "h2d", "host")
 NRES = len(RES_NAMES)
 _COMPUTE, _DDR, _LINK = 0, 1, 2
+_RES_INDEX = {name: i for i, name in enumerate(RES_NAMES)}
 _WAITING, _READY, _RUNNING, _DONE = 0, 1, 2, 3
 _MAIN, _FSR, _LIFE = 0, 1, 2          # priority classes, lower runs first
 _EPS = 1e-9
@@ -358,7 +361,7 @@ class _Sim:
         return NRES * stage + RES_NAMES.index("host")
 
     def _job(self, stage, kind, mb, layer, resname, dur, cls, key=(), res2=-1) -> _Job:
-        j = _Job(len(self.jobs), stage, kind, mb, layer, NRES * stage + RES_NAMES.index(resname), dur, cls,
+        j = _Job(len(self.jobs), stage, kind, mb, layer, NRES * stage + _RES_INDEX[resname], dur, cls,
                  key, res2)
         self.jobs.append(j)
         return j
@@ -369,10 +372,16 @@ class _Sim:
         rec = lc.recompute_ms if policy == "ckpt" else 0.0
         return {"F": lc.forward_ms, "B": lc.backward_ms - w + rec, "W": w}
 
+    def _neighbour_resources(self, p: int) -> tuple[int, ...]:
+        """The compute and link resources of stage p and its neighbours (a completion there may let them start)."""
+        return tuple(NRES * q + r for q in range(max(0, p - 1), min(self.P, p + 2)) for r in (_COMPUTE, _LINK))
+
     def _build(self) -> None:
         c, m_, P, A = self.costs, self.mech, self.P, self.A
         policy = m_.policy
         self.orders = build_schedule(self.sched, P, A)
+        # each layer's F, B and W durations, computed once (not once per micro-batch)
+        durations = [self._durations(i, policy) for i in range(len(self.flat))]
         # (global chunk, m) -> jobs in layer order (B and W run in reverse)
         self.F: dict[tuple[int, int], list[_Job]] = {}
         self.B: dict[tuple[int, int], list[_Job]] = {}
@@ -386,7 +395,7 @@ class _Sim:
                 layers = self.chunks[g] if op == "F" else self.chunks[g][::-1]
                 jobs = []
                 for layer_index in layers:
-                    dur = self._durations(layer_index, policy)[op]
+                    dur = durations[layer_index][op]
                     if c.microbatch_scales is not None:     # unequal micro-batches (ratrain.spec.lengths)
                         dur *= c.microbatch_scales[m]
                     j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
@@ -524,6 +533,7 @@ class _Sim:
         if self.offload is not None:
             self.host_records = offload_tasks.attach(self, self.offload, _MAIN, _LIFE)
         self.next_main = [0] * P
+        self.neighbours = [self._neighbour_resources(p) for p in range(P)]
         self.first_f_start: dict[int, float] = {}
         self._check_acyclic()
 
@@ -561,6 +571,13 @@ class _Sim:
             stuck = next(j for j in self.jobs if indeg[j.idx] > 0)
             raise RatrainError(f"schedule {self.sched.name!r} deadlocks: {len(self.jobs) - seen} tasks wait on each "
                                f"other, first {stuck.kind}(stage {stuck.stage}, mb {stuck.mb}, layer {stuck.layer})")
+
+    def release(self) -> None:
+        """Unlink the task graph (edges, recovery links) once its times are read, so the jobs are freed
+        by reference counting rather than left to the cyclic collector."""
+        for j in self.jobs:
+            j.preds = j.succs = None
+            j.fsr_r = None
 
     # ------------------------------------------------------------ lower bounds ("window fits")
     def _lb_end(self, root: _Job) -> float:
@@ -685,9 +702,7 @@ class _Sim:
         p = job.stage
         if job.main and job.res % NRES == _COMPUTE:
             self.next_main[p] += 1
-        for q in range(max(0, p - 1), min(self.P, p + 2)):
-            self.dirty.add(NRES * q + _COMPUTE)
-            self.dirty.add(NRES * q + _LINK)
+        self.dirty.update(self.neighbours[p])
         for s in job.succs:
             s.npred -= 1
             if s.fsr_r is not None and s.fsr_r is not job:
@@ -759,8 +774,10 @@ class _Sim:
         dirty = self.dirty | self.waiting_fillers
         self.waiting_fillers = set()
         self.dirty = set()
+        running, heaps = self.running, self.heaps
         for r in sorted(dirty):     # dispatching only starts tasks; it never marks anything dirty
-            self._dispatch(r)
+            if running[r] is None and heaps[r]:      # else _dispatch has nothing to do
+                self._dispatch(r)
 
 
 # ------------------------------------------------------------ step time and annotations
@@ -842,8 +859,10 @@ def simulate(costs: PipelineCosts, *, schedule: str | PipelineSchedule = "1f1b",
     key, hit = simulation_memo.find(costs, schedule, mechanisms, full=True) if plain else (None, None)
     if hit is not None:
         return hit
-    sim, pipeline, T, last_b, segs = _run_step(costs, schedule, mechanisms, "simulate", buckets, offload)
-    result = _result(sim, pipeline, mechanisms, T, last_b, segs, buckets, offload)
+    with _collector_paused():
+        sim, pipeline, T, last_b, segs = _run_step(costs, schedule, mechanisms, "simulate", buckets, offload)
+        result = _result(sim, pipeline, mechanisms, T, last_b, segs, buckets, offload)
+        sim.release()
     simulation_memo.keep(key, result, (T, last_b))
     return result
 
@@ -857,9 +876,26 @@ def simulate_step_time(costs: PipelineCosts, *, schedule: str | PipelineSchedule
     key, hit = simulation_memo.find(costs, schedule, mechanisms, full=False) if plain else (None, None)
     if hit is not None:
         return hit
-    _, _, T, last_b, _ = _run_step(costs, schedule, mechanisms, "simulate_step_time", buckets, offload)
+    with _collector_paused():
+        sim, _, T, last_b, _ = _run_step(costs, schedule, mechanisms, "simulate_step_time", buckets, offload)
+        sim.release()
     simulation_memo.keep(key, None, (T, last_b))
     return T, last_b
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for one simulation: a step builds up to ~10**6 linked
+    task objects, and every full collection while they live walks all of them (and every result the
+    run memo holds), which cost about as much as the simulation itself. ``_Sim.release`` unlinks the
+    graph afterwards, so reference counting frees it without the collector."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _run_step(costs: PipelineCosts, schedule: str | PipelineSchedule, mechanisms: Mechanisms, caller: str,
@@ -1037,6 +1073,7 @@ def peak_activation_sets(tasks: list[Task], stages: int) -> list[float]:
     return [_peak(ev) / max(1, len(ls)) for ev, ls in zip(events, layers, strict=True)]
 
 
+@_collector_paused()           # it builds an event per (layer, micro-batch): no cycles, many objects
 def activation_residency(result: SimResult, costs: PipelineCosts,
                          weight_grad_bytes: int | Sequence[int] | None = None) -> list[int]:
     """Per stage, the peak bytes of live activations, checkpoints and recovery buffers over the step.
