@@ -97,7 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m ratrain.repro.summary [results/summary.json]``: ship a full run's summary and
     render it into README.md (from the repository's root)."""
     args = sys.argv[1:] if argv is None else argv
-    summary = json.loads(Path(args[0]).read_text()) if args else shipped_summary()
+    if args and args[0] in ("-h", "--help"):
+        print(main.__doc__.split(":")[0].strip("`"))
+        return 0
+    try:
+        summary = json.loads(Path(args[0]).read_text()) if args else shipped_summary()
+    except (OSError, ValueError) as exc:
+        print(f"ratrain.repro.summary: {args[0]}: not a readable summary.json ({exc})", file=sys.stderr)
+        return 2
+    if not Path("README.md").is_file():
+        print("ratrain.repro.summary: no README.md here: run it from the repository's root", file=sys.stderr)
+        return 2
     atomic_write_json(SHIPPED_SUMMARY, summary)
     readme = Path("README.md")
     atomic_write_text(readme, splice_readme(readme.read_text(), summary))
