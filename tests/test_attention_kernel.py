@@ -6,9 +6,9 @@ import struct
 import numpy as np
 import pytest
 
+import mtemu.validate as mtemu_validate
 from mtemu.assembler import ProgramBuilder, ins, parse
 from mtemu.cli import main as cli_main
-from mtemu.cli import validate as cli_validate
 from mtemu.errors import AssemblyError, CapacityError, MtemuError
 from mtemu.kernels.attention import (
     attention_backward_timing,
@@ -342,7 +342,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
 
 
 def test_cli_validate_attention_json(capsys, monkeypatch):
-    monkeypatch.setattr(cli_validate, "validate_attention",
+    monkeypatch.setattr(mtemu_validate, "validate_attention",     # what the handler imports when it runs
                         lambda plat, progress: validate_attention(plat, seqs=(512,), progress=progress))
     assert cli_main(["validate", "attention"]) == 0
     err = capsys.readouterr().err.splitlines()        # a line before each emulation, on stderr
