@@ -49,20 +49,13 @@ def _dsp_family(args: argparse.Namespace) -> tuple[dict, str]:
 
 
 def _table5(args: argparse.Namespace, plat: Platform) -> tuple[dict, str]:
+    from .. import validate as v
     from ..kernels.gemm import GemmTiles
-    from ..validate import (
-        format_table5,
-        format_table5_summary,
-        format_table5_tiles,
-        format_variants,
-        table5,
-        table5_variants,
-    )
     tiles = any_tiles_from_args(args)
-    rows = table5(plat, tiles, progress=not args.json)
-    variants = table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
-    text = (format_table5_tiles(plat, tiles) + "\n" + format_table5(rows) + "\n" + format_table5_summary(rows)
-            + (f"\n\n{format_variants(variants)}" if variants else ""))
+    rows = v.table5(plat, tiles, progress=not args.json)
+    variants = v.table5_variants(plat, tiles) if isinstance(tiles, GemmTiles) else []
+    text = (v.format_table5_tiles(plat, tiles) + "\n" + v.format_table5(rows) + "\n" + v.format_table5_summary(rows)
+            + (f"\n\n{v.format_variants(variants)}" if variants else ""))
     return {"rows": [r.to_json() for r in rows], "variants": variants, "platform_hash": plat.digest()}, text
 
 
