@@ -53,7 +53,7 @@ def register(sub) -> None:
     add_platform_args(p)
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
-                   help="processes (default: 2 where there are two cores, else 1): with 2 the emulator's "
-                        "experiments run in a worker beside the others; same results, files and order")
+                   help="processes (default 1): with 2 the emulator's experiments run in a worker beside the "
+                        "others; same results, files and order (best once a first run has compiled the machine)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)
