@@ -74,11 +74,11 @@ def registry() -> dict[str, Callable[..., Experiment]]:
 
 
 # The experiments that run the emulator (the jitted machine: Numba's compile and its on-disk cache):
-# the kernel checks, and the budget study, whose TP plans at small budgets emulate GEMMs on empty
-# caches, and the what-if platforms, whose profiles probe DDR on the machine on empty caches. With two
-# jobs they run in one worker process, so only one process ever compiles or loads
-# the machine, and their memory is returned when it exits; the experiments in SIDE_EXPERIMENTS
-# share no simulated steps with the others and follow them there, so the two loads are closer.
+# the kernel checks; the budget study, whose TP plans at small budgets emulate GEMMs on empty caches;
+# and the what-if platforms, whose profiles probe DDR on the machine on empty caches. With two jobs
+# they run in one worker process, so only one process ever compiles or loads the machine, and their
+# memory is returned when it exits; the experiments in SIDE_EXPERIMENTS share no simulated steps with
+# the others and follow them there, so the two loads are closer.
 EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention", "budget", "platforms")
 SIDE_EXPERIMENTS = ("correctness", "measured", "cross_platform")
 
