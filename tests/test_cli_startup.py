@@ -35,24 +35,42 @@ def _loaded(cli: str, argv: list[str], extra: tuple[str, ...] = ()) -> tuple[int
     return rc, heavy, text
 
 
-# every command's --help (and the subcommands'), and an argument error: nothing heavy; NumPy too only
-# where the parser's defaults live with it (the correctness run's config, the GPU cost model's modes)
-NEEDS_NUMPY = {("ratrain.cli", "correctness"), ("ratrain.cli", "validate")}
+# every command's --help (and the subcommands'), and an argument error: none of NumPy, Numba, Matplotlib and
+# the emulator (mtemu.machine and its fast paths) loads; what a parser shows comes from light constant
+# modules (mtemu.cli.defaults, ratrain.cli.defaults, ratrain.plan.choices, ...)
 HELP = ([("ratrain.cli", ["--help"]), ("mtemu.cli", ["--help"])]
         + [("ratrain.cli", [c.name, "--help"]) for c in ratrain.cli.COMMANDS]
         + [("mtemu.cli", [c.name, "--help"]) for c in mtemu.cli.COMMANDS]
-        + [("ratrain.cli", ["validate", "measured", "--help"]), ("mtemu.cli", ["explain", "gemm", "--help"]),
-           ("mtemu.cli", ["explain", "program", "--help"]),
+        + [("ratrain.cli", ["validate", "measured", "--help"]), ("ratrain.cli", ["validate", "fit-gpu", "--help"]),
+           ("mtemu.cli", ["explain", "gemm", "--help"]), ("mtemu.cli", ["explain", "program", "--help"]),
+           ("mtemu.cli", ["tune", "gemm", "--help"]), ("mtemu.cli", ["tune", "attention", "--help"]),
+           ("mtemu.cli", ["validate", "table5", "--help"]),
            ("ratrain.cli", ["plan", "--clusters", "nine"]),          # argument errors
+           ("ratrain.cli", ["correctness", "--steps", "nine"]),
+           ("ratrain.cli", ["simulate", "--stages", "nine"]),
            ("mtemu.cli", ["gemm", "--m", "nine"])])
 
 
 @pytest.mark.parametrize("cli, argv", HELP, ids=[" ".join([cli.split(".")[0], *argv]) for cli, argv in HELP])
-def test_help_and_argument_errors_load_no_emulator_numba_or_matplotlib(cli, argv):
+def test_help_and_argument_errors_load_no_numpy_emulator_numba_or_matplotlib(cli, argv):
     rc, heavy, _ = _loaded(cli, argv, extra=("numpy",))
     assert rc == (2 if "nine" in argv else 0)
-    numpy = (cli, argv[0]) in NEEDS_NUMPY
-    assert heavy == (["numpy"] if numpy else [])
+    assert heavy == [], heavy
+
+
+def test_the_ratrain_parsers_defaults_are_the_librarys():
+    """ratrain.cli.defaults holds what the parsers show without loading NumPy: each equals its home."""
+    from dataclasses import fields
+
+    from ratrain.cli import defaults
+    from ratrain.cost.megatron import ACTIVATION_MODES
+    from ratrain.replay.correctness import CorrectnessConfig
+    from ratrain.repro.gpu_fit import EVALUATIONS
+
+    assert {f.name: f.default for f in fields(CorrectnessConfig) if f.name in defaults.CORRECTNESS_DEFAULTS} == \
+        defaults.CORRECTNESS_DEFAULTS
+    assert set(defaults.CORRECTNESS_DEFAULTS) == {f.name for f in fields(CorrectnessConfig)} - {"loss_scale"}
+    assert (ACTIVATION_MODES, EVALUATIONS) == (defaults.GPU_ACTIVATION_MODES, defaults.FIT_EVALUATIONS)
 
 
 def test_the_mtemu_parsers_defaults_are_the_librarys():

@@ -5,19 +5,14 @@ import argparse
 import sys
 import time
 
-from ratrain.replay.correctness import (
-    TARGET_MAX_REL_DEV,
-    CorrectnessConfig,
-    run_correctness,
-    save_outputs,
-)
+from ratrain.cli.defaults import CORRECTNESS_DEFAULTS
 
 # its own folder: a reproduction writes results/correctness, which this must not replace
 DEFAULT_OUT = "ratrain-correctness"
 
 
 def register(subparsers) -> None:
-    d = CorrectnessConfig()
+    d = argparse.Namespace(**CORRECTNESS_DEFAULTS)      # CorrectnessConfig's, without loading NumPy
     p = subparsers.add_parser(
         "correctness",
         help="train a tiny model under Baseline-1F1B and RATrain timelines; compare loss curves (Fig. 7)",
@@ -76,6 +71,7 @@ class _Progress:
 
 
 def handle(args: argparse.Namespace):
+    from ratrain.replay.correctness import TARGET_MAX_REL_DEV, CorrectnessConfig, run_correctness, save_outputs
     cfg = CorrectnessConfig(steps=args.steps, stages=args.stages, dp=args.dp, microbatches=args.microbatches,
                             layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                             micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed)

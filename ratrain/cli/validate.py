@@ -5,19 +5,18 @@ import argparse
 from pathlib import Path
 
 from ratrain.cli.args import any_platform_from_args
+from ratrain.cli.defaults import FIT_EVALUATIONS, GPU_ACTIVATION_MODES
 from ratrain.errors import ConfigError
 from ratrain.spec.gpu import GpuPlatform
 
 
 def register(subparsers) -> None:
-    from ratrain.cost.megatron import ACTIVATION_MODES
-    from ratrain.repro.gpu_fit import EVALUATIONS
     p = subparsers.add_parser("validate", help="the simulator against measured training runs of a GPU cluster")
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("measured", help="simulate every row of a runs CSV and compare with its measured time")
     m.add_argument("runs", metavar="RUNS.csv", help="measured runs (the calibration file's columns)")
     _common(m)
-    m.add_argument("--activation", choices=ACTIVATION_MODES, default="ckpt",
+    m.add_argument("--activation", choices=GPU_ACTIVATION_MODES, default="ckpt",
                    help="activation mode of the runs (default ckpt: each layer recomputed from its input)")
     m.add_argument("--sequence-parallel", action="store_true", help="the runs used sequence parallelism")
     m.add_argument("--plot", metavar="FILE", help="PNG of predicted against measured (log-log, y = x, +-10 %%)")
@@ -31,7 +30,7 @@ def register(subparsers) -> None:
                    help="GPU counts whose runs are fitted on; the others are held out (default: every run)")
     f.add_argument("--cross-validate", action="store_true",
                    help="also fit once per GPU count on the other counts' runs and predict its runs")
-    f.add_argument("--evaluations", type=int, default=EVALUATIONS,
+    f.add_argument("--evaluations", type=int, default=FIT_EVALUATIONS,
                    help="simulations of the fit rows each search may spend")
     _common(f)
     f.set_defaults(handler=run_fit)
