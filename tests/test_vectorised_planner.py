@@ -7,8 +7,8 @@ import pytest
 from ratrain.cost.profile import layer_profile
 from ratrain.cost.terms import cost_terms, stage_kinds
 from ratrain.plan.estimator import main_path
-from ratrain.plan.planner import Planner, search_space
-from ratrain.plan.vectorised import FIELDS, KINDS, Grid, kind_arrays, main_path_ms, peak_bytes
+from ratrain.plan.planner import Planner, search_grid, search_space
+from ratrain.plan.vectorised import COLUMNS, FIELDS, KINDS, Grid, kind_arrays, main_path_ms, peak_bytes
 from ratrain.spec.memory import DEFAULT_CONSTANTS, MemoryConstants, PeakMemory
 from ratrain.spec.models import get_model
 from ratrain.spec.parallel import ParallelConfig, partition_model
@@ -38,6 +38,18 @@ def _profiles(model, seq):
             cache[b, t] = layer_profile(model, b, seq, t, source="roofline")
         return cache[b, t]
     return of
+
+
+@pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
+@pytest.mark.parametrize("method", ["ratrain", "tp-heavy", "zero3-heavy", "tuned", "full-save"])
+@pytest.mark.parametrize("restrict", [{}, {"micro_batches": (1, 4), "tp_degrees": (1, 2), "zero_stages": (0, 3)}])
+def test_the_grid_of_columns_is_the_search_space(name, clusters, global_batch, seq, method, restrict):
+    model = get_model(name)
+    points = list(search_space(model, clusters, global_batch, method, **restrict))
+    grid = search_grid(model, clusters, global_batch, seq, method, **restrict)
+    want = Grid.of(points, seq)
+    assert all(getattr(grid, n).tolist() == getattr(want, n).tolist() for n in COLUMNS) and grid.seq == seq
+    assert [grid.point(i) for i in range(len(grid))] == points
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)

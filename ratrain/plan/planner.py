@@ -31,7 +31,7 @@ import math
 import time
 from bisect import insort
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -206,13 +206,10 @@ def _tp_ok(model: ModelSpec, t: int) -> bool:
     return all(v % t == 0 for v in (model.heads, model.kv_heads, model.ffn, model.vocab))
 
 
-def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str = "ratrain", *,
-                 micro_batches=None, tp_degrees=None, zero_stages=None):
-    """Yield (P, D, T, Z, b, A, activation, prefetch) in a fixed order (Eq. 8).
-
-    ``micro_batches`` / ``tp_degrees`` / ``zero_stages`` restrict b, T and Z (default: b any
-    divisor of G/D up to MAX_MICRO_BATCH; T any divisor of N up to MAX_TP that divides heads,
-    kv_heads, ffn, vocab; Z 0..3)."""
+def _search_axes(model: ModelSpec, clusters: int, global_batch: int, method: str, micro_batches, tp_degrees,
+                 zero_stages) -> tuple[list[tuple[int, int, int, int, int]], tuple[int, ...], tuple[str, ...]]:
+    """``search_space``'s layouts (P, D, T, b, A) in order, and the ZeRO stages and activation policies every
+    layout is tried with (then each prefetch policy)."""
     _check_method(method)
     tps = [t for t in _divisors(clusters) if t <= MAX_TP and _tp_ok(model, t)]
     if tp_degrees is not None:
@@ -225,6 +222,7 @@ def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str
         zeros = tuple(z for z in zeros if z in set(zero_stages))
     acts = {"backward-ckpt": ("ckpt",), "full-save": ("full",), "tuned": ("full", "ckpt")}.get(
         method, ACTIVATION_POLICIES)
+    layouts = []
     for t in tps:
         for p in _divisors(clusters // t):
             if p > model.layers:
@@ -238,11 +236,39 @@ def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str
                     break
                 if bs is not None and b not in bs:
                     continue
-                a = per_replica // b
-                for z in zeros:
-                    for act in acts:
-                        for pref in PREFETCH_POLICIES:
-                            yield p, d, t, z, b, a, act, pref
+                layouts.append((p, d, t, b, per_replica // b))
+    return layouts, zeros, acts
+
+
+def search_space(model: ModelSpec, clusters: int, global_batch: int, method: str = "ratrain", *,
+                 micro_batches=None, tp_degrees=None, zero_stages=None):
+    """Yield (P, D, T, Z, b, A, activation, prefetch) in a fixed order (Eq. 8).
+
+    ``micro_batches`` / ``tp_degrees`` / ``zero_stages`` restrict b, T and Z (default: b any
+    divisor of G/D up to MAX_MICRO_BATCH; T any divisor of N up to MAX_TP that divides heads,
+    kv_heads, ffn, vocab; Z 0..3)."""
+    layouts, zeros, acts = _search_axes(model, clusters, global_batch, method, micro_batches, tp_degrees, zero_stages)
+    for p, d, t, b, a in layouts:
+        for z in zeros:
+            for act in acts:
+                for pref in PREFETCH_POLICIES:
+                    yield p, d, t, z, b, a, act, pref
+
+
+def search_grid(model: ModelSpec, clusters: int, global_batch: int, seq: int, method: str = "ratrain", *,
+                micro_batches=None, tp_degrees=None, zero_stages=None) -> Grid:
+    """``search_space`` as a ``Grid``: the same points in the same order (``Grid.of(list(search_space(...)))``),
+    built as columns."""
+    layouts, zeros, acts = _search_axes(model, clusters, global_batch, method, micro_batches, tp_degrees, zero_stages)
+    inner = [(z, ACTIVATION_POLICIES.index(act), PREFETCH_POLICIES.index(pref))
+             for z in zeros for act in acts for pref in PREFETCH_POLICIES]
+    outer = np.array(layouts, dtype=np.int64).reshape(-1, 5)
+    per = np.array(inner, dtype=np.int64).reshape(-1, 3)
+    rows = np.repeat(outer, len(per), axis=0)
+    each = np.tile(per, (len(outer), 1))
+    p, d, t, b, a = rows.T.copy()
+    z, act, pref = each.T.copy()
+    return Grid(p, d, t, z, b, a, act, pref, seq)
 
 
 class Planner:
@@ -399,11 +425,12 @@ class Planner:
         return (choices == (ONE_F_ONE_B,) and not self.moe_cp and self.model.moe is None
                 and self.recovery_resource == "compute")
 
-    def _analytic_pass(self, points: list[tuple], seq: int, method: str, source: str | None,
-                       budget: int) -> tuple[int, int, int, list]:
+    def _analytic_pass(self, grid: Grid, method: str, source: str | None, budget: int
+                       ) -> tuple[int, int, int, Iterator[tuple]]:
         """The scalar loop's memory check and main-path bound on every point at once: (enumerated, pruned,
-        feasible, the feasible points as (bound, peak, point, 0, make) in bound order, stable)."""
-        grid = Grid.of(points, seq)
+        feasible, the feasible points as (bound, peak, point, 0, make) in bound order, stable). The points
+        are made as the search takes them: it stops after the top's and a few more."""
+        seq = grid.seq
         peaks = peak_bytes(self.memory, grid)
         fit = np.flatnonzero(peaks <= budget)
         sub = grid.take(fit)
@@ -411,13 +438,13 @@ class Planner:
             kinds = kind_arrays(self.model, self.platform, sub,
                                 lambda b, t: self.profile(b, seq, t, source))
         else:
-            kinds = stacked_kind_arrays([self.terms(self._config(points[i], seq), source) for i in fit])
+            kinds = stacked_kind_arrays([self.terms(self._config(grid.point(i), seq), source) for i in fit])
         bounds = main_path_ms(kinds, sub, lambda pp: [len(r) for r in self.stage_layers(pp)],
                               fsr=method != "tuned", fsr_buffer_layers=self.constants.fsr_buffer_layers)
         order = np.argsort(bounds, kind="stable")
 
         def make(k: int):
-            cfg = self._config(points[fit[k]], seq)
+            cfg = self._config(sub.point(k), seq)
             mech = self._mechanisms(cfg, method)
             terms = kinds.terms(k)
             one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
@@ -426,10 +453,11 @@ class Planner:
             return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
                                                update_prefetch=mech["update_prefetch"], recovery_resource="compute")
 
-        rows = fit[order]
-        waiting = [(bound, peak, points[i], 0, lambda k=k: make(k)) for bound, peak, i, k in
-                   zip(bounds[order].tolist(), peaks[rows].tolist(), rows.tolist(), order.tolist(), strict=True)]
-        return len(points), len(points) - len(fit), len(fit), waiting
+        def waiting() -> Iterator[tuple]:
+            for k in order.tolist():
+                yield float(bounds[k]), int(peaks[fit[k]]), sub.point(k), 0, lambda k=k: make(k)
+
+        return len(grid), len(grid) - len(fit), len(fit), waiting()
 
     def _config(self, point: tuple, seq: int) -> ParallelConfig:
         p, d, t, z, b, a, act, pref = point
@@ -474,11 +502,13 @@ class Planner:
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
-        points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
-                              tp_degrees=tp_degrees, zero_stages=zero_stages)
         if self._vectorisable(choices):
-            enumerated, pruned, feasible, waiting = self._analytic_pass(list(points), seq, method, fast, budget)
+            grid = search_grid(self.model, clusters // cp, global_batch, seq, method, micro_batches=micro_batches,
+                               tp_degrees=tp_degrees, zero_stages=zero_stages)
+            enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget)
         else:
+            points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
+                                  tp_degrees=tp_degrees, zero_stages=zero_stages)
             for c in points:
                 p, d, t, z, b, a, act, pref = c
                 if (d * cp) % ep or (self.model.moe is not None and self.model.moe.experts % ep):
@@ -502,8 +532,9 @@ class Planner:
                                          prefetch=pref, partition=self.partition, **self.moe_cp)
                     bound, finish = self.bounded(cfg, method, fast, choice)
                     waiting.append((bound, peak, c, si, lambda cfg=cfg, finish=finish: (cfg, finish)))
-        waiting.sort(key=lambda x: x[0])
-        for bound, peak, c, si, make in waiting:
+            waiting.sort(key=lambda x: x[0])
+            ordered = iter(waiting)
+        for bound, peak, c, si, make in ordered:
             if len(timed) >= top and bound > timed[-1][0]:
                 break           # this step and every later one exceed the whole top's
             cfg, finish = make()

@@ -27,6 +27,7 @@ FULL, CKPT, FSR = (ACTIVATION_POLICIES.index(a) for a in ("full", "ckpt", "fsr")
 LAYERWISE = PREFETCH_POLICIES.index("layerwise")
 _ACTIVATION = {a: i for i, a in enumerate(ACTIVATION_POLICIES)}
 _PREFETCH = {p: i for i, p in enumerate(PREFETCH_POLICIES)}
+COLUMNS = ("pp", "dp", "tp", "zero", "micro_batch", "accum", "activation", "prefetch")
 
 
 @dataclass
@@ -53,9 +54,13 @@ class Grid:
         p, d, t, z, b, a = ints
         return cls(p, d, t, z, b, a, act, pref, seq)
 
+    def point(self, i: int) -> tuple:
+        """Row ``i`` as ``search_space``'s (P, D, T, Z, b, A, activation, prefetch) tuple."""
+        p, d, t, z, b, a, act, pref = (int(getattr(self, n)[i]) for n in COLUMNS)
+        return p, d, t, z, b, a, ACTIVATION_POLICIES[act], PREFETCH_POLICIES[pref]
+
     def take(self, index: np.ndarray) -> Grid:
-        return Grid(*(getattr(self, n)[index] for n in ("pp", "dp", "tp", "zero", "micro_batch", "accum",
-                                                           "activation", "prefetch")), self.seq)
+        return Grid(*(getattr(self, n)[index] for n in COLUMNS), self.seq)
 
     def __len__(self) -> int:
         return len(self.pp)
@@ -155,6 +160,10 @@ class KindArrays:
     stage transfer (ms)."""
     kinds: dict[str, dict[str, np.ndarray]]
     transfer: np.ndarray
+
+    def take(self, index: np.ndarray) -> KindArrays:
+        return KindArrays({k: {f: v[index] for f, v in fields.items()} for k, fields in self.kinds.items()},
+                          self.transfer[index])
 
     def terms(self, i: int) -> CostTerms:
         """Row ``i`` as ``CostTerms`` (its kinds only: what ``main_path`` and ``lifecycle_tail`` read)."""
@@ -257,10 +266,23 @@ def _pick(table: np.ndarray, columns: np.ndarray) -> np.ndarray:
 def main_path_ms(ka: KindArrays, g: Grid, counts_of, *, fsr: bool = True, fsr_buffer_layers: int = 1
                  ) -> np.ndarray:
     """``main_path(stage_kinds(terms, partition), transfer, A, activation, fsr, 'compute',
-    fsr_buffer_layers).t_main_ms`` of every row (``counts_of(P)``: the layers of each stage)."""
-    n = len(g)
-    if n == 0:
+    fsr_buffer_layers).t_main_ms`` of every row (``counts_of(P)``: the layers of each stage).
+
+    Rows that differ only in what the main path does not read (ZeRO stage and prefetch policy, mostly)
+    have the same inputs bit for bit: each distinct row is computed once."""
+    if len(g) == 0:
         return np.zeros(0)
+    inputs = np.stack([g.pp.astype(float), g.accum.astype(float), g.activation.astype(float), ka.transfer]
+                      + [ka.kinds[k][f] for k in KINDS for f in ("forward", "backward", "recompute")], axis=1)
+    bits = np.ascontiguousarray(inputs).view(np.int64)
+    _, first, inverse = np.unique(bits, axis=0, return_index=True, return_inverse=True)
+    if len(first) == len(g):
+        return _main_path_ms(ka, g, counts_of, fsr, fsr_buffer_layers)
+    return _main_path_ms(ka.take(first), g.take(first), counts_of, fsr, fsr_buffer_layers)[inverse.reshape(-1)]
+
+
+def _main_path_ms(ka: KindArrays, g: Grid, counts_of, fsr: bool, fsr_buffer_layers: int) -> np.ndarray:
+    """``main_path_ms`` of every row, each computed."""
     P, A = g.pp, g.accum
     depths, at = _distinct(P)
     width_p = int(P.max())
