@@ -302,3 +302,30 @@ def test_grid_restrictions():
     assert r.ranked and all((c.config.micro_batch, c.config.tp, c.config.zero) == (1, 1, 2) for c in r.ranked)
     assert r.enumerated == sum(1 for _ in search_space(get_model("llama2-7b"), 16, 64, micro_batches=(1,),
                                                        tp_degrees=(1,), zero_stages=(2,)))
+
+
+# the README's plan examples and Table 3's cases, as `ratrain plan` runs them (default space, --confirm 3)
+SHIPPED_PLANS = [("llama2-70b", 96, 32, {}), ("llama2-70b", 96, 32, {"tp_degrees": (1,), "zero_stages": (0, 1, 2),
+                                                                    "micro_batches": (1,)}),
+                 ("llama2-7b", 8, 512, {}), ("llama2-7b", 64, 512, {}), ("baichuan2-13b", 16, 256, {}),
+                 ("qwen2.5-32b", 64, 512, {})]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, clusters, global_batch, space", SHIPPED_PLANS)
+def test_the_readme_and_table3_plans_emulate_nothing_on_a_fresh_install(name, clusters, global_batch, space,
+                                                                       monkeypatch, tmp_path):
+    """Every profile their finalists are confirmed on ships (scripts/ship_profiles.py, PLAN_FINALISTS)."""
+    from ratrain.cost import profile
+
+    monkeypatch.setenv("RATRAIN_CACHE_DIR", str(tmp_path))       # nothing cached: the shipped data alone
+    built = profile.build_profile
+
+    def build(spec, micro_batch, seq, tp, *, source="emulated", **kw):
+        assert source != "emulated", f"{spec.name} b={micro_batch} seq={seq} T={tp} is not shipped"
+        return built(spec, micro_batch, seq, tp, source=source, **kw)
+
+    monkeypatch.setattr(profile, "build_profile", build)
+    monkeypatch.setattr(profile, "_MEMO", {})
+    result = Planner(get_model(name), progress=False).plan(clusters, global_batch, confirm=3, **space)
+    assert result.confirmed == 3
