@@ -193,13 +193,14 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
                 continue
             queue = ready_on[r]
             if r == 0 and has_send and now < X:
-                # transfers keep priority: only a task that ends before the last Send may start
-                fitting = [x for x in sorted(queue) if now + durs[x[2]][x[1]] <= 1e-9]
-                if not fitting:
+                # transfers keep priority: only a task that ends before the last Send may start (the first
+                # such in queue order; the entries are distinct, so the least is that one)
+                first = min((x for x in queue if now + durs[x[2]][x[1]] <= 1e-9), default=None)
+                if first is None:
                     continue
-                queue.remove(fitting[0])
+                queue.remove(first)
                 heapq.heapify(queue)
-                _, c, j = fitting[0]
+                _, c, j = first
             else:
                 _, c, j = heapq.heappop(queue)
             end = now + durs[j][c]
@@ -363,9 +364,12 @@ def main_path(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, 
 
 
 def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: bool = True,
-                   recovery_resource: str = "compute", prefetch_resource: str = PREFETCH_RESOURCE) -> StepBreakdown:
+                   recovery_resource: str = "compute", prefetch_resource: str = PREFETCH_RESOURCE,
+                   chains: dict | None = None) -> StepBreakdown:
     """``step_breakdown``'s second half: the GradSync -> UpdateShard -> PrefetchW chains of every stage
-    against the main path ``main``, and the step (arguments as in ``step_breakdown``)."""
+    against the main path ``main``, and the step (arguments as in ``step_breakdown``). ``chains``: a memo
+    of stage chains by everything they read, shared by the estimates that pass the same dict (the
+    planner's finalists: layouts that differ elsewhere often run the same stage chains)."""
     if prefetch_resource not in ("ddr", "link"):
         raise ConfigError(f"step_breakdown: prefetch_resource must be 'ddr' or 'link', got {prefetch_resource!r}")
     link_w = prefetch_resource == "link"
@@ -391,8 +395,15 @@ def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: b
             s = share[p]
             bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3], strict=False)]
             # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
-            got = memo[key] = _stage_life(kinds, bprime, X, mode, P > 1 and p > 0,
-                                          link_w and any(k.prefetch > 0 for k in kinds))
+            args = (X, mode, P > 1 and p > 0, link_w and any(k.prefetch > 0 for k in kinds))
+            if chains is None:
+                got = _stage_life(kinds, bprime, *args)
+            else:
+                inputs = (tuple((k.forward, k.gradsync, k.update, k.prefetch) for k in kinds), tuple(bprime), args)
+                got = chains.get(inputs)
+                if got is None:
+                    got = chains[inputs] = _stage_life(kinds, bprime, *args)
+            memo[key] = got
         worst, all_g, first_g, link_end, ddr_ends = got
         span = ends[p] - starts[p]
         for v in range(3):

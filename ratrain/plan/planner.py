@@ -351,9 +351,11 @@ class Planner:
         return finish()
 
     def bounded(self, cfg: ParallelConfig, method: str = "ratrain", source: str | None = None,
-                schedule: PipelineSchedule = ONE_F_ONE_B) -> tuple[float, Callable[[], StepBreakdown]]:
+                schedule: PipelineSchedule = ONE_F_ONE_B, chains: dict | None = None
+                ) -> tuple[float, Callable[[], StepBreakdown]]:
         """``estimate`` in two halves: the main path's time, a lower bound of the step (the lifecycle
-        chains only add to it), and the call that finishes the estimate (the chains, the costly half)."""
+        chains only add to it), and the call that finishes the estimate (the chains, the costly half;
+        ``chains``: the memo of stage chains ``lifecycle_tail`` shares between the estimates given it)."""
         terms = self.terms(cfg, source)
         mech = self._mechanisms(cfg, method)
         main_kw = dict(activation=mech["activation"], fsr=mech["fsr"], recovery_resource=mech["recovery_resource"],
@@ -362,7 +364,7 @@ class Planner:
                        recovery_resource=mech["recovery_resource"])
         if schedule == ONE_F_ONE_B:
             one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum, **main_kw)
-            return one.t_main_ms, lambda: lifecycle_tail(one, **tail_kw)
+            return one.t_main_ms, lambda: lifecycle_tail(one, **tail_kw, chains=chains)
         chunks = self.schedule_memory.chunks(cfg.pp, schedule)
         kinds = chunk_kinds(terms, chunks, self.model.layers)
         weight = None
@@ -425,7 +427,7 @@ class Planner:
         return (choices == (ONE_F_ONE_B,) and not self.moe_cp and self.model.moe is None
                 and self.recovery_resource == "compute")
 
-    def _analytic_pass(self, grid: Grid, method: str, source: str | None, budget: int
+    def _analytic_pass(self, grid: Grid, method: str, source: str | None, budget: int, chains: dict
                        ) -> tuple[int, int, int, Iterator[tuple]]:
         """The scalar loop's memory check and main-path bound on every point at once: (enumerated, pruned,
         feasible, the feasible points as (bound, peak, point, 0, make) in bound order, stable). The points
@@ -451,7 +453,8 @@ class Planner:
                             activation=mech["activation"], fsr=mech["fsr"], recovery_resource="compute",
                             fsr_buffer_layers=mech["fsr_buffer_layers"])
             return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
-                                               update_prefetch=mech["update_prefetch"], recovery_resource="compute")
+                                               update_prefetch=mech["update_prefetch"], recovery_resource="compute",
+                                               chains=chains)
 
         def waiting() -> Iterator[tuple]:
             for k in order.tolist():
@@ -502,10 +505,11 @@ class Planner:
         # one stage: every schedule runs the same step and 1F1B keeps the fewest activations alive,
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
+        chains: dict = {}           # the finalists' stage chains by their inputs (this search's only)
         if self._vectorisable(choices):
             grid = search_grid(self.model, clusters // cp, global_batch, seq, method, micro_batches=micro_batches,
                                tp_degrees=tp_degrees, zero_stages=zero_stages)
-            enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget)
+            enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget, chains)
         else:
             points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
                                   tp_degrees=tp_degrees, zero_stages=zero_stages)
@@ -530,7 +534,7 @@ class Planner:
                     feasible += 1
                     cfg = ParallelConfig(pp=p, dp=d, tp=t, zero=z, micro_batch=b, accum=a, seq=seq, activation=act,
                                          prefetch=pref, partition=self.partition, **self.moe_cp)
-                    bound, finish = self.bounded(cfg, method, fast, choice)
+                    bound, finish = self.bounded(cfg, method, fast, choice, chains)
                     waiting.append((bound, peak, c, si, lambda cfg=cfg, finish=finish: (cfg, finish)))
             waiting.sort(key=lambda x: x[0])
             ordered = iter(waiting)
