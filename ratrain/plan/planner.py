@@ -90,6 +90,7 @@ from ratrain.spec.parallel import (
     partition_model,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
+from rtcommon.progress import Progress
 
 
 def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") -> Mechanisms:
@@ -506,9 +507,13 @@ class Planner:
         # so the others would only repeat it lower in the ranking
         one_stage_1f1b_only = any(plain_1f1b)
         chains: dict = {}           # the finalists' stage chains by their inputs (this search's only)
+        say = Progress(self.progress is True)
         if self._vectorisable(choices):
             grid = search_grid(self.model, clusters // cp, global_batch, seq, method, micro_batches=micro_batches,
                                tp_degrees=tp_degrees, zero_stages=zero_stages)
+            if len(grid) and not self._profiles:
+                say(f"plan: {len(grid):,} configurations; loading their latency profiles (the first run after "
+                    "installing compiles the emulator for them first: a minute or two)")
             enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget, chains)
         else:
             points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
@@ -558,6 +563,8 @@ class Planner:
         if fast is not None and ranked and confirm > 0:
             # the finalists on emulated kernels: only their (b, seq, T) profiles are emulated
             finalists = ranked[:confirm]
+            say(f"plan: searched {enumerated:,} configurations; confirming the {len(finalists)} best on emulated "
+                "kernels")
             for cand in finalists:
                 emulated = self.estimate(cand.config, method) if cand.schedule == ONE_F_ONE_B else \
                     self.estimate(cand.config, method, schedule=cand.schedule)
