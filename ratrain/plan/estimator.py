@@ -187,7 +187,7 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
         while pending and pending[0][0] <= now + 1e-12:
             t, c, j = heapq.heappop(pending)
             heapq.heappush(ready_on[res_of[c]], (((ff[j], j) if (c or prefetch_link) else (t, -j)), c, j))
-        started = False
+        again = False       # a task started that ends within the tolerance: its resource may start another now
         for r in (0, 1):
             if free[r] > now + 1e-12 or not ready_on[r]:
                 continue
@@ -209,9 +209,11 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
                 on_link -= 1
                 link_start, link_end = min(link_start, now), max(link_end, end)
             heapq.heappush(events, (end, c, j))
-            started = True
-        if started:
+            again = again or end <= now + 1e-12
+        if again:
             continue
+        # (else another pass at this instant would start nothing: no task became ready, and each resource
+        # is busy or has no task it may start)
         # the next instant anything can change: an end, a ready time, a resource freed, the last Send done
         nxt = events[0][0] if events else inf
         if pending and pending[0][0] < nxt:
