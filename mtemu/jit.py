@@ -10,6 +10,11 @@ Numba picks a function's cache folder when the function is defined, from ``numba
 before the first ``@njit(cache=True)``: the jitted modules that every other one imports first
 (:mod:`mtemu.fp16`, :mod:`mtemu.dma`) call it after their imports. It also sets the variable in
 ``os.environ``, so that worker processes compile into (and read) the same folder.
+
+Numba's on-disk cache takes one writer at a time, and a reader beside a writer can load a half-written
+entry. A process that shares the cache with another one compiling (the main job's parent beside its
+emulator worker) calls :func:`hold_jit`: its next load or compile of any cached jitted function first
+waits for the other process, so the two never touch the cache at once, whatever code path asks.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from rtcommon import caches
 
@@ -59,10 +65,36 @@ def configure() -> None:
     _guard_cache_loads(numba)
 
 
+# what this process runs before its next load or compile of jitted code (hold_jit), and how often a
+# hold was waited on (the main job's test asserts its parent never needed one)
+_HOLDS: list[Callable[[], None]] = []
+HOLDS_WAITED = [0]
+
+
+def hold_jit(wait: Callable[[], None]) -> None:
+    """Run ``wait`` (once) before this process next reads or writes Numba's on-disk cache: before the
+    first load or compile of any cached jitted function's new signature. Code already loaded runs
+    as before. Numba is imported if it is not yet (it would be by the first jitted module)."""
+    _HOLDS.append(wait)
+    _guard_cache_loads(importlib.import_module("numba"))
+
+
+def release_jit() -> None:
+    """Drop the waits :func:`hold_jit` left (the process they waited for is gone)."""
+    _HOLDS.clear()
+
+
+def _run_holds() -> None:
+    while _HOLDS:
+        HOLDS_WAITED[0] += 1
+        _HOLDS.pop(0)()
+
+
 def _guard_cache_loads(numba) -> None:
     """Make a damaged entry of the machine's Numba cache (a truncated, bit-flipped or replaced
     ``.nbi``/``.nbc`` file) a cache miss: warn once, delete that function's entry, compile again.
-    Numba itself lets the unpickling error escape from the first call, on every later run too."""
+    Numba itself lets the unpickling error escape from the first call, on every later run too.
+    Both the load and the save first run the waits of :func:`hold_jit`: a compile begins with a load."""
     if numba is None:
         return
     caching = importlib.import_module("numba.core.caching")    # numba is imported by now: cheap
@@ -70,8 +102,14 @@ def _guard_cache_loads(numba) -> None:
     original = caching.Cache.load_overload
     if getattr(original, "_mtemu_guard", False):
         return
+    original_save = caching.Cache.save_overload
+
+    def save_overload(self, sig, data):
+        _run_holds()
+        return original_save(self, sig, data)
 
     def load_overload(self, sig, target_context):
+        _run_holds()
         try:
             return original(self, sig, target_context)
         except Exception as exc:   # any failure to read our own cache: rebuild, never stop the run
@@ -90,3 +128,4 @@ def _guard_cache_loads(numba) -> None:
 
     load_overload._mtemu_guard = True
     caching.Cache.load_overload = load_overload
+    caching.Cache.save_overload = save_overload
