@@ -13,7 +13,7 @@ before the first ``@njit(cache=True)``: the jitted modules that every other one 
 
 Numba's on-disk cache takes one writer at a time, and a reader beside a writer can load a half-written
 entry. A process that shares the cache with another one compiling (the main job's parent beside its
-emulator worker) calls :func:`hold_jit`: its next load or compile of any cached jitted function first
+emulator worker) calls :func:`hold_jit_for`: its next load or compile of any cached jitted function first
 waits for the other process, so the two never touch the cache at once, whatever code path asks.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import hashlib
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Callable
 
 from rtcommon import caches
 
@@ -65,36 +65,65 @@ def configure() -> None:
     _guard_cache_loads(numba)
 
 
-# what this process runs before its next load or compile of jitted code (hold_jit), and how often a
-# hold was waited on (the main job's test asserts its parent never needed one)
-_HOLDS: list[Callable[[], None]] = []
+# the process (its id) that every load or compile of jitted code here, and in the processes started
+# from here (forked or spawned: they inherit the variable), waits for first (hold_jit_for)
+WAIT_VARIABLE = "MTEMU_JIT_WAIT_FOR"
+# how often a load waited (the main job's test asserts its parent never had to)
 HOLDS_WAITED = [0]
 
 
-def hold_jit(wait: Callable[[], None]) -> None:
-    """Run ``wait`` (once) before this process next reads or writes Numba's on-disk cache: before the
-    first load or compile of any cached jitted function's new signature. Code already loaded runs
-    as before. Numba is imported if it is not yet (it would be by the first jitted module)."""
-    _HOLDS.append(wait)
+def hold_jit_for(pid: int) -> None:
+    """Before this process, or one it starts, next reads or writes Numba's on-disk cache (the first load
+    or compile of a cached jitted function's new signature), wait until process ``pid`` has exited.
+    Code already loaded runs as before. Numba is imported if it is not yet (the first jitted module
+    would import it)."""
+    os.environ[WAIT_VARIABLE] = str(pid)
     _guard_cache_loads(importlib.import_module("numba"))
 
 
 def release_jit() -> None:
-    """Drop the waits :func:`hold_jit` left (the process they waited for is gone)."""
-    _HOLDS.clear()
+    """Drop the wait of :func:`hold_jit_for` (the process it waited for is gone)."""
+    os.environ.pop(WAIT_VARIABLE, None)
 
 
 def _run_holds() -> None:
-    while _HOLDS:
-        HOLDS_WAITED[0] += 1
-        _HOLDS.pop(0)()
+    value = os.environ.get(WAIT_VARIABLE, "")
+    if not value.isdigit() or not _running(int(value)):
+        return
+    pid = int(value)
+    HOLDS_WAITED[0] += 1
+    print(f"mtemu: jitted code needed while process {pid} compiles into Numba's cache; waiting for it to finish",
+          file=sys.stderr, flush=True)
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)      # our child: left for its parent to reap
+    except ChildProcessError:           # another's child (we were started by its parent): poll
+        while _running(pid):
+            time.sleep(0.2)
+    release_jit()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: it waits only to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:                     # no /proc: whether it exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def _guard_cache_loads(numba) -> None:
     """Make a damaged entry of the machine's Numba cache (a truncated, bit-flipped or replaced
     ``.nbi``/``.nbc`` file) a cache miss: warn once, delete that function's entry, compile again.
     Numba itself lets the unpickling error escape from the first call, on every later run too.
-    Both the load and the save first run the waits of :func:`hold_jit`: a compile begins with a load."""
+    Both the load and the save first wait as :func:`hold_jit_for` asks: a compile begins with a load."""
     if numba is None:
         return
     caching = importlib.import_module("numba.core.caching")    # numba is imported by now: cheap

@@ -128,9 +128,9 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
     order. The worker writes its own files and hands its Experiments back through a file (pickled),
     so it exits, and frees its memory, as soon as it is done. A bare fork, waited for only at the
     end: multiprocessing would reap it whenever another process starts (the ranking study's pool),
-    adding its CPU time to whichever experiment runs then. While the worker runs, this process (and the
-    processes it forks) hold any load or compile of jitted code until the worker has exited
-    (``mtemu.jit.hold_jit``): the worker compiles the machine into Numba's cache, which takes one
+    adding its CPU time to whichever experiment runs then. While the worker runs, any load or compile of
+    jitted code in this process (or in one it starts) waits until the worker has exited
+    (``mtemu.jit.hold_jit_for``): the worker compiles the machine into Numba's cache, which takes one
     writer at a time; none of this side's experiments needs the machine with the shipped profiles."""
     fd, handoff = tempfile.mkstemp(prefix="ratrain-reproduce-", suffix=".pickle")
     os.close(fd)
@@ -143,7 +143,7 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
                 code = 0
             finally:
                 os._exit(code)
-        jit.hold_jit(lambda: _wait_for_exit(pid, prog))
+        jit.hold_jit_for(pid)
         try:
             mine = _run_all(keys, out, prog, settings, only=here)
         finally:
@@ -159,34 +159,6 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
         raise RatrainError(f"reproduce: the worker running {', '.join(worker)} exited with code {exitcode}")
     by_key = {e.key: e for e in mine + got}
     return [by_key[k] for k in keys]
-
-
-def _wait_for_exit(pid: int, prog: Progress) -> None:
-    """Block until process ``pid`` (the worker) has exited, leaving it to be reaped by ``_run_split``; from a
-    process forked here (a pool's), by polling its state."""
-    prog("reproduce: jitted code needed beside the emulator's worker; waiting for it to finish")
-    try:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-        return
-    except ChildProcessError:           # not our child: a process forked from the parent
-        pass
-    while _running(pid):
-        time.sleep(0.2)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and has not exited (a zombie has: it waits only to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:                     # no /proc: whether it exists at all
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 def _worker_main(keys: list[str], worker: list[str], out: Path, prog: Progress, settings, handoff: str) -> None:
