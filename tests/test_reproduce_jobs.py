@@ -151,3 +151,10 @@ def test_a_hold_makes_the_first_jitted_load_wait(tmp_path):
     # the first call waited for the other process; the second (loaded) did not wait again
     assert got.stdout.split() == ["42", "True", "2", "1", "False"]
     assert "waiting for it to finish" in got.stderr
+
+
+def test_two_jobs_by_default_with_two_cores(monkeypatch):
+    from ratrain.repro import experiment_list
+    for cores, jobs in (({0}, 1), ({0, 1}, 2), ({0, 1, 2, 3}, 2)):
+        monkeypatch.setattr(experiment_list.os, "sched_getaffinity", lambda pid, cores=cores: cores, raising=False)
+        assert experiment_list.default_jobs() == jobs
