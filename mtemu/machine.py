@@ -32,7 +32,6 @@ import math
 import os
 import threading
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import NamedTuple
@@ -992,9 +991,10 @@ def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ..
 
 # Linked, checked and decoded programs, by the identity of their Program objects, for programs that
 # are frozen (read-only arrays, Program.freeze: the kernels' programs): preparing a 1024^3 GEMM takes
-# some 30 ms. Entries hold their programs, so an identity is not reused while its entry lives.
-_PREPARED: OrderedDict = OrderedDict()
+# some 30 ms. Entries hold their programs, so an identity is not reused while its entry lives; bounded
+# by their bytes too (prepared_store.KEPT_BYTES), so one huge program is not kept beside the next.
 PREPARED_ENTRIES = 8
+_PREPARED = prepared_store.SizedMemo(PREPARED_ENTRIES)
 
 
 def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, functional: bool, skip: bool) -> tuple:
@@ -1003,18 +1003,16 @@ def _prepare(programs: list[Program], dsp_program: list[int], p: Platform, funct
     programs with an origin also on disk (:mod:`mtemu.fast.prepared`), so a new process reads them."""
     cacheable = all(isinstance(pr, Program) and pr.frozen for pr in programs)
     key = (tuple(id(pr) for pr in programs), tuple(int(k) for k in dsp_program), p, bool(functional), bool(skip))
-    if cacheable and key in _PREPARED:
-        _PREPARED.move_to_end(key)
-        return _PREPARED[key][1]
+    hit = _PREPARED.get(key) if cacheable else None
+    if hit is not None:
+        return hit[1]
     disk_key = None
     if cacheable and functional and skip and prepared_store.enabled() and all(pr.origin for pr in programs):
         disk_key = prepared_store.cache_key([pr.origin for pr in programs], dsp_program, p, functional, skip)
     with small_pages():
         prepared = _derive_prepared(programs, dsp_program, p, functional, skip, disk_key)
     if cacheable:
-        _PREPARED[key] = (list(programs), prepared)
-        while len(_PREPARED) > PREPARED_ENTRIES:
-            _PREPARED.popitem(last=False)
+        _PREPARED.put(key, (list(programs), prepared))
     return prepared
 
 

@@ -267,3 +267,30 @@ def test_an_origin_that_named_two_programs_is_caught_by_the_tables_sizes(cache_d
     with pytest.warns(prepared_store.PreparedCacheWarning, match="another program"):
         cluster.run([long])
     assert cluster.sregs[0, 2] == 5
+
+
+def test_the_memo_keeps_the_newest_within_its_bytes():
+    memo = prepared_store.SizedMemo(entries=3, max_bytes=1000)
+    memo.put("a", np.zeros(400, np.uint8))
+    memo.put("b", (np.zeros(400, np.uint8), [np.zeros(100, np.uint8)]))
+    assert "a" in memo and "b" in memo and memo.get("a") is not None      # "a" now the most recent
+    memo.put("c", np.zeros(300, np.uint8))        # 1300 bytes: the least recent ("b") goes
+    assert "b" not in memo and "a" in memo and "c" in memo
+    memo.put("huge", np.zeros(5000, np.uint8))    # larger than the bound: kept alone, the rest goes
+    assert len(memo) == 1 and "huge" in memo
+    for key in "wxyz":
+        memo.put(key, np.zeros(1, np.uint8))      # entries bound too
+    assert [len(v) for v in memo.values()] == [1, 1, 1]
+
+
+def test_sized_memo_builds_once_and_clears():
+    calls = []
+
+    @prepared_store.sized_memo(entries=2)
+    def build(n):
+        calls.append(n)
+        return np.zeros(n, np.uint8)
+    assert build(3) is build(3) and calls == [3]
+    build.cache_clear()
+    build(3)
+    assert calls == [3, 3]

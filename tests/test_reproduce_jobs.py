@@ -2,7 +2,10 @@
 experiments, files and order as one process, and a worker's error raised in the caller."""
 import json
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +77,84 @@ def test_a_worker_error_is_raised_here(monkeypatch, tmp_path):
     monkeypatch.setattr(report, "registry", lambda: {"table5": bad, "table2": _fake("table2")})
     with pytest.raises(ConfigError, match="no such shape"):
         reproduce(["table5", "table2"], tmp_path, progress=False, jobs=2)
+
+
+# ------------------------------------------------------------------------------------------
+# two processes, one writer of Numba's cache: the parent loads no jitted code while the worker runs
+# ------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+# a fresh interpreter (no threads): the emulator's side faked, this side's real experiments on the
+# shipped profiles; the jitted signatures this process holds are listed before and after (importing the
+# machine loads its FP16 table's converter, before any fork)
+PARENT_RUN = """import sys
+from ratrain.repro import report
+from ratrain.repro.experiment import Check, Experiment
+from mtemu import jit
+from numba.core.dispatcher import Dispatcher
+
+def fake(key):
+    def run(out, progress, settings):
+        return Experiment(key, key, [{"x": 1}], [Check("c", 1, 1, "-", True)])
+    return run
+
+def loaded():
+    return sorted(f"{m.__name__}.{n}:{s}" for m in list(sys.modules.values()) for n, v in vars(m).items()
+                  if isinstance(v, Dispatcher) for s in v.signatures)
+
+before = loaded()
+real = report.registry()
+keys = ["table5", "table4", "table6"]
+report.registry = lambda: {k: real[k] if k in ("table4", "table6") else fake(k) for k in keys}
+exps = report.reproduce(keys, sys.argv[1], progress=False, jobs=2)
+assert [e.key for e in exps] == keys and all(e.checks for e in exps)
+print("loaded:", sorted(set(loaded()) - set(before)), "holds waited:", jit.HOLDS_WAITED[0])
+"""
+
+
+def test_the_parent_of_two_jobs_loads_no_jitted_code(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_RUN)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    got = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                         env=env, timeout=600, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip().splitlines()[-1] == "loaded: [] holds waited: 0"
+
+
+HELD = """import os, sys, time
+from mtemu import jit
+jit.configure()
+from numba import njit
+
+@njit(cache=True)
+def plus_one(x):
+    return x + 1
+
+pid = os.fork()
+if pid == 0:                    # the other process: 0.5 s of work, then gone
+    time.sleep(0.5)
+    os._exit(0)
+start = time.monotonic()
+jit.hold_jit_for(pid)
+print(plus_one(41), time.monotonic() - start >= 0.5, plus_one(1), jit.HOLDS_WAITED[0], jit.WAIT_VARIABLE in os.environ)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_hold_makes_the_first_jitted_load_wait(tmp_path):
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PYTHONPATH": str(ROOT)}
+    got = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr
+    # the first call waited for the other process; the second (loaded) did not wait again
+    assert got.stdout.split() == ["42", "True", "2", "1", "False"]
+    assert "waiting for it to finish" in got.stderr
+
+
+def test_two_jobs_by_default_with_two_cores(monkeypatch):
+    from ratrain.repro import experiment_list
+    for cores, jobs in (({0}, 1), ({0, 1}, 2), ({0, 1, 2, 3}, 2)):
+        monkeypatch.setattr(experiment_list.os, "sched_getaffinity", lambda pid, cores=cores: cores, raising=False)
+        assert experiment_list.default_jobs() == jobs

@@ -28,10 +28,12 @@ names its format version); ``MTEMU_PROGRAM_CACHE=0`` turns this cache off with t
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +49,82 @@ FORMAT = caches.cache("prepared").version       # bumped there when what is stor
 DEFAULT_LIMIT_MB = 1024         # least recently used files beyond this are dropped (~11 MB per 1024^3 GEMM)
 
 Groups = list[tuple[np.ndarray, ...] | None]
+
+
+# In memory, a process keeps its built and prepared programs up to this many bytes of arrays (the most
+# recent always): enough for the hundreds of small ones the tuner and the tests run again, while one
+# very large one (Table 5's naive tiles: 510 000 bundles, 218 MB of code, as much again prepared) goes
+# when the next run comes.
+KEPT_BYTES = 256 << 20
+
+
+def nbytes(obj, depth: int = 4) -> int:
+    """The bytes of the arrays ``obj`` holds (in tuples, lists, dicts and objects' attributes, ``depth``
+    levels down: a program's arrays are one or two levels down, a platform's none)."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if depth <= 0:
+        return 0
+    if isinstance(obj, (tuple, list)):
+        return sum(nbytes(x, depth - 1) for x in obj)
+    if isinstance(obj, dict):
+        return sum(nbytes(x, depth - 1) for x in obj.values())
+    if hasattr(obj, "__dict__"):
+        return sum(nbytes(x, depth - 1) for x in vars(obj).values())
+    return 0
+
+
+class SizedMemo:
+    """A least-recently-used memo bounded by entries and by the bytes of arrays its values hold."""
+
+    def __init__(self, entries: int, max_bytes: int = KEPT_BYTES):
+        self.entries, self.max_bytes = entries, max_bytes
+        self._items: OrderedDict = OrderedDict()       # key -> (value, bytes)
+
+    def get(self, key, default=None):
+        hit = self._items.get(key)
+        if hit is None:
+            return default
+        self._items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key, value, size: int | None = None) -> None:
+        self._items[key] = (value, nbytes(value) if size is None else size)
+        self._items.move_to_end(key)
+        total = sum(b for _v, b in self._items.values())
+        while len(self._items) > 1 and (len(self._items) > self.entries or total > self.max_bytes):
+            total -= self._items.popitem(last=False)[1][1]
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def values(self) -> list:
+        return [v for v, _b in self._items.values()]
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def sized_memo(entries: int, max_bytes: int = KEPT_BYTES) -> Callable[[Callable], Callable]:
+    """``functools.lru_cache`` for builders of large values: a :class:`SizedMemo` keyed by the arguments
+    (positional, hashable); the wrapper has ``cache_clear()`` as lru_cache's."""
+    def wrap(fn: Callable) -> Callable:
+        memo = SizedMemo(entries, max_bytes)
+
+        @functools.wraps(fn)
+        def call(*args):
+            value = memo.get(args)
+            if value is None:
+                value = fn(*args)
+                memo.put(args, value)
+            return value
+        call.cache_clear = memo.clear
+        call.memo = memo
+        return call
+    return wrap
 
 
 class PreparedCacheWarning(caches.CacheWarning):

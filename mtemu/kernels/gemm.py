@@ -34,6 +34,7 @@ from rtcommon.checks import positive_ints
 from .. import isa, timing_memo
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
+from ..fast.prepared import sized_memo
 from ..machine import Cluster, RunStats
 from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
@@ -329,7 +330,7 @@ def build_gemm(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES, platfor
     return _build_cached(m, k, n, tiles, platform)
 
 
-@functools.lru_cache(maxsize=32)
+@sized_memo(entries=32)       # a few programs are hundreds of MB (naive tiles)
 def _build_cached(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_gemm(m, k, n, tiles, platform)
     program, dsp_desc, init = cached_program("gemm", (m, k, n), tiles, platform, lambda: _assemble(plan, platform))

@@ -29,6 +29,7 @@ from rtcommon.checks import positive_ints
 from .. import isa, timing_memo
 from ..assembler import Instr, Program, ProgramBuilder, ins
 from ..errors import CapacityError, MtemuError
+from ..fast.prepared import sized_memo
 from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
 from .gemm import (
@@ -214,7 +215,7 @@ def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AReside
     return _build_cached(m, k, n, tiles, platform)
 
 
-@functools.lru_cache(maxsize=16)
+@sized_memo(entries=16)       # a few programs are hundreds of MB (naive tiles)
 def _build_cached(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> GemmProgram:
     plan = plan_a_resident(m, k, n, tiles, platform)
     program, dsp_desc, init = cached_program("gemm_a_resident", (m, k, n), tiles, platform,

@@ -53,7 +53,7 @@ def register(sub) -> None:
     add_platform_args(p)
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
-                   help="processes (default 1): with 2 the emulator's experiments run in a worker beside the "
-                        "others; same results, files and order (best once a first run has compiled the machine)")
+                   help=f"processes (default: 2 with two cores or more, else 1; here {default_jobs()}): with 2 the "
+                        "emulator's experiments run in a worker beside the others; same results, files and order")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_reproduce)

@@ -6,6 +6,8 @@ idle cores about its wall time; the ranking study simulates on two processes); a
 experiment's cost as ``timing`` (wall_s, cpu_s) in ``results/<key>.json``: update it from there."""
 from __future__ import annotations
 
+import os
+
 # key: (summary, cost)
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "table5": ("Table 5: emulated FP16 GEMM utilization on the five shapes, and why", "<1 min"),
@@ -43,8 +45,12 @@ __all__ = ["EXPERIMENTS", "EXPERIMENT_NAMES", "experiments_help"]
 
 
 def default_jobs() -> int:
-    """Processes the main job runs on by default: one. ``--jobs 2`` is asked for: a first run with two
-    processes once left a Numba cache that crashed later runs (an experiment of the first process
-    emulated beside the worker's compile), so two stay opt-in until every path is shown to compile
-    in one process only."""
-    return 1
+    """Processes the main job runs on by default: two where this process may use two cores or more, else
+    one. With two, the emulator's experiments run in a worker, and the other process waits for it
+    before it would load or compile any jitted code (``ratrain.repro.report._run_split``), so only
+    one process at a time uses Numba's cache."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:              # no affinity call (macOS): every core
+        cores = os.cpu_count() or 1
+    return 2 if cores >= 2 else 1

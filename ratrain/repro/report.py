@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mtemu import timing_memo
+from mtemu import jit, timing_memo
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.repro import training
 from ratrain.repro.budget import run_budget
@@ -128,7 +128,10 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
     order. The worker writes its own files and hands its Experiments back through a file (pickled),
     so it exits, and frees its memory, as soon as it is done. A bare fork, waited for only at the
     end: multiprocessing would reap it whenever another process starts (the ranking study's pool),
-    adding its CPU time to whichever experiment runs then."""
+    adding its CPU time to whichever experiment runs then. While the worker runs, any load or compile of
+    jitted code in this process (or in one it starts) waits until the worker has exited
+    (``mtemu.jit.hold_jit_for``): the worker compiles the machine into Numba's cache, which takes one
+    writer at a time; none of this side's experiments needs the machine with the shipped profiles."""
     fd, handoff = tempfile.mkstemp(prefix="ratrain-reproduce-", suffix=".pickle")
     os.close(fd)
     try:
@@ -140,10 +143,12 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
                 code = 0
             finally:
                 os._exit(code)
+        jit.hold_jit_for(pid)
         try:
             mine = _run_all(keys, out, prog, settings, only=here)
         finally:
             exitcode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            jit.release_jit()
         with open(handoff, "rb") as f:
             got = pickle.load(f) if exitcode == 0 else None
     finally:

@@ -54,6 +54,7 @@ from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_backward_args, _check_flag
 from ..capacity import AttentionTiles
 from ..schedule import Op, check_registers
+from . import driver
 from .driver import CH_CONV, CH_IN, CH_KV, CH_PT, CH_RED, CH_SG, CH_SP, CH_SVK, AttentionProgram, Driver, Library, link
 from .microkernels import (
     FP16_MINUS_ONE,
@@ -693,7 +694,7 @@ class AttentionResult:
         return d
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=driver.BUILT_KEPT)
 def _build_cached(heads, kv_heads, seq, d, causal, tiles, variant, platform, schedule="auto") -> AttentionProgram:
     plan = plan_attention(heads, kv_heads, seq, d, causal=causal, tiles=tiles, variant=variant, platform=platform,
                           schedule=schedule)

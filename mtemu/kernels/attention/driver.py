@@ -13,6 +13,12 @@ from ...platform import Platform
 from .microkernels import mk_gemm, mk_round
 from .plan import AttentionPlan
 
+# Built attention programs kept in memory (the most recent, per direction): a caller that runs one shape
+# twice (timing, then functional; the resident kernel beside its staged baseline) builds it once. Few,
+# because they are large: every DSP's straight-line driver and its copy of the library, some 130 MB at
+# seq 4096, so Fig. 10's eight shapes kept together held over 1 GB.
+BUILT_KEPT = 2
+
 # DMA channels
 CH_KV, CH_PT, CH_SVK, CH_SP, CH_SG, CH_RED, CH_IN, CH_CONV = range(8)
 

@@ -23,6 +23,7 @@ from ...trace import TraceOptions
 from ..attention_ref import AttentionSaved, _check_flag, _check_qkv
 from ..capacity import AttentionTiles
 from ..schedule import Op, check_registers
+from . import driver
 from .driver import CH_IN, CH_KV, CH_PT, CH_RED, CH_SG, CH_SP, CH_SVK, AttentionProgram, Driver, Library, link
 from .microkernels import (
     FP16_MINUS_ONE,
@@ -458,7 +459,7 @@ class AttentionForwardResult:
         return d
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=driver.BUILT_KEPT)
 def _build_forward_cached(heads, kv_heads, seq, d, causal, tiles, platform, schedule) -> AttentionProgram:
     plan = plan_attention_forward(heads, kv_heads, seq, d, causal=causal, tiles=tiles, platform=platform,
                                   schedule=schedule)
