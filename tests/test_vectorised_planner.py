@@ -76,7 +76,9 @@ def test_the_memory_check_over_arrays_is_peak_memory(name, clusters, global_batc
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
-@pytest.mark.parametrize("platform", PLATFORMS)
+# the quick layer checks the default platform; the full suite (CI) the other two as well
+@pytest.mark.parametrize("platform", [p if p == "default" else pytest.param(p, marks=pytest.mark.slow)
+                                      for p in PLATFORMS])
 def test_the_cost_terms_over_arrays_are_cost_terms(name, clusters, global_batch, seq, platform):
     model, plat = get_model(name), _platform(platform)
     points = list(_points(name, clusters, global_batch))
@@ -109,6 +111,7 @@ def _roofline(model, b, seq, tp, *, source):
     return layer_profile(model, b, seq, tp, source="roofline")
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name, clusters, global_batch, method, top, platform", [
     ("llama2-7b", 8, 512, "ratrain", 10, "default"), ("baichuan2-13b", 16, 256, "ratrain", 10, "default"),
     ("llama2-70b", 96, 32, "ratrain", 10, "platforms/bandwidth-rich.toml"),
