@@ -65,8 +65,10 @@ def _partition(name: str, pp: int):
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
 @pytest.mark.parametrize("partition", ["balanced", "uniform"])
-@pytest.mark.parametrize("constants", [DEFAULT_CONSTANTS, MemoryConstants.megatron(),
-                                       MemoryConstants(fsr_buffer_layers=3)])
+# the quick layer checks the default constants; the full suite (CI) the other two as well
+@pytest.mark.parametrize("constants", [DEFAULT_CONSTANTS,
+                                       pytest.param(MemoryConstants.megatron(), marks=pytest.mark.slow),
+                                       pytest.param(MemoryConstants(fsr_buffer_layers=3), marks=pytest.mark.slow)])
 def test_the_memory_check_over_arrays_is_peak_memory(name, clusters, global_batch, seq, partition, constants):
     model = get_model(name)
     points = _points(name, clusters, global_batch)
@@ -92,7 +94,9 @@ def test_the_cost_terms_over_arrays_are_cost_terms(name, clusters, global_batch,
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
-@pytest.mark.parametrize("fsr, buffer_layers", [(True, 1), (False, 1), (True, 2), (True, 5)])
+# the quick layer checks one buffered layer with and without FSR; the full suite (CI) more buffered layers too
+@pytest.mark.parametrize("fsr, buffer_layers", [(True, 1), (False, 1), pytest.param(True, 2, marks=pytest.mark.slow),
+                                                pytest.param(True, 5, marks=pytest.mark.slow)])
 def test_the_main_path_over_arrays_is_main_path(name, clusters, global_batch, seq, fsr, buffer_layers):
     model, plat = get_model(name), TrainingPlatform()
     points = list(_points(name, clusters, global_batch))
