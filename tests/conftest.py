@@ -11,14 +11,51 @@ an entry is keyed by the hash of its generator's sources, the shape, the tiles a
 so it too cannot be stale, and the suite does not assemble the same few hundred programs again on every
 run. Tests of those caches move them into their own ``tmp_path`` as before. Shipped data
 (``ratrain/data/profiles``, ``mtemu/data/versions.json``) is read as always: it is not a cache.
+
+Compiled bytecode is kept too where the user turned it off (``PYTHONDONTWRITEBYTECODE``, as many container
+images do): without it every run, and every interpreter a test starts, compiles and assertion-rewrites
+the same sources again (about a third of collecting the suite, and most of a short subprocess's time).
+It goes to ``<numba>/tests-bytecode`` (``sys.pycache_prefix``, and ``PYTHONPYCACHEPREFIX`` for the
+interpreters tests start), never beside the sources, and is keyed by each source's own timestamp and
+size as Python's always is. A user's own ``PYTHONPYCACHEPREFIX`` is left as it is.
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from rtcommon import caches
+
+BYTECODE_VARIABLES = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+
+
+def _keep_bytecode(numba: Path) -> None:
+    """Where writing bytecode is off, write it under ``numba`` instead of nowhere (module docstring).
+    Runs when this file is imported: before the test modules are, so they are cached too."""
+    if not sys.dont_write_bytecode:
+        return
+    if not sys.pycache_prefix:
+        sys.pycache_prefix = str(numba / "tests-bytecode")
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)      # the interpreters tests start
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+
+
+_BYTECODE_SETTING = (sys.dont_write_bytecode, sys.pycache_prefix, {n: os.environ.get(n) for n in BYTECODE_VARIABLES})
+_keep_bytecode(caches.numba_base())
+
+
+def pytest_unconfigure(config):
+    """The setting as the user had it (an in-process caller of pytest.main goes on after the run)."""
+    sys.dont_write_bytecode, sys.pycache_prefix, environment = _BYTECODE_SETTING
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -62,6 +62,7 @@ def test_a_case_built_to_need_the_partial_rounding():
     assert np.abs(blocked.astype(np.float64) - exact) <= error_bound(a, b, 2)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("dist", ["normal", "uniform"])
 def test_error_is_within_the_rigorous_bound_and_nonzero_with_several_blocks(dist):
     rng = np.random.default_rng(11)

@@ -145,6 +145,7 @@ CASES = [  # heads, kv_heads, seq, d, causal, tiles (br, bc, bc')
 ]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("heads,kv_heads,seq,d,causal,tl", CASES)
 def test_matches_float64_reference_and_tiled_order(heads, kv_heads, seq, d, causal, tl):
     q, k, v, o, do, saved = _inputs(heads, kv_heads, seq, d, seed=seq + d, causal=causal)
@@ -287,6 +288,7 @@ def test_bad_arguments():
 # ------------------------------------------------------------------------------------------
 # timing on the default platform and the CLI
 # ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_resident_beats_ddr_staged_on_the_default_platform():
     rows = validate_attention(seqs=(512,))
     (row,) = rows
@@ -308,6 +310,7 @@ def test_cli_attention_bwd_json(capsys):
 # ------------------------------------------------------------------------------------------
 # forward kernel
 # ------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("heads,kv_heads,seq,d,causal,schedule", [
     (4, 2, 70, 16, True, "auto"), (2, 1, 45, 24, False, "auto"), (4, 2, 70, 16, True, "broadcast"),
     (3, 3, 40, 16, True, "own")])
@@ -341,6 +344,7 @@ def test_forward_matches_reference_and_feeds_the_backward(heads, kv_heads, seq, 
                                         if not causal or j0 <= min(i0 + 32, seq) - 1) * heads
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_cli_validate_attention_json(capsys, monkeypatch):
     monkeypatch.setattr(mtemu_validate, "validate_attention",     # what the handler imports when it runs
                         lambda plat, progress: validate_attention(plat, seqs=(512,), progress=progress))

@@ -117,3 +117,64 @@ def test_asv_check_finds_no_problems():
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No problems found" in proc.stdout
+
+
+def _main_job_folder(folder: Path) -> Path:
+    """A main job's folder with one small ``<key>.json`` per experiment the tracks read."""
+    rows = {
+        "table5": [{"m": 2048, "k": 4096, "n": 4096, "utilization": 0.64, "delta_pp": -0.6}],
+        "table2": [{"model": "llama2-13b", "method": "ratrain", "slowdown": 1.0},
+                   {"model": "llama2-13b", "method": "tp-heavy", "slowdown": 1.15}],
+        "table4": [{"error": 0.004}, {"error": 0.0064}],
+        "table6": [{"clusters": 256, "efficiency": 1.0}, {"clusters": 1024, "efficiency": 0.9997}],
+        "ablation": [{"variant": "full", "normalized_step": 1.0}, {"variant": "no-fsr", "normalized_step": 1.0024}],
+        "sensitivity": [{"finding": "table6-link-latency", "fitted_link_latency_ms": 3.46},
+                        {"finding": "ablation-tails", "smallest_link_meeting_paper": {"uniform": 3.7}}],
+        "attention": [{"seq": 512, "speedup": 3.2}, {"seq": 1024, "speedup": 3.9}],
+        "stragglers": [{"model": "step", "clusters": n, "cv": 0.0915, "efficiency": e, "paper_efficiency": p}
+                       for n, e, p in ((512, 0.98, 0.9857), (768, 0.97, 0.9742), (1024, 0.95, 0.95))],
+        "platforms": [{"platform": "mt3000", "model": "llama2-13b", "kind": "table2", "method": "tp-heavy",
+                       "slowdown_vs_ratrain": 1.15},
+                      {"platform": "mt3000", "model": "llama2-13b", "kind": "payoff", "fsr_gain": 1.0004,
+                       "lifecycle_gain": 1.018}],
+        "ranking": [{"kendall_tau": 0.97, "top1_regret_pct": 0.0, "top5_overlap": 1.0},
+                    {"kendall_tau": 0.99, "top1_regret_pct": 0.5, "top5_overlap": 0.8}],
+        "fig9": [{"model": "llama2-7b", "seq": 512, "mac_utilization": 0.538, "train_time_s": 18055.0}],
+        "cross_platform": [{"platform": "mt3000", "model": "llama2-13b", "gpu_style_vs_ratrain": 0.86}],
+    }
+    extra = {"ranking": {"seconds": 19.1}, "fig9": {"checks": [{"ok": True}, {"ok": False}, {"ok": True}]}}
+    for key, r in rows.items():
+        (folder / f"{key}.json").write_text(json.dumps({"key": key, "rows": r, "checks": [], "seconds": 1.0}
+                                                       | extra.get(key, {})))
+    return folder
+
+
+def test_tracks_read_the_main_job_named_and_refuse_a_folder_without_the_experiment(tmp_path, monkeypatch):
+    """With RATRAIN_BENCH_MAIN_JOB set (as CI sets it), the experiments' tracks take their numbers from
+    that run's files and run nothing; a folder missing an experiment fails rather than running it."""
+    from bench import benchmarks as bm
+    monkeypatch.setenv(bm.MAIN_JOB_VARIABLE, str(_main_job_folder(tmp_path)))
+    monkeypatch.setattr(bm, "warm_numba", lambda: pytest.fail("a track ran the emulator"))
+    import ratrain.repro.report
+    monkeypatch.setattr(ratrain.repro.report, "reproduce", lambda *a, **k: pytest.fail("a track ran an experiment"))
+
+    assert bm.TrackTable5().setup_cache() == {"2048x4096x4096": (0.64, -0.6)}
+    repro = bm.TrackReproduction().setup_cache()
+    assert repro == {"slowdown": {"llama2-13b/tp-heavy": 1.15}, "planner_error": 0.0064, "efficiency_1024": 0.9997,
+                     "no_fsr": 1.0024}
+    assert bm.TrackSensitivity().setup_cache() == {"latency_ms": 3.46, "link_gb_per_s": 3.7}
+    assert bm.TrackAttention().setup_cache() == {512: 3.2, 1024: 3.9}
+    strag = bm.TrackStragglers().setup_cache()
+    assert strag["cv"] == pytest.approx(9.15) and strag["err_512"] == pytest.approx(-0.57)
+    plat = bm.TrackPlatforms().setup_cache()
+    assert plat == {"mt3000|llama2-13b|tp-heavy": 1.15, "mt3000|llama2-13b|fsr": 1.0004,
+                    "mt3000|llama2-13b|lifecycle": 1.018}
+    assert bm.TrackRanking().setup_cache() == {"min_tau": 0.97, "max_regret": 0.5, "min_overlap": 0.8,
+                                               "seconds": 19.1}
+    fig9 = bm.TrackFig9().setup_cache()
+    assert fig9["passed"] == 2 and fig9["rows"][("llama2-7b", 512)]["mac_utilization"] == 0.538
+    assert bm.TrackCrossPlatform().setup_cache() == {("mt3000", "llama2-13b"): 0.86}
+
+    (tmp_path / "fig9.json").unlink()
+    with pytest.raises(FileNotFoundError, match="fig9.json"):
+        bm.TrackFig9().setup_cache()

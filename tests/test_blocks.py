@@ -70,6 +70,7 @@ def _assert_tables_match(code, seg_end, lanes):
     return fast
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("lanes", [1, 32])
 def test_tables_of_kernels_match_the_reference(lanes):
     gp = build_gemm(96, 256, 96, GemmTiles(mg=48, k2=64, n2=64), SMALL)
@@ -102,6 +103,7 @@ def test_runs_stop_at_control_scalar_writes_program_ends_and_too_many_classes():
 GEMM_SHAPES = [(96, 256, 96), (100, 200, 300), (48, 64, 33), (192, 512, 128), (7, 96, 500), (240, 320, 224)]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("shape", GEMM_SHAPES)
 def test_gemm_counters_equal_the_bundle_by_bundle_run(shape):
     for tiles in (GemmTiles(mg=48, k2=64, n2=64), GemmTiles(mg=96, k2=32, n2=96, mr=4, nv=2),
@@ -117,6 +119,7 @@ def test_default_platform_gemms_equal_the_bundle_by_bundle_run():
     assert_same_gemm(build_a_resident(256, 1536, 768, AResidentGemmTiles(), DEFAULT), DEFAULT)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_counters_equal_the_bundle_by_bundle_run(causal):
     tiles = AttentionTiles(br=32, bc=32, d=16, br_prime=8, bc_prime=16)
@@ -228,6 +231,7 @@ def random_program(draw):
     return b.assemble()
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_program(), st.integers(30, 3000))
 def test_random_programs_fail_or_count_alike(prog, limit):
@@ -269,6 +273,7 @@ def _same_run(x, y):
         assert np.array_equal(u.view(np.uint8), v.view(np.uint8))
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("shape", [(96, 256, 96), (100, 200, 300), (7, 96, 500)])
 def test_functional_gemms_equal_the_bundle_by_bundle_run(shape):
     rng = np.random.default_rng(sum(shape))
@@ -360,6 +365,7 @@ def random_functional_program(draw):
     return b.assemble()
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_functional_program(), st.integers(0, 2**32 - 1))
 def test_random_functional_programs_compute_alike(prog, seed):
@@ -471,6 +477,7 @@ def test_the_flush_order_spreads_any_run_of_dsps_over_the_threads(n):
                 assert counts.max() - counts.min() <= 1, (parts, lo, hi)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_dma_program(), st.integers(0, 2**32 - 1))
 def test_the_loop_skips_must_flush_only_where_it_could_ask_nothing(prog, seed):

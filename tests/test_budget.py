@@ -11,6 +11,7 @@ def rows():
     return budget_rows(DEFAULT_SETTINGS, budgets=(15, 20, 30))
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_twenty_gb_rows_are_table3(rows):
     at20 = {r["model"]: (r["min_clusters"], r["pp"], r["dp"]) for r in rows if r["budget_gb"] == 20}
     # our Table 3: the paper's P, D except Qwen2.5-32B (48 clusters, P=24, D=2: with Eq. 6's single

@@ -51,7 +51,19 @@ HELP = ([("ratrain.cli", ["--help"]), ("mtemu.cli", ["--help"])]
            ("mtemu.cli", ["gemm", "--m", "nine"])])
 
 
-@pytest.mark.parametrize("cli, argv", HELP, ids=[" ".join([cli.split(".")[0], *argv]) for cli, argv in HELP])
+# the quick layer starts an interpreter for these (each start costs a few tenths of a second); the full
+# suite (CI) for every one
+QUICK_HELP = {"ratrain --help", "mtemu --help", "ratrain plan --help", "ratrain correctness --help",
+              "mtemu gemm --help", "ratrain plan --clusters nine", "mtemu gemm --m nine"}
+
+
+def _help_params():
+    for cli, argv in HELP:
+        name = " ".join([cli.split(".")[0], *argv])
+        yield pytest.param(cli, argv, id=name, marks=[] if name in QUICK_HELP else [pytest.mark.slow])
+
+
+@pytest.mark.parametrize("cli, argv", _help_params())
 def test_help_and_argument_errors_load_no_numpy_emulator_numba_or_matplotlib(cli, argv):
     rc, heavy, _ = _loaded(cli, argv, extra=("numpy",))
     assert rc == (2 if "nine" in argv else 0)
@@ -134,6 +146,7 @@ def test_the_command_word_is_the_first_non_option():
     assert chosen_command(commands, ["memory"]).module == "ratrain.cli.model"
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_a_plot_loads_matplotlib_on_the_agg_backend(tmp_path):
     out = tmp_path / "step.png"
     code = ("import sys; from ratrain.cli import main; "

@@ -38,6 +38,7 @@ def xy(tmp_path):
     return x, y, [f"x={tmp_path / 'x.npy'}", f"y={tmp_path / 'y.npy'}"]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_run_writes_outputs_trace_and_explanation(tmp_path, xy):
     x, y, specs = xy
     out, trace, roof = tmp_path / "out", tmp_path / "t.json", tmp_path / "r.png"
@@ -107,6 +108,7 @@ def test_explain_and_gemm_show_the_same_default_kernel_and_tiles():
     assert "closed-form bound of this loop order" in etext
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("loop_order", ["c-stationary", "a-resident"])
 @pytest.mark.parametrize("mode", ["timing", "functional"])
 def test_gemm_command_traces_and_explains_either_loop_order(tmp_path, loop_order, mode):

@@ -34,6 +34,7 @@ def test_swapped_platforms_take_mt3000s_link_and_memory():
     assert len({p.name for p in (links, memory, both)}) == 3
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_rows_cover_every_platform_model_and_method():
     rows, summaries = cross_platform_rows(DEFAULT_SETTINGS)
     platforms = list(dict.fromkeys(r["platform"] for r in rows))

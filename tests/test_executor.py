@@ -124,6 +124,7 @@ def reference_losses():
 
 # ------------------------------------------------------------ exactness
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name,make", sources())
 def test_baseline_ratrain_and_single_stage_are_bit_identical(name, make, reference_losses):
     res = run_correctness(CFG, schedules=make(CFG))
@@ -196,6 +197,7 @@ def test_stage_level_tasks_equal_per_layer_tasks(reference_losses):
     assert losses == reference_losses
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name,make", sources())
 def test_overlapped_replay_at_the_step_period(name, make, reference_losses):
     """Steps replayed on one time axis at the step period give the same bits; a period
@@ -272,6 +274,7 @@ def baseline_1f1b_losses():
     return losses
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=lambda s: s.name)
 @pytest.mark.parametrize("ratrain", [False, True], ids=["all-off", "ratrain"])
 def test_interleaved_and_zb_h1_replay_bit_identical_to_baseline_1f1b(pipeline, ratrain, baseline_1f1b_losses):
@@ -351,6 +354,7 @@ def _run(sched: Schedule, tasks, steps=2, fault=False):
             for _ in range(steps)], state
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name,make", sources())
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_raises_then_is_caught_by_correctness_check(fault, name, make):
@@ -426,6 +430,7 @@ def test_malformed_tasks():
 
 # ------------------------------------------------------------ command line
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_cli_correctness_json_and_files(tmp_path, capsys, monkeypatch):
     import json
 

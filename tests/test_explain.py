@@ -61,6 +61,7 @@ def test_binding_resource_of_simple_programs():
     assert explain(stats).binding == "barriers"
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_trace_adds_a_timeline_and_roofline_is_written(tmp_path):
     ex, _ = explain_gemm(256, 512, 768, TILES, DEFAULT, TraceOptions())
     t = ex.timeline

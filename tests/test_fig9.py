@@ -81,6 +81,7 @@ def test_shape_checks_accept_the_caption_and_refuse_the_opposite():
     assert [(c.ours, c.ok) for c in best] == [(512, False)]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_figure_draws_missing_points_and_the_other_recovery(tmp_path):
     rows = _rows(dict(zip(paper.FIG9_SEQS, (0.4, 0.45, 0.5, 0.49, 0.48), strict=True)),
                  dict(zip(paper.FIG9_SEQS, (9.0, 8.0, 7.0, 7.5, 8.0), strict=True)), "qwen2.5-32b")

@@ -53,6 +53,7 @@ def test_table5_utilization_labels_do_not_overlap(monkeypatch, tmp_path):
     assert figstyle.overlapping_xtick_labels(fig) == []
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_platforms_slowdown_labels_do_not_overlap(monkeypatch, tmp_path):
     kept = _captured(monkeypatch)
     names = ["mt3000", "bandwidth-rich", "more-memory", "bandwidth-rich-more-memory"]
@@ -64,6 +65,7 @@ def test_platforms_slowdown_labels_do_not_overlap(monkeypatch, tmp_path):
     assert figstyle.overlapping_xtick_labels(fig) == []
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("n", [4, 12, 24])
 def test_bar_comparisons_of_any_width_read(monkeypatch, tmp_path, n):
     kept = _captured(monkeypatch)
@@ -73,6 +75,7 @@ def test_bar_comparisons_of_any_width_read(monkeypatch, tmp_path, n):
     assert figstyle.overlapping_xtick_labels(fig) == []
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_table3_memory_titles_do_not_collide(monkeypatch, tmp_path):
     kept = _captured(monkeypatch)
     stage = {"state_gb": 12.0, "activation_gb": 2.0, "buffer_gb": 3.0}
@@ -86,6 +89,7 @@ def test_table3_memory_titles_do_not_collide(monkeypatch, tmp_path):
     assert ticks and all(t == int(t) for t in ticks)            # stages are whole numbers
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_ablation_scaleout_and_attention_figures_read(monkeypatch, tmp_path):
     kept = _captured(monkeypatch)
     variants = ["full", "w/o FSR", "w/o update-prefetch", "w/o layer-wise sync", "all off"]

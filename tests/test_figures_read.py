@@ -360,8 +360,16 @@ FIGURES: dict[str, Callable[[Path], None]] = {
 }
 # drawn again from other inputs: the unwindowed step of `ratrain simulate --plot`
 EXTRA = {"ratrain simulate --plot": _simulate_plot}
-# slow to draw (many boxes): checked in the slow suite only
-SLOW = {"ratrain.sim.plots:plot_timeline", "ratrain simulate --plot"}
+# slow to draw (many boxes), or the quick layer's costliest (0.4 s and more each): checked in the full suite
+# (CI) only; the quick layer keeps the cheaper ones, of every package
+SLOW = {"ratrain.sim.plots:plot_timeline", "ratrain simulate --plot",
+        "ratrain.repro.figures:stage_memory_figure", "ratrain.repro.ranking:ranking_figure",
+        "ratrain.repro.cross_platform:_figure", "mtemu.calibrate:plot_study", "ratrain.repro.sensitivity:_figure",
+        "ratrain.repro.platforms:_figure", "ratrain.repro.figures:table5_figure",
+        "ratrain.repro.measured:plot_validation",
+        "mtemu.explain:plot_roofline", "ratrain.repro.budget:_figure", "ratrain.repro.fig9:figure",
+        "ratrain.repro.schedules:_steps_figure", "ratrain.repro.schedules:_memory_figure",
+        "ratrain.plan.task_figures:boundary_figure", "ratrain.repro.figures:ablation_figure"}
 
 
 def _figure_makers() -> set[str]:

@@ -174,6 +174,7 @@ def test_f32_to_f16_closed_form(bits, want):
     assert int(f32_to_f16_array(f32([bits]))[0]) == want
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=300, deadline=None)
 @given(st.floats(width=32, allow_nan=True, allow_infinity=True),
        st.integers(min_value=0, max_value=(1 << 32) - 1))

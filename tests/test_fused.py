@@ -375,6 +375,7 @@ def _rounded_form(acc, x, y):
     return acc + x * y
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_one_rounding_equals_two_for_products_of_fp16_values():
     """acc + x*y with x, y FP16 values: the fused form equals product-then-sum, bit for bit, on every
     FP16 pattern for x (NaNs, infinities, subnormals) against random y and FP32 accumulators."""

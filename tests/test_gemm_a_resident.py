@@ -33,6 +33,7 @@ def _operands(m, k, n, seed=0):
     return rng.standard_normal((m, k)).astype(np.float16), rng.standard_normal((k, n)).astype(np.float16)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("m,k,n,tiles", CASES)
 def test_bit_exact_with_the_blocked_reference_and_timing_mode_agrees(m, k, n, tiles):
     a, b = _operands(m, k, n)

@@ -82,6 +82,7 @@ def test_nt_micro_reference_is_the_paper_reduction():
     assert nt_micro_reference(a, bt, c)[2, 5] == c[2, 5] + (((q[0] + q[1]) + q[2]) + q[3])
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("ka", [64, 2048])
 def test_nt_micro_kernel_cycles(ka):
     """ka cycles of vfmad (three 16-lane FMAs each) and 145 more: the call and return (15), the first
@@ -128,6 +129,7 @@ def test_validate_dsp_family_refuses_bad_platforms_in_one_line(capsys, flags, ma
     assert rc == 2 and len(err) == 1 and match in err[0], err
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_validate_rows_are_marked_and_the_micro_kernel_calibration_holds():
     from mtemu.validate.dsp_family import TARGETS, TOLERANCE_PP, Row, emulate, family_platform
     plat = family_platform()

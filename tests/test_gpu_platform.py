@@ -139,6 +139,7 @@ NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(
                     st.booleans(), st.text(max_size=3), st.none())
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(RANGES)), NUMBERS, max_size=4))
 def test_random_overrides_give_a_sane_platform_or_a_named_error(values):
@@ -297,6 +298,7 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 10 ** 40
 FIELDS = [(t, f) for t, part in _gpu().to_json().items() if isinstance(part, dict) and t != "derived" for f in part]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.sampled_from(FIELDS), JSON_VALUES)
 def test_any_value_in_any_field_of_a_file_loads_sane_or_names_file_and_field(tmp_path_factory, where, value):

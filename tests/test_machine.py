@@ -228,6 +228,7 @@ def random_program(draw):
     return bundles
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_program(), st.booleans())
 def test_random_programs_give_a_result_or_a_named_error(bundles, functional):

@@ -316,6 +316,7 @@ def test_loss_is_megatrons_fp32_cross_entropy(a100):
         tuple(k * a100.kernels.launch_s for k in CROSS_ENTROPY_KERNELS), rel=1e-12)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_cross_validation_predicts_each_gpu_count_with_a_fit_on_the_others(a100):
     from ratrain.repro.gpu_fit import FIT_START, cross_validate, fit_gpu_platform
     runs = read_runs(MEASURED / "a100-single-node-runs.csv")

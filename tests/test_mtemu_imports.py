@@ -27,6 +27,7 @@ def test_light_imports_do_not_load_numba():
     assert out.stdout.split() == [mtemu.__version__, str(mtemu.DEFAULT_PLATFORM.dsps)]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_kernel_names_load_on_first_use():
     out = _python("import mtemu, sys; f = mtemu.run_gemm; assert 'numba' in sys.modules; "
                   "from mtemu import attention_backward_timing, DEFAULT_TILES; "
@@ -42,6 +43,7 @@ def test_public_names_listed_and_resolvable():
         _ = mtemu.no_such_name
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("numba_first", [False, True])
 def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
     """The compiled machine inlines code from several files, and numba keys a function's cache on its
@@ -57,6 +59,7 @@ def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_importing_mtemu_and_the_planner_changes_no_process_wide_setting():
     """No environment variable, no numba import (so no Numba setting or threading layer) until the
     jitted machine is first used; then Numba's cache folder is set, before any function is compiled."""

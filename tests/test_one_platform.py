@@ -39,6 +39,7 @@ def test_default_is_fig4_loop_order_on_the_raw_ddr_rate():
     assert p.memory_budget_bytes == p.cluster.ddr_bytes == 20 * GIB
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_ddr_bandwidth_moves_kernel_latencies_and_the_step():
     fast = TrainingPlatform()
     slow = fast.with_overrides(ddr_bandwidth=8e9)
@@ -54,6 +55,7 @@ def test_ddr_bandwidth_moves_kernel_latencies_and_the_step():
     assert step_slow > step_fast
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_clock_moves_latencies_both_ways():
     base = TrainingPlatform()
     quick = base.with_overrides(clock_hz=2 * base.cluster.clock_hz)
@@ -124,6 +126,7 @@ def test_bad_platform_descriptions_name_the_field(data, pattern):
         TrainingPlatform.from_dict(data)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_profile_of_the_c_stationary_variant_uses_it():
     p = TrainingPlatform(gemm_loop_order="c-stationary")
     prof = _profile(p)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from mtemu.cli import build_parser as mtemu_parser
 from mtemu.cli import main as mtemu_main
 from ratrain.cli import build_parser as ratrain_parser
@@ -56,6 +58,7 @@ def test_mtemu_tune_writes_only_into_its_own_folder(tmp_path, monkeypatch, capsy
     assert (tmp_path / "results" / "keep.png").read_bytes() == b"the reproduction's figure"
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_ratrain_correctness_writes_only_into_its_own_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert ratrain_main(["correctness", "--steps", "2", "--layers", "2", "--hidden", "32", "--heads", "2",

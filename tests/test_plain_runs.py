@@ -188,6 +188,7 @@ def _functional_product(n: int) -> bytes:
     return mtemu.run_gemm(a, a).c.tobytes()
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_workers_started_after_a_functional_run_can_run_one_too():
     """A functional run launches the threading layer's threads (GNU OpenMP where present, which a
     forked child could not launch again): the tuner's local workers still run functional work."""

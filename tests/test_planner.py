@@ -98,6 +98,7 @@ def _every_candidate_ranked(pl: Planner, clusters: int, global_batch: int, metho
     return rows[:top], len(rows)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name, clusters, global_batch, method, top", [
     ("llama2-7b", 8, 512, "ratrain", 10), ("baichuan2-13b", 16, 256, "ratrain", 10),
     ("llama2-70b", 96, 32, "ratrain", 10), ("llama2-7b", 64, 256, "tuned", 3), ("qwen2.5-32b", 64, 512, "ratrain", 1),
@@ -116,6 +117,7 @@ def test_the_bounded_search_ranks_as_estimating_every_candidate(name, clusters, 
         assert bound <= step and finish() == bd
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name, clusters, global_batch, top", [("llama2-7b", 8, 8, 10), ("llama2-13b", 16, 64, 4)])
 def test_the_bounded_search_over_schedules_ranks_as_estimating_every_candidate(name, clusters, global_batch, top):
     from ratrain.plan.schedule_search import check_schedules, runnable

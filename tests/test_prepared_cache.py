@@ -66,6 +66,7 @@ def _tables():
     return [code, descs, lo, hi, desc_off, *blocks, *tables]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_dir, monkeypatch):
     a, b = _operands()
     first = run_a_resident(a, b, platform=SMALL, tiles=TILES)
@@ -89,6 +90,7 @@ def test_tables_read_back_are_the_derived_ones_and_give_the_same_product(cache_d
     assert first.stats.cycles == again.stats.cycles and _prepared_files(cache_dir) == files
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("damage", ["flip", "truncate", "other_key"])
 def test_a_damaged_file_is_derived_again_with_a_warning(cache_dir, damage):
     a, b = _operands()
@@ -138,6 +140,7 @@ def test_a_new_process_maps_the_code_a_functional_run_kept(cache_dir, monkeypatc
     assert _code_file(cache_dir).exists()                      # kept again by the run
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("damage", ["flip", "other_content", "other_shape"])
 def test_a_damaged_code_copy_is_ignored_with_a_warning(cache_dir, damage):
     a, b = _operands()

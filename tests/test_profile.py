@@ -57,6 +57,7 @@ def test_emulated_profile_uses_emulated_gemms_and_is_cached(cache):
     assert calls == [] and again.forward_s == pytest.approx(prof.forward_s)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("damage", ["corrupt", "stale", "malformed", "edited"])
 def test_damaged_or_stale_profiles_are_rebuilt(cache, damage):
     prof = profile.layer_profile(TINY, 1, 64)

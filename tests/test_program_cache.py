@@ -42,6 +42,7 @@ def same(a, b) -> bool:
             and a.plan == b.plan and a.useful_macs == b.useful_macs)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("mod, kernel, tiles", CASES)
 def test_a_loaded_program_is_the_built_one(mod, kernel, tiles, monkeypatch):
     monkeypatch.setenv("MTEMU_PROGRAM_CACHE", "0")
@@ -76,6 +77,7 @@ def test_the_key_separates_kernels_shapes_tiles_and_platforms():
     assert len({cache_path(k) for k in keys}) == 5
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "other_key", "flip", "float_code", "short_code",
                                     "edited_descriptor", "edited_register"])
 def test_a_damaged_file_is_rebuilt_with_a_warning(damage):

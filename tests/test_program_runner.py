@@ -234,6 +234,7 @@ def test_threads_a_python_program_starts_are_stopped_or_daemons(tmp_path):
     assert len(left) <= 1 and all(t.daemon for t in left)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_mtemu_run_ends_on_a_build_deadline_with_one_line(tmp_path):
     prog = write(tmp_path, "slow.py", "import time\ndef build(platform):\n    time.sleep(10 ** 6)\n")
     t0 = time.monotonic()

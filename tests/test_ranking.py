@@ -119,6 +119,7 @@ def test_extrapolated_step_equals_the_full_simulation(llama7b):
     assert not short.extrapolated
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_worker_pool_gives_the_same_steps(llama7b):
     model, prof = llama7b
     jobs = [(model, ParallelConfig(pp=2, dp=4, zero=z, micro_batch=1, accum=8, seq=2048, activation="ckpt"),

@@ -22,6 +22,7 @@ def experiment(tmp_path_factory):
     return run_schedules(out, lambda msg: None, S, layouts=[("test", "llama2-7b", CFG)]), out
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_rows_figures_and_strict_json(experiment):
     exp, out = experiment
     rows = {r["schedule"]: r for r in exp.rows}
@@ -45,6 +46,7 @@ def test_rows_figures_and_strict_json(experiment):
     assert {c.ok for c in exp.checks} <= {True, False} and exp.checks
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_link_bytes_by_hand(experiment):
     exp, _ = experiment
     r = next(x for x in exp.rows if x["schedule"] == "1f1b")

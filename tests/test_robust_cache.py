@@ -153,6 +153,7 @@ def test_tuner_re_emulates_an_impossible_entry_and_runs_without_a_writable_cache
     assert [c.utilization for c in third.candidates] == [c.utilization for c in first.candidates]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_a_killed_sweep_resumes_where_it_stopped(cachedir):
     code = ("from mtemu.tune import tune_gemm\n"
             f"tune_gemm(*{SHAPE!r}, grid={GRID!r}, workers=1, out_dir=None, progress=False)\n")
@@ -217,6 +218,7 @@ def test_a_grid_with_no_usable_tile_is_refused_not_replaced_by_the_defaults(cach
         tune_gemm(*SHAPE, grid={"k2": (10 ** 6,), "n2": (10 ** 6,)}, workers=1, out_dir=None, progress=False)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_an_unreachable_scheduler_fails_fast(cachedir):
     pytest.importorskip("dask.distributed")
     t0 = time.perf_counter()

@@ -40,8 +40,9 @@ def compiled(tmp_path_factory):
 
 
 # one damage in the quick layer; the other two read the same repair path
-@pytest.mark.parametrize("damage", [pytest.param("truncate-nbc", marks=pytest.mark.slow), "flip-nbc",
-                                    pytest.param("truncate-nbi", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the quick layer's costliest (a compile and two interpreters): the full suite (CI) runs it
+@pytest.mark.parametrize("damage", ["truncate-nbc", "flip-nbc",
+                                    "truncate-nbi"])
 def test_a_damaged_numba_cache_entry_is_rebuilt(tmp_path, compiled, damage):
     script, template = compiled
     cache = tmp_path / "numba"

@@ -45,6 +45,7 @@ def test_extreme_register_addresses_are_refused_not_wrapped(op, reg, offset, fun
         assert 0 <= addr < max(ONE.am_bytes, ONE.sm_bytes) and stats.cycles == 11
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2 ** 62), st.integers(2, 2 ** 62).map(lambda x: x // 2 * 2), st.integers(0, 2 ** 62),
        st.integers(0, 2 ** 62), st.sampled_from(["SM", "AM", "GSM", "DDR"]),
@@ -177,6 +178,7 @@ def _named_checks_pass(prog) -> bool:
         machine._raw_ok = original
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_the_one_pass_check_refuses_exactly_what_the_named_checks_refuse():
     """The machine first checks raw code in one jitted pass and names a problem with the vectorised
     checks only when that pass fails: both must refuse the same programs. Every field of one slot of

@@ -14,6 +14,7 @@ NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(
                     st.booleans(), st.text(max_size=3), st.none())
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(RANGES)), NUMBERS, max_size=4))
 def test_random_overrides_give_a_sane_platform_or_a_named_error(values):

@@ -36,6 +36,7 @@ def _alive(pid):
     return state != "Z"
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_workers_end_with_their_parent(sig):

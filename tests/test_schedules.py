@@ -473,6 +473,7 @@ BASE = ["simulate", "--uniform", "--stages", "3", "--microbatches", "4", "--t-fo
         "--t-gradsync", "0.5", "--t-update", "0.25"]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_cli_interleaved_and_zb_h1(capsys, tmp_path):
     trace, png = tmp_path / "t.json", tmp_path / "t.png"
     six = [x if x != "4" else "6" for x in BASE]          # A = 6: a multiple of P = 3

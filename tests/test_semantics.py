@@ -462,6 +462,7 @@ def _bases(rng, dsps: int) -> dict:
                 13: AM32 + 1024 * d, 14: AM32, 11: int(rng.integers(0, 2))} for d in range(dsps)}
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2 ** 32 - 1), st.booleans())
 def test_random_programs_on_one_dsp_match_the_reference(seed, fast_forward):
@@ -473,6 +474,7 @@ def test_random_programs_on_one_dsp_match_the_reference(seed, fast_forward):
     _both([prog, idle], c, ref, fast_forward=fast_forward, dsp_program=[0, 1], init_sregs=init)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2 ** 32 - 1))
 def test_random_programs_on_two_dsps_match_the_reference(seed):

@@ -556,6 +556,7 @@ def test_activation_residency_closed_forms():
         assert got[p] < activation_residency(full, costs)[p] or n[p] == 1
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_large_step_p8_a128_l8_completes():
     # its speed is tracked by the asv benchmark TimeRatrain.time_simulate_step_p8_a128_l8
     costs = PipelineCosts.uniform(8, 128, t_forward=8.0, t_backward=16.0, t_recompute=8.0, t_gradsync=6.0,
@@ -605,6 +606,7 @@ BASE_ARGS = ["simulate", "--uniform", "--stages", "4", "--microbatches", "6", "-
              "--t-backward", "2.5", "--t-update", "0.75"]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_cli_json(capsys, tmp_path):
     trace, png = tmp_path / "t.json", tmp_path / "t.png"
     assert cli_main(BASE_ARGS + ["--trace", str(trace), "--plot", str(png), "--json"]) == 0
@@ -702,6 +704,7 @@ def test_cli_plot_window_in_seconds(capsys, tmp_path, monkeypatch):
     assert time_unit(10_000.0) == ("s", 1e3) and time_unit(999.0) == ("ms", 1.0)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_collector_state_restored_around_a_simulation():
     """The simulator pauses Python's cyclic collector while it runs and gives it back as it was, also
     when the inputs are refused; the unlinked task graph leaves no cycles for the collector."""

@@ -326,6 +326,7 @@ def test_save_interval_exact_optimum_beside_young_and_daly():
 
 # ---------------------------------------------------------------- figures and bad input
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_figures_are_written(tmp_path, capsys):
     out = _task_json(["--model", SMALL, "--tokens", "1e10", "--seq", "1024", "--global-batch", "64",
                       "--deadline-days", "20", "--reserve-days", "2", "--platform", A100, "--devices", "8,16",

@@ -45,6 +45,7 @@ def _perturbed_views(cfg, seed=1):
     return [make_view(m, cfg) for m in master], rng
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("save", ["full", "ckpt"])
 def test_gradients_match_finite_differences_float64(save):
     views, rng = _perturbed_views(CHECK)

@@ -189,6 +189,7 @@ def test_chrome_trace_is_strict_json_with_named_non_overlapping_tracks(tmp_path)
     assert {e["args"]["src"] for e in ddr} == {"DDR"} and sum(e["args"]["bytes"] for e in ddr) == 512 * P4.dsps
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_coarsening_respects_the_budget_and_keeps_the_window():
     stats = run_gemm_stats(96, 256, 384, GemmTiles(mg=48, k2=64, n2=192), DEFAULT, TraceOptions())
     full = chrome_trace(stats.trace)

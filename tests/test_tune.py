@@ -64,6 +64,7 @@ def one_process_table():
     return [c.to_json() for c in table.candidates]
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_local_processes_give_the_same_table(one_process_table):
     two = tune_gemm(*SHAPE, grid=GRID, workers=2, out_dir=None, progress=False, cache=False)
     assert [c.to_json() for c in two.candidates] == one_process_table
@@ -95,6 +96,7 @@ def test_defaults_that_do_not_fit_are_reported():
         tune_gemm(2048, 4096, 4096, platform=tiny, out_dir=None, progress=False)
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_attention_sweep_prunes_ranks_and_caches(cachedir):
     from mtemu.tune import tune_attention
     grid = {"br": (64, 192, 256), "bc": (64, 128), "br_prime": (32,), "bc_prime": (32,)}

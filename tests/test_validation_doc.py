@@ -38,6 +38,7 @@ def test_validation_doc_tables_match_a_fresh_run(fresh_run):
         assert row in doc, f"docs/VALIDATION.md does not have the row a fresh run gives: {row}"
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 def test_readme_quotes_the_errors_a_fresh_run_gives(fresh_run):
     runs, platform, validation = fresh_run
     whole = validation.summary

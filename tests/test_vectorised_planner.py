@@ -1,6 +1,12 @@
 """The planner's analytic pass over arrays (ratrain.plan.vectorised) gives the scalar path's numbers bit
-for bit: the memory check, every layer kind's cost terms, the main path, and so the planner's picks."""
+for bit: the memory check, every layer kind's cost terms, the main path, and so the planner's picks.
+
+The scalar side (each point's cost terms, the roofline profiles, the partitions) is computed once per
+case and shared by the tests that compare against it (``functools.cache``): the same pure functions of
+the same inputs, so each test still compares every point."""
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -30,14 +36,31 @@ def _cfg(point, seq, partition="balanced") -> ParallelConfig:
                           partition=partition)
 
 
-def _profiles(model, seq):
-    cache = {}
+@functools.cache
+def _profile(name: str, b: int, seq: int, t: int):
+    return layer_profile(get_model(name), b, seq, t, source="roofline")
 
-    def of(b, t):
-        if (b, t) not in cache:
-            cache[b, t] = layer_profile(model, b, seq, t, source="roofline")
-        return cache[b, t]
-    return of
+
+def _profiles(model, seq):
+    return lambda b, t: _profile(model.name, b, seq, t)
+
+
+@functools.cache
+def _points(name: str, clusters: int, global_batch: int) -> tuple:
+    return tuple(search_space(get_model(name), clusters, global_batch))
+
+
+@functools.cache
+def _scalar_terms(name: str, clusters: int, global_batch: int, seq: int, platform: str) -> tuple:
+    """(config, cost_terms) of every point of the case on ``platform``: the scalar path's numbers."""
+    model, plat, of = get_model(name), _platform(platform), _profiles(get_model(name), seq)
+    return tuple((cfg, cost_terms(model, cfg, of(cfg.micro_batch, cfg.tp), plat))
+                 for cfg in (_cfg(point, seq) for point in _points(name, clusters, global_batch)))
+
+
+@functools.cache
+def _partition(name: str, pp: int):
+    return partition_model(get_model(name), pp, "balanced")
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
@@ -54,26 +77,27 @@ def test_the_grid_of_columns_is_the_search_space(name, clusters, global_batch, s
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
 @pytest.mark.parametrize("partition", ["balanced", "uniform"])
-@pytest.mark.parametrize("constants", [DEFAULT_CONSTANTS, MemoryConstants.megatron(),
-                                       MemoryConstants(fsr_buffer_layers=3)])
+# the quick layer checks the default constants; the full suite (CI) the other two as well
+@pytest.mark.parametrize("constants", [DEFAULT_CONSTANTS,
+                                       pytest.param(MemoryConstants.megatron(), marks=pytest.mark.slow),
+                                       pytest.param(MemoryConstants(fsr_buffer_layers=3), marks=pytest.mark.slow)])
 def test_the_memory_check_over_arrays_is_peak_memory(name, clusters, global_batch, seq, partition, constants):
     model = get_model(name)
-    points = list(search_space(model, clusters, global_batch))
+    points = _points(name, clusters, global_batch)
     memory = PeakMemory(model, partition, constants)
     got = peak_bytes(PeakMemory(model, partition, constants), Grid.of(points, seq))
     assert got.tolist() == [memory.peak(p, d, t, z, b, a, seq, act, pref) for p, d, t, z, b, a, act, pref in points]
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
-@pytest.mark.parametrize("platform", PLATFORMS)
+# the quick layer checks the default platform; the full suite (CI) the other two as well
+@pytest.mark.parametrize("platform", [p if p == "default" else pytest.param(p, marks=pytest.mark.slow)
+                                      for p in PLATFORMS])
 def test_the_cost_terms_over_arrays_are_cost_terms(name, clusters, global_batch, seq, platform):
     model, plat = get_model(name), _platform(platform)
-    points = list(search_space(model, clusters, global_batch))
-    of = _profiles(model, seq)
-    ka = kind_arrays(model, plat, Grid.of(points, seq), of)
-    for i, point in enumerate(points):
-        cfg = _cfg(point, seq)
-        want = cost_terms(model, cfg, of(cfg.micro_batch, cfg.tp), plat)
+    points = list(_points(name, clusters, global_batch))
+    ka = kind_arrays(model, plat, Grid.of(points, seq), _profiles(model, seq))
+    for i, (cfg, want) in enumerate(_scalar_terms(name, clusters, global_batch, seq, platform)):
         got = ka.terms(i)
         assert got.transfer == want.transfer
         for kind in KINDS:
@@ -82,19 +106,18 @@ def test_the_cost_terms_over_arrays_are_cost_terms(name, clusters, global_batch,
 
 
 @pytest.mark.parametrize("name, clusters, global_batch, seq", CASES)
-@pytest.mark.parametrize("fsr, buffer_layers", [(True, 1), (False, 1), (True, 2), (True, 5)])
+# the quick layer checks one buffered layer with and without FSR; the full suite (CI) more buffered layers too
+@pytest.mark.parametrize("fsr, buffer_layers", [(True, 1), (False, 1), pytest.param(True, 2, marks=pytest.mark.slow),
+                                                pytest.param(True, 5, marks=pytest.mark.slow)])
 def test_the_main_path_over_arrays_is_main_path(name, clusters, global_batch, seq, fsr, buffer_layers):
     model, plat = get_model(name), TrainingPlatform()
-    points = list(search_space(model, clusters, global_batch))
-    of = _profiles(model, seq)
+    points = list(_points(name, clusters, global_batch))
     grid = Grid.of(points, seq)
-    ka = kind_arrays(model, plat, grid, of)
+    ka = kind_arrays(model, plat, grid, _profiles(model, seq))
     got = main_path_ms(ka, grid, lambda pp: [len(r) for r in partition_model(model, pp, "balanced")], fsr=fsr,
                        fsr_buffer_layers=buffer_layers)
-    for i, point in enumerate(points):
-        cfg = _cfg(point, seq)
-        terms = cost_terms(model, cfg, of(cfg.micro_batch, cfg.tp), plat)
-        want = main_path(stage_kinds(terms, partition_model(model, cfg.pp, "balanced")), terms.transfer, cfg.accum,
+    for i, (cfg, terms) in enumerate(_scalar_terms(name, clusters, global_batch, seq, "default")):
+        want = main_path(stage_kinds(terms, _partition(name, cfg.pp)), terms.transfer, cfg.accum,
                          activation=cfg.activation, fsr=fsr, recovery_resource="compute",
                          fsr_buffer_layers=buffer_layers)
         assert got[i] == want.t_main_ms, cfg
@@ -104,6 +127,7 @@ def _roofline(model, b, seq, tp, *, source):
     return layer_profile(model, b, seq, tp, source="roofline")
 
 
+@pytest.mark.slow  # the quick layer's costliest: the full suite (CI) runs it
 @pytest.mark.parametrize("name, clusters, global_batch, method, top, platform", [
     ("llama2-7b", 8, 512, "ratrain", 10, "default"), ("baichuan2-13b", 16, 256, "ratrain", 10, "default"),
     ("llama2-70b", 96, 32, "ratrain", 10, "platforms/bandwidth-rich.toml"),
