@@ -22,6 +22,7 @@ A unit may be pinned with ``op@UNIT``; otherwise the first free unit that can ru
 from __future__ import annotations
 
 import functools
+import marshal
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -220,7 +221,16 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     desc_arr = np.zeros((len(descs), isa.N_DESC), dtype=np.int64)
     for k, d in enumerate(descs):
         desc_arr[k] = _check_descriptor(d, desc_names[k], platform)
+    # a kernel repeats the same bundles many times (unrolled loops): each distinct bundle is checked and
+    # encoded once, keyed by its instructions with their operands' types (a bool or a float operand equal
+    # to an accepted int is still refused); every check of the encoding depends only on the bundle
+    encoded: dict[tuple, np.ndarray] = {}
     for b, instrs in enumerate(bundles):
+        key = _bundle_key(instrs)
+        row = encoded.get(key)
+        if row is not None:
+            code[b] = row
+            continue
         used: dict[int, Instr] = {}
         for instr in instrs:
             spec = isa.OP_BY_NAME.get(instr.op)
@@ -231,10 +241,22 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
             code[b, unit] = _encode_one(spec, instr, where, ns, nv, labels, len(bundles),
                                         len(descs), platform)
             used[unit] = instr
+        if key is not None:
+            encoded[key] = code[b].copy()
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
         check_latency_hazards(prog, platform)
     return prog
+
+
+def _bundle_key(instrs) -> bytes | None:
+    """What a bundle's encoding depends on, as bytes that keep every operand's type (``marshal``:
+    ``True``, ``1.0`` and ``1`` differ, as the checks treat them); None where an operand is of a type
+    marshal does not write (such a bundle is never memoised)."""
+    try:
+        return marshal.dumps([(i.op, i.unit, i.args) for i in instrs])
+    except ValueError:
+        return None
 
 
 def _pick_unit(spec: isa.OpSpec, instr: Instr, used: dict[int, Instr], b: int) -> int:
@@ -388,57 +410,31 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
 
     Straight-line tracking; branch targets start with every register ready, and a control
     transfer must find every write landed by the next bundle, so blocks check independently.
+    Each distinct bundle's registers are worked out once (:func:`_bundle_hazards`); a bundle that may
+    fault is walked again by :func:`_raise_hazard`, which names the first hazard in unit order.
     """
     lat = platform.latencies
     targets = set(prog.labels.values())
     code = prog.code
     n = code.shape[0]
-    for t in range(n):
-        for u in range(isa.N_UNITS):
-            if _TARGET_OPS[code[t, u, isa.F_OP]]:
-                targets.add(int(code[t, u, isa.F_IMM0]))
+    if n:
+        branching = _TARGET_OPS[code[:, :, isa.F_OP]]
+        targets.update(int(t) for t in code[:, :, isa.F_IMM0][branching])
     ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
+    known: dict[bytes, tuple] = {}
     cycle = 0
     for b in range(n):
         if b in targets:
             ready = {}
-        control = False
-        writes_here = []
-        effects = []
-        for u in range(isa.N_UNITS):
-            row = code[b, u]
-            op = int(row[isa.F_OP])
-            if op == 0:
-                continue
-            reads, writes, latname = _reg_effects(row)
-            effects.append((u, isa.OP_BY_CODE[op], reads, writes, latname))
-        same_bundle = {(kind, r): u for u, _s, _r, writes, _l in effects for kind, r in writes}
-        for u, spec, reads, writes, latname in effects:
-            control |= spec.control
-            for kind, r in reads:
-                if kind == "s" and r == isa.ZERO_REG:
-                    continue
-                writer = same_bundle.get((kind, r))
-                if writer is not None and writer != u:
-                    raise AssemblyError(
-                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} 1 cycle(s) before the write "
-                        f"issued in the same bundle ({isa.UNITS[writer]}) lands")
-                pending = ready.get((kind, r))
-                if pending is not None and pending[0] > cycle:
-                    raise AssemblyError(
-                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} {pending[0] - cycle} "
-                        f"cycle(s) before the write issued in bundle {pending[1]} ({isa.UNITS[pending[2]]}) lands")
-            for kind, r in writes:
-                pending = ready.get((kind, r))
-                if pending is not None and pending[0] > cycle:
-                    raise AssemblyError(
-                        f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: overwrites {kind}{r} while the write "
-                        f"issued in bundle {pending[1]} is still in flight")
-                writes_here.append(((kind, r), cycle + getattr(lat, latname), b, u))
-        for reg, t_ready, bb, uu in writes_here:
-            if any(w[0] == reg for w in writes_here if w[2:] != (bb, uu)):
-                raise AssemblyError(f"bundle {b}: two units write {reg[0]}{reg[1]} in one bundle")
-            ready[reg] = (t_ready, bb, uu)
+        key = code[b].tobytes()
+        hazards = known.get(key)
+        if hazards is None:
+            hazards = known[key] = _bundle_hazards(code[b], lat)
+        touched, updates, control, clean = hazards
+        if not clean or any(reg in ready and ready[reg][0] > cycle for reg in touched):
+            _raise_hazard(b, cycle, ready, code[b], lat)
+        for reg, latency, u in updates:
+            ready[reg] = (cycle + latency, b, u)
         cycle += 1
         if control:
             for reg, (t_ready, bb, uu) in ready.items():
@@ -447,6 +443,76 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
                         f"bundle {b}, unit SBR: control transfer while {reg[0]}{reg[1]} (written in bundle {bb}, "
                         f"{isa.UNITS[uu]}) is still in flight; pad with nops")
             ready = {}
+
+
+def _effects(block: np.ndarray) -> list[tuple[int, isa.OpSpec, list, list, str | None]]:
+    """(unit, spec, reads, writes, latency field) of each instruction of one encoded bundle, in unit order."""
+    out = []
+    for u in range(isa.N_UNITS):
+        row = block[u]
+        op = int(row[isa.F_OP])
+        if op == 0:
+            continue
+        reads, writes, latname = _reg_effects(row)
+        out.append((u, isa.OP_BY_CODE[op], reads, writes, latname))
+    return out
+
+
+def _bundle_hazards(block: np.ndarray, lat) -> tuple[tuple, tuple, bool, bool]:
+    """What one bundle's check needs, whatever came before it: the registers it reads (s0 aside) or
+    writes, whose earlier writes must have landed; its writes as (register, latency, unit) in unit
+    order; whether it transfers control; whether it is free of hazards inside itself (a read of a
+    register another unit writes in the bundle, two units writing one register)."""
+    effects = _effects(block)
+    same_bundle = {(kind, r): u for u, _s, _r, writes, _l in effects for kind, r in writes}
+    touched, updates, writers = [], [], {}
+    clean, control = True, False
+    for u, spec, reads, writes, latname in effects:
+        control |= spec.control
+        for kind, r in reads:
+            if kind == "s" and r == isa.ZERO_REG:
+                continue
+            writer = same_bundle.get((kind, r))
+            clean &= writer is None or writer == u
+            touched.append((kind, r))
+        for reg in writes:
+            clean &= writers.setdefault(reg, u) == u
+            touched.append(reg)
+            updates.append((reg, getattr(lat, latname), u))
+    return tuple(dict.fromkeys(touched)), tuple(updates), control, clean
+
+
+def _raise_hazard(b: int, cycle: int, ready: dict, block: np.ndarray, lat) -> None:
+    """Walk bundle ``b`` instruction by instruction against the writes in flight and raise at its first
+    hazard (the messages name the bundle, unit, opcode, register and the write it waits for)."""
+    effects = _effects(block)
+    same_bundle = {(kind, r): u for u, _s, _r, writes, _l in effects for kind, r in writes}
+    writes_here = []
+    for u, spec, reads, writes, _latname in effects:
+        for kind, r in reads:
+            if kind == "s" and r == isa.ZERO_REG:
+                continue
+            writer = same_bundle.get((kind, r))
+            if writer is not None and writer != u:
+                raise AssemblyError(
+                    f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} 1 cycle(s) before the write "
+                    f"issued in the same bundle ({isa.UNITS[writer]}) lands")
+            pending = ready.get((kind, r))
+            if pending is not None and pending[0] > cycle:
+                raise AssemblyError(
+                    f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} {pending[0] - cycle} "
+                    f"cycle(s) before the write issued in bundle {pending[1]} ({isa.UNITS[pending[2]]}) lands")
+        for kind, r in writes:
+            pending = ready.get((kind, r))
+            if pending is not None and pending[0] > cycle:
+                raise AssemblyError(
+                    f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: overwrites {kind}{r} while the write "
+                    f"issued in bundle {pending[1]} is still in flight")
+            writes_here.append(((kind, r), u))
+    for reg, uu in writes_here:
+        if any(w == reg and wu != uu for w, wu in writes_here):
+            raise AssemblyError(f"bundle {b}: two units write {reg[0]}{reg[1]} in one bundle")
+    raise AssertionError(f"bundle {b}: a hazard was flagged that the walk does not find")
 
 
 # ------------------------------------------------------------------------------------------

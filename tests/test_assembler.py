@@ -173,3 +173,115 @@ def test_builder_and_text_agree():
 def test_text_errors_name_the_line(text, pattern):
     with pytest.raises(AssemblyError, match=pattern):
         parse(text)
+
+
+# ------------------------------------------------------------------------------------------
+# the hazard check against a plain walk, and the memo of repeated bundles
+# ------------------------------------------------------------------------------------------
+def _hazards_reference(prog, platform) -> str | None:
+    """The check as a plain walk, bundle by bundle and unit by unit, with nothing memoised: the message
+    of the first hazard, or None."""
+    from mtemu.assembler import _reg_effects
+    lat = platform.latencies
+    code = prog.code
+    targets = set(prog.labels.values())
+    for t in range(code.shape[0]):
+        for u in range(isa.N_UNITS):
+            if isa.OP_BY_CODE.get(int(code[t, u, isa.F_OP])) is not None and \
+                    isa.OP_BY_CODE[int(code[t, u, isa.F_OP])].has_target:
+                targets.add(int(code[t, u, isa.F_IMM0]))
+    ready, cycle = {}, 0
+    for b in range(code.shape[0]):
+        if b in targets:
+            ready = {}
+        effects = [(u, isa.OP_BY_CODE[int(code[b, u, isa.F_OP])], *_reg_effects(code[b, u]))
+                   for u in range(isa.N_UNITS) if code[b, u, isa.F_OP] != 0]
+        same = {reg: u for u, _s, _r, writes, _l in effects for reg in writes}
+        here = []
+        for u, spec, reads, writes, latname in effects:
+            for kind, r in reads:
+                if kind == "s" and r == isa.ZERO_REG:
+                    continue
+                if same.get((kind, r), u) != u:
+                    return f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} 1 cycle(s) before the " \
+                           f"write issued in the same bundle ({isa.UNITS[same[(kind, r)]]}) lands"
+                p = ready.get((kind, r))
+                if p is not None and p[0] > cycle:
+                    return f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: reads {kind}{r} {p[0] - cycle} cycle(s) " \
+                           f"before the write issued in bundle {p[1]} ({isa.UNITS[p[2]]}) lands"
+            for reg in writes:
+                p = ready.get(reg)
+                if p is not None and p[0] > cycle:
+                    return f"bundle {b}, unit {isa.UNITS[u]}, {spec.name}: overwrites {reg[0]}{reg[1]} while the " \
+                           f"write issued in bundle {p[1]} is still in flight"
+                here.append((reg, cycle + getattr(lat, latname), u))
+        for reg, _t, u in here:
+            if any(r2 == reg and u2 != u for r2, _t2, u2 in here):
+                return f"bundle {b}: two units write {reg[0]}{reg[1]} in one bundle"
+        for reg, t_ready, u in here:
+            ready[reg] = (t_ready, b, u)
+        cycle += 1
+        if any(spec.control for _u, spec, *_ in effects):
+            for reg, (t_ready, bb, uu) in ready.items():
+                if t_ready > cycle:
+                    return f"bundle {b}, unit SBR: control transfer while {reg[0]}{reg[1]} (written in bundle " \
+                           f"{bb}, {isa.UNITS[uu]}) is still in flight; pad with nops"
+            ready = {}
+    return None
+
+
+def _random_program(rng):
+    """A short program over few registers (so hazards are frequent), its bundles drawn from a small
+    pool (so many repeat), a label and a branch to it; None where it does not encode."""
+    def one():
+        s, v = (int(x) for x in rng.integers(1, 4, 2))
+        return [ins("smovi", s, 3), ins("saddi", s, int(rng.integers(1, 4)), 1), ins("sldh", s, (0, 0)),
+                ins("vldh", v, (0, 0)), ins("vfma", v, int(rng.integers(1, 4)), 2), ins("svbcast", v, s),
+                ins("nop")][int(rng.integers(0, 7))]
+    pool = [[one() for _ in range(int(rng.integers(1, 4)))] for _ in range(6)] + [[ins("nop")]] * 6
+    b = ProgramBuilder(DEFAULT)
+    n = int(rng.integers(2, 24))
+    at = int(rng.integers(0, n))
+    for i in range(n):
+        if i == at:
+            b.label("top")
+        b.bundle(*pool[int(rng.integers(0, len(pool)))])
+    b.nops(int(rng.integers(0, 12)))            # mostly enough for the writes to land before the branch
+    if rng.random() < 0.5:
+        b.bundle(ins("br", "top"))
+    b.bundle(ins("halt"))
+    try:
+        return b.assemble(check_hazards=False)
+    except AssemblyError:
+        return None
+
+
+def test_hazard_check_matches_a_plain_walk_on_random_programs():
+    from mtemu.assembler import check_latency_hazards
+    rng = np.random.default_rng(7)
+    verdicts = {"pass": 0, "fail": 0}
+    for _ in range(600):
+        prog = _random_program(rng)
+        if prog is None:
+            continue
+        want = _hazards_reference(prog, DEFAULT)
+        try:
+            check_latency_hazards(prog, DEFAULT)
+            got = None
+        except AssemblyError as e:
+            got = str(e)
+        assert got == want
+        verdicts["pass" if want is None else "fail"] += 1
+    assert min(verdicts.values()) >= 50, verdicts      # both outcomes exercised
+
+
+def test_two_units_writing_one_register_in_one_bundle():
+    with pytest.raises(AssemblyError, match="bundle 0: two units write s3 in one bundle"):
+        build([ins("smovi", 3, 4, unit="SMAC1"), ins("smovi", 3, 5, unit="SMAC2")], [ins("halt")]).assemble()
+
+
+def test_a_repeated_bundle_with_a_bool_or_float_operand_is_still_refused():
+    for bad in (True, 1.0):
+        b = build(*[[ins("smovi", 1, 1)]] * 3, [ins("smovi", 1, bad)], [ins("halt")])
+        with pytest.raises(AssemblyError, match="bundle 3, unit SMAC1, smovi, operand 2: expected an integer"):
+            b.assemble()
