@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ratrain.cost import megatron as megatron_cost
 from ratrain.cost.collectives import GpuCollectives, Placement, fit_allreduce
 from ratrain.cost.gpu_kernels import (
     TORCH_SOFTMAX_BYTES,
@@ -213,6 +214,20 @@ def test_single_gpu_iteration_is_microbatches_times_the_layer_plus_the_step_end(
     opt = OPTIMIZER_BYTES_PER_PARAM * params / (a100.device.hbm_bandwidth * a100.kernels.hbm_efficiency)
     assert step.optimizer_ms[0] == pytest.approx(1e3 * max(opt, OPTIMIZER_KERNELS * a100.kernels.launch_s),
                                                  rel=1e-12)
+
+
+def test_overflow_skipped_step_switch_is_off_and_moves_only_the_unscale_passes(a100, monkeypatch):
+    assert megatron_cost.OVERFLOW_SKIPPED_STEP is False          # the shipped constants are fitted without it
+    model = gpt_model(1024, 16, 4, 1024, tp=2)
+    cfg = ParallelConfig(pp=1, dp=1, tp=2, zero=0, micro_batch=1, accum=2, seq=1024, activation="ckpt",
+                         partition="uniform")
+    update = megatron_step(model, cfg, a100)
+    monkeypatch.setattr(megatron_cost, "OVERFLOW_SKIPPED_STEP", True)
+    skipped = megatron_step(model, cfg, a100)
+    assert skipped.optimizer_ms[0] == pytest.approx(
+        update.optimizer_ms[0] * megatron_cost.SKIPPED_STEP_BYTES_PER_PARAM / OPTIMIZER_BYTES_PER_PARAM, rel=1e-12)
+    assert skipped.barrier_ms == pytest.approx(update.barrier_ms / 2, rel=1e-12)   # no gradient-norm all-reduce
+    assert skipped.costs.stages == update.costs.stages
 
 
 def test_tensor_and_data_parallel_add_their_collectives(a100):
