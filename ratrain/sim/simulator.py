@@ -967,8 +967,9 @@ def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: 
 
     # ---- per-stage summary
     summaries = []
-    inflight = peak_inflight(tasks, P)
-    act_sets = peak_activation_sets(tasks, P)
+    spans = _live_spans(tasks)                 # both peaks read the same spans: one pass over the tasks
+    inflight = peak_inflight(tasks, P, spans=spans)
+    act_sets = peak_activation_sets(tasks, P, spans=spans)
     by_kind: list[dict[str, float]] = [{} for _ in range(P)]
     res_busy = [[0.0] * NRES for _ in range(P)]
     rec = [[0.0, 0.0] for _ in range(P)]          # hidden, exposed
@@ -1048,11 +1049,13 @@ def _peak(events: list[tuple[float, float]]) -> float:
     return peak
 
 
-def peak_inflight(tasks: list[Task], stages: int, costs: PipelineCosts | None = None) -> list[int]:
+def peak_inflight(tasks: list[Task], stages: int, costs: PipelineCosts | None = None,
+                  spans: dict[tuple[int, int, int], list[float]] | None = None) -> list[int]:
     """Per stage, the most micro-batches alive at once: from the start of their first F on the stage
-    to the end of their last B (or W) there. ``costs`` is accepted for compatibility, unused."""
+    to the end of their last B (or W) there. ``costs`` is accepted for compatibility, unused;
+    ``spans``: the tasks' :func:`_live_spans`, where the caller has them."""
     per: dict[tuple[int, int], list[float]] = {}
-    for (p, _, m), (a, z) in _live_spans(tasks).items():
+    for (p, _, m), (a, z) in (_live_spans(tasks) if spans is None else spans).items():
         got = per.setdefault((p, m), [a, z])
         got[0], got[1] = min(got[0], a), max(got[1], z)
     events: list[list[tuple[float, float]]] = [[] for _ in range(stages)]
@@ -1061,13 +1064,14 @@ def peak_inflight(tasks: list[Task], stages: int, costs: PipelineCosts | None = 
     return [int(_peak(ev)) for ev in events]
 
 
-def peak_activation_sets(tasks: list[Task], stages: int) -> list[float]:
+def peak_activation_sets(tasks: list[Task], stages: int,
+                         spans: dict[tuple[int, int, int], list[float]] | None = None) -> list[float]:
     """Per stage, the peak of live (layer, micro-batch) activation sets divided by the stage's layer
     count: whole-stage micro-batches' worth of activations (a (layer, micro-batch) is live from the
     start of its F to the end of its B, or of its W when the backward is split)."""
     events: list[list[tuple[float, float]]] = [[] for _ in range(stages)]
     layers: list[set[int]] = [set() for _ in range(stages)]
-    for (p, layer, _), (a, z) in _live_spans(tasks).items():
+    for (p, layer, _), (a, z) in (_live_spans(tasks) if spans is None else spans).items():
         events[p] += [(a, 1.0), (z, -1.0)]
         layers[p].add(layer)
     return [_peak(ev) / max(1, len(ls)) for ev, ls in zip(events, layers, strict=True)]
