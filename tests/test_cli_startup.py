@@ -106,10 +106,33 @@ def test_the_mtemu_parsers_defaults_are_the_librarys():
         (defaults.PROGRAM_MAX_SECONDS, defaults.PROGRAM_BUILD_SECONDS)
 
 
+def test_the_light_tiles_module_holds_the_variants_defaults_and_bound():
+    """A profile's key and the fast kernel model read mtemu.kernels.gemm_tiles, not the registry: the same
+    objects the variants carry (and the generators' modules still export)."""
+    from mtemu.kernels import gemm, gemm_a_resident, gemm_bound, gemm_tiles
+    from mtemu.kernels.registry import GEMM_VARIANTS
+
+    assert {n: v.default_tiles for n, v in GEMM_VARIANTS.items()} == gemm_tiles.DEFAULT_TILES_OF
+    assert all(GEMM_VARIANTS[n].bound is b for n, b in gemm_tiles.PLANLESS_BOUNDS.items())
+    assert (gemm.DEFAULT_TILES, gemm.GemmTiles, gemm_a_resident.AResidentGemmTiles, gemm_bound.a_resident_bound) == \
+        (gemm_tiles.DEFAULT_TILES, gemm_tiles.GemmTiles, gemm_tiles.AResidentGemmTiles, gemm_tiles.a_resident_bound)
+
+
 def test_a_uniform_simulation_loads_no_emulator_or_matplotlib():
     rc, heavy, text = _loaded("ratrain.cli", UNIFORM)
     assert rc == 0 and heavy == []
     assert json.loads(text)["step_time_ms"] > 0
+
+
+def test_a_plan_on_shipped_profiles_loads_no_emulator_numba_or_matplotlib():
+    """Every profile this plan reads is shipped (the fast model's micro-batch-1 reference, the finalists'
+    emulated ones): their key, the emulator version and the fast kernel model come from light modules."""
+    rc, heavy, text = _loaded("ratrain.cli", ["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch",
+                                              "512", "--json"], extra=("mtemu.kernels.gemm", "mtemu.ddr_probe"))
+    assert rc == 0 and heavy == [], heavy
+    got = json.loads(text)
+    assert (got["kernel_model"], got["confirmed"]) == ("bound", 3)
+    assert got["best"]["kernels"] == "emulated" and got["best"]["step_s"] > 0
 
 
 def _help(parser: argparse.ArgumentParser) -> dict[tuple[str, ...], str]:

@@ -331,3 +331,16 @@ def test_the_readme_and_table3_plans_emulate_nothing_on_a_fresh_install(name, cl
     monkeypatch.setattr(profile, "_MEMO", {})
     result = Planner(get_model(name), progress=False).plan(clusters, global_batch, confirm=3, **space)
     assert result.confirmed == 3
+
+
+def test_the_fast_models_ddr_rates_are_its_shipped_references_and_the_probes():
+    """The bound profile takes its DDR rates from its emulated micro-batch-1 reference (so a shipped or cached
+    reference spares emulating the probe); the shipped reference's are what the probe measures now."""
+    from ratrain.cost import profile
+
+    platform = TrainingPlatform()
+    spec = get_model("llama2-7b")
+    reference = profile.layer_profile(spec, 1, 2048, 1, platform=platform, progress=False)
+    fast = profile.layer_profile(spec, 2, 2048, 2, source="bound", platform=platform, progress=False)
+    assert fast.ddr_rates == reference.ddr_rates
+    assert reference.ddr_rates == profile.ddr_rates(platform, "emulated")

@@ -38,7 +38,7 @@ from ..fast.prepared import sized_memo
 from ..machine import Cluster, RunStats
 from ..platform import DEFAULT, Platform, as_platform
 from ..trace import TraceOptions
-from .names import format_tiles
+from .gemm_tiles import DEFAULT_TILES, GemmTiles
 from .program_cache import cached_program
 from .schedule import Op, check_registers, schedule
 
@@ -52,26 +52,6 @@ R_TEMP0 = 16                                 # micro-kernel scalar temporaries s
 CH_A_GSM, CH_A_SM, CH_B, CH_C = 0, 1, 2, 3
 
 ALIGN = 64
-
-
-@dataclass(frozen=True)
-class GemmTiles:
-    """Tile sizes. ``mg`` rows per m-block (over all DSPs), ``k2`` x ``n2`` B tile,
-    ``mr`` x ``nv`` micro-kernel (rows x vectors), ``rotation`` register sets for operands."""
-
-    mg: int = 1024
-    k2: int = 128
-    n2: int = 768
-    mr: int = 6
-    nv: int = 4
-    rotation: int = 2
-    pipelined: bool = True
-
-    def describe(self) -> str:
-        return format_tiles(self, "c-stationary")
-
-
-DEFAULT_TILES = GemmTiles()
 
 
 @dataclass(frozen=True)

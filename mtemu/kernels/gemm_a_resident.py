@@ -55,33 +55,11 @@ from .gemm import (
     _run,
     plan_gemm,
 )
-from .names import format_tiles
+from .gemm_tiles import DEFAULT_A_RESIDENT_TILES, AResidentGemmTiles
 from .program_cache import cached_program
 from .schedule import Op, schedule
 
 CH_A_GSM, CH_A_SM, CH_B, CH_C, CH_CIN, CH_B2 = 0, 1, 2, 3, 4, 5
-
-
-@dataclass(frozen=True)
-class AResidentGemmTiles:
-    """``mg`` rows per m-block, ``kg`` columns per resident A_g block, ``k2`` x ``n2`` B tile,
-    ``mr`` x ``nv`` micro-kernel, ``rotation`` register sets (as in :class:`GemmTiles`).
-
-    Defaults: the Table 5 setting (docs/CHOICES.md): mg, kg chosen on the two fit rows with the
-    closed form; k2 the largest multiple of 64 dividing kg that fits SM and AM with three B tiles."""
-
-    mg: int = 512
-    kg: int = 768
-    k2: int = 256
-    n2: int = 384
-    mr: int = 6
-    nv: int = 4
-    rotation: int = 2
-    b_slots: int = 3                 # B tiles in AM: 3 lets the broadcast run two steps ahead
-    pipelined: bool = True           # the micro-kernel's software pipeline (always on here)
-
-    def describe(self) -> str:
-        return format_tiles(self, "a-resident")
 
 
 @dataclass(frozen=True)
@@ -107,7 +85,7 @@ class AResidentPlan:
     gsm_used: int
 
 
-def plan_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResidentGemmTiles(),
+def plan_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = DEFAULT_A_RESIDENT_TILES,
                     platform: Platform = DEFAULT) -> AResidentPlan:
     """Check shape and tiles against the platform; raise CapacityError naming the memory."""
     t = tiles
@@ -209,7 +187,7 @@ def _desc_fields(key: tuple, plan: AResidentPlan, rows: int | None) -> np.ndarra
     return np.array(f, dtype=np.int64)
 
 
-def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = AResidentGemmTiles(),
+def build_a_resident(m: int, k: int, n: int, tiles: AResidentGemmTiles = DEFAULT_A_RESIDENT_TILES,
                      platform: Platform = DEFAULT) -> GemmProgram:
     m, k, n = positive_ints("GEMM dimension", MtemuError, m=m, k=k, n=n)
     return _build_cached(m, k, n, tiles, platform)

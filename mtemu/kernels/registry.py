@@ -7,8 +7,9 @@ its closed-form bound (used to rank candidates without emulating them); ``choose
 which meets Table 5 on the raw per-cluster DDR rate (docs/CHOICES.md, "one platform").
 
 Registering another loop order: write its generator (see docs/KERNELS.md), then add a
-``GemmVariant`` to ``GEMM_VARIANTS``, its name to ``mtemu.kernels.names.GEMM_LOOP_ORDERS`` and its
-a reference build to ``mtemu.version._gemm_programs``;
+``GemmVariant`` to ``GEMM_VARIANTS``, its name to ``mtemu.kernels.names.GEMM_LOOP_ORDERS``, its tile
+type and defaults to ``mtemu.kernels.gemm_tiles`` (``DEFAULT_TILES_OF``) and a reference build to
+``mtemu.version_programs.gemm_programs``;
 ``mtemu gemm --loop-order NAME``, ``mtemu tune gemm --loop-order NAME`` and a training platform
 with ``gemm_loop_order = "NAME"`` then use it.
 """
@@ -21,22 +22,15 @@ from typing import Any, Callable
 
 from ..errors import AssemblyError, CapacityError, MtemuError
 from ..platform import Platform
-from .gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing, plan_gemm, run_gemm
-from .gemm_a_resident import AResidentGemmTiles, a_resident_timing, plan_a_resident, run_a_resident
-from .gemm_bound import a_resident_bound, gemm_bound, vmac_cycles
+from .gemm import GemmResult, gemm_timing, plan_gemm, run_gemm
+from .gemm_a_resident import a_resident_timing, plan_a_resident, run_a_resident
+from .gemm_bound import gemm_bound
+from .gemm_tiles import DEFAULT_TILES_OF, AResidentGemmTiles, GemmTiles, a_resident_utilization_bound
 from .names import CHOOSE_EMULATE_TOP, DEFAULT_GEMM, GEMM_LOOP_ORDERS, TILE_CHOICE_VERSION
 
 
 def _c_stationary_bound(m: int, k: int, n: int, tiles: GemmTiles, platform: Platform) -> float:
     return gemm_bound(m, k, n, tiles, platform).utilization
-
-
-def _a_resident_bound(m: int, k: int, n: int, tiles: AResidentGemmTiles, platform: Platform) -> float:
-    """The DDR bound of Fig. 4's loop order, capped by the busiest DSP's VMAC issues: without the cap
-    every compute-bound tile set ties at 1.0 on the 51 GB/s platform, and a panel narrower than a
-    vector multiple (n2 = 256 uses 2 x 192 lanes) or an uneven row split ranks as if it were free."""
-    compute = m * k * n / (platform.peak_macs_per_cycle * vmac_cycles(m, k, n, tiles.mg, tiles.n2, platform))
-    return min(a_resident_bound(m, k, n, tiles.mg, tiles.kg, tiles.n2, platform), compute)
 
 
 @dataclass(frozen=True)
@@ -70,12 +64,12 @@ class GemmVariant:
 GEMM_VARIANTS: dict[str, GemmVariant] = {
     "a-resident": GemmVariant(
         "a-resident", "Fig. 4's loop order: A_g resident in GSM, B broadcast per panel, FP16 C partial sums "
-        "through DDR between k-blocks", AResidentGemmTiles, AResidentGemmTiles(), a_resident_timing,
-        run_a_resident, _a_resident_bound, plan_a_resident,
+        "through DDR between k-blocks", AResidentGemmTiles, DEFAULT_TILES_OF["a-resident"], a_resident_timing,
+        run_a_resident, a_resident_utilization_bound, plan_a_resident,
         {"mg": (256, 512, 1024), "kg": (512, 768, 1024, 1536), "k2": (128, 256), "n2": (256, 384, 512, 768)}),
     "c-stationary": GemmVariant(
         "c-stationary", "C accumulated in AM in FP32 over all of K; A and B tiles streamed from DDR",
-        GemmTiles, DEFAULT_TILES, gemm_timing, run_gemm, _c_stationary_bound, plan_gemm,
+        GemmTiles, DEFAULT_TILES_OF["c-stationary"], gemm_timing, run_gemm, _c_stationary_bound, plan_gemm,
         {"mg": (512, 1024, 2048), "k2": (64, 128, 256), "n2": (384, 576, 768, 960, 1152)}),
 }
 if tuple(GEMM_VARIANTS) != GEMM_LOOP_ORDERS:     # a new variant is named in names.py too

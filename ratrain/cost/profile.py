@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mtemu  # kernels load on first use (mtemu's lazy package), so importing ratrain stays light
+from mtemu.kernels.gemm_tiles import PLANLESS_BOUNDS, default_tiles
 from mtemu.kernels.names import TILE_CHOICE_VERSION
 from ratrain.cost.ddr_terms import term_pattern
 from ratrain.cost.sources import PROFILE_SOURCES
@@ -91,13 +92,15 @@ class GemmCache:
     def __init__(self, platform: TrainingPlatform | None = None, path: Path | None = None, progress: bool = False):
         self.training = platform or TrainingPlatform()
         self.platform = self.training.cluster
-        self.variant = mtemu.gemm_variant(self.training.gemm_loop_order)
+        # the loop order's name, tiles and (A-resident) bound come from light modules: a profile that is
+        # shipped or cached loads no generator; the variant itself (mtemu.kernels.registry) loads on use
+        self.loop_order = self.training.gemm_loop_order
         self.tuned = self.training.tiles == "tuned"
-        self.tiles = self.variant.default_tiles
+        self.tiles = default_tiles(self.loop_order)
         self.version = emulator_version("gemm")
         digest = self.platform.timing_digest()
         tiles_key = TUNED_KEY if self.tuned else _tiles_key(self.tiles)
-        self.prefix = f"{self.version}|{digest}|{self.variant.name}|{tiles_key}"
+        self.prefix = f"{self.version}|{digest}|{self.loop_order}|{tiles_key}"
         self.attn_prefix = f"{emulator_version('attention')}|{digest}|attention"
         self.path = path or caches.path("gemm-latencies") / caches.cache("gemm-latencies").entries
         self.progress = progress
@@ -105,6 +108,11 @@ class GemmCache:
         for source in (SHIPPED_DIR / "gemm_cache.json", self.path):
             self.entries.update(self._read(source))
         self.emulated = 0
+
+    @property
+    def variant(self):
+        """The registered GEMM variant of the loop order (loads the kernel generators)."""
+        return mtemu.gemm_variant(self.loop_order)
 
     def _read(self, path: Path) -> dict:
         # unreadable, corrupt, edited or oversized files are warned about and skipped by rtcommon.cache
@@ -137,9 +145,9 @@ class GemmCache:
             entry = self._extrapolate(m, k, n)
         else:
             if self.progress:
-                print(f"[profile] emulating GEMM {m}x{k}x{n} ({self.variant.name}"
+                print(f"[profile] emulating GEMM {m}x{k}x{n} ({self.loop_order}"
                       f"{', tuned tiles' if self.tuned else ''}) ...", file=sys.stderr, flush=True)
-            entry = self._emulated(key, ("gemm", self.variant.name, m, k, n, self.tuned, self.platform))
+            entry = self._emulated(key, ("gemm", self.loop_order, m, k, n, self.tuned, self.platform))
         self.entries[key] = entry
         return entry
 
@@ -147,13 +155,14 @@ class GemmCache:
         """The variant's default tiles, or with tuned tiles the best for this shape on this platform."""
         if not self.tuned:
             return self.tiles
-        return mtemu.choose_tiles(self.variant.name, m, k, n, self.platform)
+        return mtemu.choose_tiles(self.loop_order, m, k, n, self.platform)
 
     def bound_seconds(self, m: int, k: int, n: int) -> float:
         """The GEMM at its loop order's closed-form utilization bound (no emulation)."""
-        tiles = (mtemu.choose_tiles(self.variant.name, m, k, n, self.platform, emulate_top=0) if self.tuned
+        tiles = (mtemu.choose_tiles(self.loop_order, m, k, n, self.platform, emulate_top=0) if self.tuned
                  else self.tiles)
-        util = self.variant.bound(m, k, n, tiles, self.platform)
+        bound = PLANLESS_BOUNDS.get(self.loop_order) or self.variant.bound
+        util = bound(m, k, n, tiles, self.platform)
         return m * k * n / (self.platform.peak_mac_per_s * util)
 
     def attention(self, direction: str, heads: int, kv_heads: int, seq: int, head_dim: int) -> dict:
@@ -192,7 +201,7 @@ class GemmCache:
             mg = min(t.mg, m)
             qm, rm = divmod(m, mg)
             if qm < 8:
-                return self._emulated(self.key(m, k, n), ("gemm", self.variant.name, m, k, n, self.tuned,
+                return self._emulated(self.key(m, k, n), ("gemm", self.loop_order, m, k, n, self.tuned,
                                                           self.platform))
             base = rm if rm else mg
             qa = 3 if rm else 2
@@ -352,8 +361,7 @@ def platform_key(platform: TrainingPlatform) -> str:
     """What a profile's numbers depend on besides the model: the cluster's timing digest, the GEMM
     loop order and the tiles (the memory budget and the link are not in it)."""
     c = platform.cluster
-    tiles = TUNED_KEY if platform.tiles == "tuned" else _tiles_key(mtemu.gemm_variant(platform.gemm_loop_order)
-                                                                 .default_tiles)
+    tiles = TUNED_KEY if platform.tiles == "tuned" else _tiles_key(default_tiles(platform.gemm_loop_order))
     return hashlib.sha256(f"{c.timing_digest()}|{platform.gemm_loop_order}|{tiles}".encode()).hexdigest()[:16]
 
 
@@ -453,7 +461,10 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
                                   cache=cache)
     if source == "bound" and reference is None:
         return layer_profile(spec, 1, seq, 1, source="emulated", platform=platform, progress=progress, cache=cache)
-    timer = _Timer(source, platform, cache, ddr_rates(platform, source), reference)
+    # the bound model's DDR rates are its emulated reference's (the probe's numbers, stored with that
+    # profile), so a shipped or cached reference spares emulating the probe
+    rates = dict(reference.ddr_rates) if source == "bound" else ddr_rates(platform, source)
+    timer = _Timer(source, platform, cache, rates, reference)
     ops = [timer.op(o) for o in layer_operators(spec, micro_batch, seq, tp)]
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
     first = [timer.op(o) for o in extra["first"]]

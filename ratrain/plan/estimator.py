@@ -7,8 +7,8 @@ windows 1F1B leaves, and the GradSync -> UpdateShard -> PrefetchW chains against
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 
 from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
@@ -152,81 +152,115 @@ def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float]
     lowest layer); GradSync too when PrefetchW shares the link, else in ready order. Zero-length
     tasks occupy nothing. A link task that would overrun the stage's last boundary Send ([0, X]
     on stages p > 0) must fit before it or wait. Returns per layer the (GradSync, UpdateShard,
-    PrefetchW) ends, and the end and start of the stage's link work."""
+    PrefetchW) ends, and the end and start of the stage's link work.
+
+    The planner runs this for every stage of every finalist, so the event loop is written for speed: one
+    branch per resource, each queued task carrying its duration, and a task that an end makes ready queued
+    at once (only the initial ready times wait, in a sorted list). The order of events, and so every
+    number, is that of a plain loop moving every task through one pending heap."""
     n = len(kinds)
     inf = float("inf")
-    ends = ([0.0] * n, [0.0] * n, [0.0] * n)
-    durs = [(k.gradsync, k.update, k.prefetch) for k in kinds]
-    res_of = (0, 1, 0 if prefetch_link else 1)          # 0: link, 1: DDR
+    g_end, u_end, w_end = [0.0] * n, [0.0] * n, [0.0] * n
+    ends = (g_end, u_end, w_end)
+    gd, ud, wd = [k.gradsync for k in kinds], [k.update for k in kinds], [k.prefetch for k in kinds]
+    dur = (gd, ud, wd)
+    w_on_link = prefetch_link
     # tasks not yet ready as (ready time, G/U/W index, layer); ready ones per resource as (EDF key, index,
-    # layer), the key (deadline, layer), or for GradSync alone on the link FIFO (ready time, upper layer first)
-    pending = [(ready[j], 0, j) for j in range(n) if durs[j][0] != 0]
-    heapq.heapify(pending)
-    ready_on: tuple[list, list] = ([], [])
+    # layer, duration), the key (deadline, layer), or for GradSync alone on the link FIFO (ready time, upper
+    # layer first); the entries are distinct, so a queue's order is that of its entries alone
+    pending = [(ready[j], 0, j) for j in range(n) if gd[j] != 0]
+    link_q: list = []
+    ddr_q: list = []
     on_link = len(pending)                   # tasks waiting for the link, ready or not
-    free = [-inf, -inf]
+    free_link = free_ddr = -inf
     link_end, link_start = -inf, inf
-    events: list[tuple[float, int, int]] = []
-
-    def complete(c: int, j: int, t: float) -> None:
-        nonlocal on_link
-        ends[c][j] = t
-        while c < 2:
-            c += 1
-            if durs[j][c] != 0:
-                heapq.heappush(pending, (t, c, j))
-                on_link += res_of[c] == 0
-                return
-            ends[c][j] = t                   # zero-length: done when ready
-
+    events: list = []
     for j in range(n):                       # zero-length GradSyncs are done when ready
-        if durs[j][0] == 0:
-            complete(0, j, ready[j])
-    now = -inf
-    while pending or ready_on[0] or ready_on[1] or events:
-        while pending and pending[0][0] <= now + 1e-12:
-            t, c, j = heapq.heappop(pending)
-            heapq.heappush(ready_on[res_of[c]], (((ff[j], j) if (c or prefetch_link) else (t, -j)), c, j))
-        again = False       # a task started that ends within the tolerance: its resource may start another now
-        for r in (0, 1):
-            if free[r] > now + 1e-12 or not ready_on[r]:
-                continue
-            queue = ready_on[r]
-            if r == 0 and has_send and now < X:
-                # transfers keep priority: only a task that ends before the last Send may start (the first
-                # such in queue order; the entries are distinct, so the least is that one)
-                first = min((x for x in queue if now + durs[x[2]][x[1]] <= 1e-9), default=None)
-                if first is None:
-                    continue
-                queue.remove(first)
-                heapq.heapify(queue)
-                _, c, j = first
+        if gd[j] == 0:
+            t = g_end[j] = ready[j]
+            if ud[j] != 0:
+                pending.append((t, 1, j))
             else:
-                _, c, j = heapq.heappop(queue)
-            end = now + durs[j][c]
-            free[r] = end
-            if r == 0:
+                u_end[j] = t
+                if wd[j] != 0:
+                    pending.append((t, 2, j))
+                    on_link += w_on_link
+                else:
+                    w_end[j] = t
+    pending.sort(reverse=True)               # only these wait for a ready time: a list, next last
+    now = -inf
+    while pending or link_q or ddr_q or events:
+        tol = now + 1e-12
+        while pending and pending[-1][0] <= tol:
+            t, c, j = pending.pop()
+            if c == 0:
+                heappush(link_q, (ff[j], j, 0, j, gd[j]) if prefetch_link else (t, -j, 0, j, gd[j]))
+            elif c == 1:
+                heappush(ddr_q, (ff[j], j, 1, j, ud[j]))
+            else:
+                heappush(link_q if w_on_link else ddr_q, (ff[j], j, 2, j, wd[j]))
+        again = False       # a task started that ends within the tolerance: its resource may start another now
+        if free_link <= tol and link_q:
+            if has_send and now < X:
+                # transfers keep priority: only a task that ends before the last Send may start, the first
+                # such in queue order (the queue's least entry if it qualifies)
+                if now + link_q[0][4] <= 1e-9:
+                    task = heappop(link_q)
+                else:
+                    task = min((x for x in link_q if now + x[4] <= 1e-9), default=None)
+                    if task is not None:
+                        link_q.remove(task)
+                        heapify(link_q)
+            else:
+                task = heappop(link_q)
+            if task is not None:
+                _, _, c, j, d = task
+                end = free_link = now + d
                 on_link -= 1
-                link_start, link_end = min(link_start, now), max(link_end, end)
-            heapq.heappush(events, (end, c, j))
-            again = again or end <= now + 1e-12
+                if now < link_start:
+                    link_start = now
+                if end > link_end:
+                    link_end = end
+                heappush(events, (end, c, j))
+                again = end <= tol
+        if free_ddr <= tol and ddr_q:
+            _, _, c, j, d = heappop(ddr_q)
+            end = free_ddr = now + d
+            heappush(events, (end, c, j))
+            again = again or end <= tol
         if again:
             continue
         # (else another pass at this instant would start nothing: no task became ready, and each resource
         # is busy or has no task it may start)
         # the next instant anything can change: an end, a ready time, a resource freed, the last Send done
         nxt = events[0][0] if events else inf
-        if pending and pending[0][0] < nxt:
-            nxt = pending[0][0]
-        for f in free:
-            if now + 1e-12 < f < nxt:
-                nxt = f
+        if pending and pending[-1][0] < nxt:
+            nxt = pending[-1][0]
+        if tol < free_link < nxt:
+            nxt = free_link
+        if tol < free_ddr < nxt:
+            nxt = free_ddr
         if has_send and now < X and on_link and X < nxt:
             nxt = X
         now = nxt
-        while events and events[0][0] <= now + 1e-12:
-            t, c, j = heapq.heappop(events)
-            complete(c, j, t)
+        tol = now + 1e-12
+        while events and events[0][0] <= tol:
+            t, c, j = heappop(events)
+            ends[c][j] = t
+            while c < 2:                     # the chain's next nonzero task becomes ready now
+                c += 1
+                d = dur[c][j]
+                if d != 0:
+                    # ready now (t is within the tolerance): straight to its resource's queue
+                    if c == 1:
+                        heappush(ddr_q, (ff[j], j, 1, j, d))
+                    elif w_on_link:
+                        heappush(link_q, (ff[j], j, 2, j, d))
+                        on_link += 1
+                    else:
+                        heappush(ddr_q, (ff[j], j, 2, j, d))
+                    break
+                ends[c][j] = t               # zero-length: done when ready
     return ends, link_end, link_start
 
 
@@ -267,7 +301,7 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         # the chains as the resources run them (with PrefetchW on the link, GradSync ends include
         # its interference; E_comm/E_upd/E_pref split the joint schedule)
         ends, link_end, first = _deadline_chains(kinds, ready, ff, X, has_send, prefetch_link)
-        worst = tuple(max(e[j] - ff[j] for j in range(n)) for e in ends)
+        worst = tuple(max([e_j - ff_j for e_j, ff_j in zip(e, ff, strict=True)]) for e in ends)
         return worst, max(ends[0]), (first if first < float("inf") else None), link_end, \
             (max(ends[1]), None if prefetch_link else max(ends[2]))
     link = -float("inf")

@@ -87,7 +87,6 @@ from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PREFETCH_POLICIES,
     ParallelConfig,
-    partition_model,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
 from rtcommon.progress import Progress
@@ -326,9 +325,14 @@ class Planner:
         return got
 
     def stage_layers(self, pp: int) -> list[range]:
+        """``partition_model``'s stages, from the layer counts the memory check already partitioned."""
         got = self._parts.get(pp)
         if got is None:
-            got = self._parts[pp] = partition_model(self.model, pp, self.partition)
+            got, start = [], 0
+            for count in self.memory.counts(pp):
+                got.append(range(start, start + count))
+                start += count
+            self._parts[pp] = got
         return got
 
     def terms(self, cfg: ParallelConfig, source: str | None = None) -> CostTerms:

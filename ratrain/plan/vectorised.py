@@ -117,6 +117,7 @@ def _stage_bytes(model: ModelSpec, s: dict, first: np.ndarray, last: np.ndarray,
 
 SIZE_FIELDS = ("ckpt", "full", "workspace_fsr", "workspace_full", "head_workspace", "layer_params",
                "embedding_params", "head_params", "replicated_tokens", "embedding_mask")
+EDGE_FIELDS = ("embedding_params", "head_params")     # stage_edge_parameters' (embedding, head)
 
 
 def peak_bytes(memory: PeakMemory, g: Grid) -> np.ndarray:
@@ -134,9 +135,15 @@ def peak_bytes(memory: PeakMemory, g: Grid) -> np.ndarray:
     stage = np.array([[p for p, _ in r] + [0] * (width - len(r)) for r in reps])[at[rows], k]
     layers = np.array([[n for _, n in r] + [0] * (width - len(r)) for r in reps])[at[rows], k]
     sub = g.take(rows)
-    keys, which = _distinct(sub.micro_batch, sub.tp, sub.pp)
-    sizes = [memory.sizes(b, g.seq, t, pp) for b, t, pp in keys]
-    s = {name: _table([getattr(x, name) for x in sizes], which) for name in SIZE_FIELDS}
+    # of the layer sizes only the stage edges depend on P (``stage_edge_parameters``, as ``_layer_bytes`` reads
+    # them): the rest once per (b, T), the edges once per (T, P)
+    keys, which = _distinct(sub.micro_batch, sub.tp)
+    sizes = [memory.sizes(b, g.seq, t, 1) for b, t in keys]
+    s = {name: _table([getattr(x, name) for x in sizes], which) for name in SIZE_FIELDS if name not in EDGE_FIELDS}
+    keys, which = _distinct(sub.tp, sub.pp)
+    edges = [stage_edge_parameters(memory.model, pp, t) for t, pp in keys]
+    for i, name in enumerate(EDGE_FIELDS):
+        s[name] = _table([e[i] for e in edges], which)
     n_act = np.minimum(sub.pp - stage, sub.accum)
     value = _stage_bytes(memory.model, s, stage == 0, stage == sub.pp - 1, layers, n_act, sub, memory.constants)
     return np.maximum.reduceat(value, starts)
