@@ -1007,7 +1007,7 @@ def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ..
 # Linked, checked and decoded programs, by the identity of their Program objects, for programs that
 # are frozen (read-only arrays, Program.freeze: the kernels' programs): preparing a 1024^3 GEMM takes
 # some 30 ms. Entries hold their programs, so an identity is not reused while its entry lives; bounded
-# by their bytes too (prepared_store.KEPT_BYTES), so one huge program is not kept beside the next.
+# by their bytes too (prepared_store.KEPT_BYTES: a larger one is not kept).
 PREPARED_ENTRIES = 8
 _PREPARED = prepared_store.SizedMemo(PREPARED_ENTRIES)
 
