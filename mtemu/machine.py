@@ -214,502 +214,516 @@ class RunState(NamedTuple):
     ctl: np.ndarray
 
 
-@njit(cache=True)
-def _run(prog, machine, settings, counters, trace, runs, queues, run_state):
-    """Run until every DSP halts (``ctl[CTL_DONE]`` = 1), a fault (``err``), or ``ctl[CTL_BUDGET]``
-    bundles; the run state lives in the caller's arrays, so the next call continues exactly where
-    this one stopped. Arguments: :class:`Linked`, :class:`MachineState`, :class:`Settings`,
-    :class:`Counters`, :class:`TraceBuffers`, :class:`~mtemu.fast.runs.RunTables`,
-    :class:`~mtemu.fast.queues.Queues`, :class:`RunState`."""
-    code, lo, hi, descs, desc_off = prog.code, prog.lo, prog.hi, prog.descs, prog.desc_off
-    sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
-    caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
-    vregs64, mem64 = machine.vregs64, machine.mem64
-    lanes64, dma_issue, units64 = settings.lanes64, settings.dma_issue, settings.units64
-    functional, dsps, lanes, threads = settings.functional, settings.dsps, settings.lanes, settings.threads
-    lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
-    row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
-    stats, err, server_bytes, server_busy = counters.stats, counters.err, counters.server_bytes, counters.server_busy
-    tr_ev, tr_nev, tr_last, tr_cut = trace.ev, trace.nev, trace.last, trace.cut
-    tr_dma, tr_dma_t, tr_bar, tr_counts = trace.dma, trace.dma_t, trace.bar, trace.counts
-    blk_end = runs.end
-    dq_touch, dq_n, dq_range = queues.touches, queues.n, queues.ranges
-    time, pc, state, chan = run_state.time, run_state.pc, run_state.state, run_state.chan
-    srv_free, ctl = run_state.srv_free, run_state.ctl
-    tracing = tr_nev.shape[0] > 0
-    skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
-    deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.fast.queues)
-    # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
-    # of each channel's last transfer; srv_free: when each DMA server frees
-    nunits = code.shape[1]
-    budget = ctl[CTL_BUDGET]
-    while True:
-        d = -1
-        if ctl[CTL_RESUME] >= 0:
-            # finish the slice the budget cut: the others' clocks (and so `limit`) are unchanged
-            d = ctl[CTL_RESUME]
-            ctl[CTL_RESUME] = -1
-        else:
-            best = np.int64(1) << 62
-            for i in range(dsps):
-                if state[i] == 0 and time[i] < best:
-                    best = time[i]
-                    d = i
-        if d < 0:
-            waiting = 0
-            halted = 0
-            release = np.int64(0)
-            for i in range(dsps):
-                if state[i] == 1:
-                    waiting += 1
-                    if time[i] > release:
-                        release = time[i]
-                elif state[i] == 2:
-                    halted += 1
-            if waiting == 0:
-                break
-            if halted > 0:
-                first = 0
+def _machine_loop(functional: bool):
+    """The machine's loop compiled for one mode: ``functional`` is a constant of the compiled code, so
+    Numba's branch pruning drops the data paths (and the deferred-work queues) from the timing machine,
+    which every timing run uses; compiling that one types and lowers about half the code. Each mode is
+    its own module-level function with its own name, so each has its own entries in Numba's cache."""
+
+    def run(prog, machine, settings, counters, trace, runs, queues, run_state):
+        """Run until every DSP halts (``ctl[CTL_DONE]`` = 1), a fault (``err``), or ``ctl[CTL_BUDGET]``
+        bundles; the run state lives in the caller's arrays, so the next call continues exactly where
+        this one stopped. Arguments: :class:`Linked`, :class:`MachineState`, :class:`Settings`,
+        :class:`Counters`, :class:`TraceBuffers`, :class:`~mtemu.fast.runs.RunTables`,
+        :class:`~mtemu.fast.queues.Queues`, :class:`RunState`."""
+        code, lo, hi, descs, desc_off = prog.code, prog.lo, prog.hi, prog.descs, prog.desc_off
+        sregs, vregs, mem16, mem32 = machine.sregs, machine.vregs, machine.mem16, machine.mem32
+        caps, bases, f16tab = machine.caps, machine.bases, machine.f16tab
+        vregs64, mem64 = machine.vregs64, machine.mem64
+        lanes64, dma_issue, units64 = settings.lanes64, settings.dma_issue, settings.units64
+        dsps, lanes, threads = settings.dsps, settings.lanes, settings.threads
+        lat_branch, dma_latency, bpc = settings.lat_branch, settings.dma_latency, settings.bpc
+        row_overhead, max_cycles = settings.row_overhead, settings.max_cycles
+        stats, err = counters.stats, counters.err
+        server_bytes, server_busy = counters.server_bytes, counters.server_busy
+        tr_ev, tr_nev, tr_last, tr_cut = trace.ev, trace.nev, trace.last, trace.cut
+        tr_dma, tr_dma_t, tr_bar, tr_counts = trace.dma, trace.dma_t, trace.bar, trace.counts
+        blk_end = runs.end
+        dq_touch, dq_n, dq_range = queues.touches, queues.n, queues.ranges
+        time, pc, state, chan = run_state.time, run_state.pc, run_state.state, run_state.chan
+        srv_free, ctl = run_state.srv_free, run_state.ctl
+        tracing = tr_nev.shape[0] > 0
+        skipping = blk_end.shape[0] > 0           # no trace: plain runs in one step
+        deferring = dq_n.shape[0] > 0             # functional: their data may wait (mtemu.fast.queues)
+        # (tested as `functional and deferring`: a constant first operand prunes the queues' code)
+        # time: cycle of each DSP; state: 0 running, 1 at barrier, 2 halted; chan: completion cycle
+        # of each channel's last transfer; srv_free: when each DMA server frees
+        nunits = code.shape[1]
+        budget = ctl[CTL_BUDGET]
+        while True:
+            d = -1
+            if ctl[CTL_RESUME] >= 0:
+                # finish the slice the budget cut: the others' clocks (and so `limit`) are unchanged
+                d = ctl[CTL_RESUME]
+                ctl[CTL_RESUME] = -1
+            else:
+                best = np.int64(1) << 62
+                for i in range(dsps):
+                    if state[i] == 0 and time[i] < best:
+                        best = time[i]
+                        d = i
+            if d < 0:
+                waiting = 0
+                halted = 0
+                release = np.int64(0)
                 for i in range(dsps):
                     if state[i] == 1:
-                        first = i
-                        break
-                _fail(err, E_DEADLOCK, first, pc[first], isa.SBR, waiting, halted, 0)
-                for i in range(dsps):
-                    err[ERR_FIELDS + i] = state[i]
-                    err[ERR_FIELDS + dsps + i] = pc[i]
-                return
-            if tracing:
-                k = tr_counts[1]
-                if k < tr_bar.shape[0]:
-                    first_arrival = release
+                        waiting += 1
+                        if time[i] > release:
+                            release = time[i]
+                    elif state[i] == 2:
+                        halted += 1
+                if waiting == 0:
+                    break
+                if halted > 0:
+                    first = 0
                     for i in range(dsps):
-                        if state[i] == 1 and time[i] < first_arrival:
-                            first_arrival = time[i]
-                    tr_bar[k, 0] = first_arrival
-                    tr_bar[k, 1] = release
-                    tr_bar[k, 2] = waiting
-                tr_counts[1] = k + 1
+                        if state[i] == 1:
+                            first = i
+                            break
+                    _fail(err, E_DEADLOCK, first, pc[first], isa.SBR, waiting, halted, 0)
+                    for i in range(dsps):
+                        err[ERR_FIELDS + i] = state[i]
+                        err[ERR_FIELDS + dsps + i] = pc[i]
+                    return
+                if tracing:
+                    k = tr_counts[1]
+                    if k < tr_bar.shape[0]:
+                        first_arrival = release
+                        for i in range(dsps):
+                            if state[i] == 1 and time[i] < first_arrival:
+                                first_arrival = time[i]
+                        tr_bar[k, 0] = first_arrival
+                        tr_bar[k, 1] = release
+                        tr_bar[k, 2] = waiting
+                    tr_counts[1] = k + 1
+                for i in range(dsps):
+                    if state[i] == 1:
+                        stats[i, S_STALL0 + isa.ST_BARRIER] += release - time[i]
+                        if tracing and release > time[i]:
+                            _tr_state(tr_ev, tr_nev, tr_last, tr_cut, i, time[i], TS_BARRIER)
+                        time[i] = release
+                        state[i] = 0
+                        pc[i] += 1
+                continue
+            limit = np.int64(1) << 62
             for i in range(dsps):
-                if state[i] == 1:
-                    stats[i, S_STALL0 + isa.ST_BARRIER] += release - time[i]
-                    if tracing and release > time[i]:
-                        _tr_state(tr_ev, tr_nev, tr_last, tr_cut, i, time[i], TS_BARRIER)
-                    time[i] = release
-                    state[i] = 0
-                    pc[i] += 1
-            continue
-        limit = np.int64(1) << 62
-        for i in range(dsps):
-            if i != d and state[i] == 0 and time[i] < limit:
-                limit = time[i]
-        t = time[d]
-        p = pc[d]
-        while True:
-            if p < lo[d] or p >= hi[d]:
-                _fail(err, E_PC, d, p, isa.SBR, 0, p, 0)
-                time[d] = t
-                return
-            if t > max_cycles:
-                _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
-                time[d] = t
-                return
-            # --- straight-line blocks (mtemu.fast.runs): the same counters as bundle by bundle ---
-            # (only where a run starts: a call passes dozens of array fields, and most bundles start
-            # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
-            if skipping and p < blk_end.shape[0] and blk_end[p] > p:
-                e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
-                             S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0, runs)
-                if e >= 0:
-                    if functional:
-                        accept_data(d, p, e, runs, queues, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
-                                    threads)
-                    t += e - p
-                    p = e
-                    continue
-            # ---------------------------------------------------------------------------------
-            if budget <= 0:
-                # out of bundles for this call: stop before bundle p, resume here next call
-                time[d] = t
-                pc[d] = p
-                ctl[CTL_RESUME] = d
-                return
-            budget -= 1
-            # yield before a shared-resource interaction if another DSP is behind us
-            sync = (code[p, isa.SIEU, isa.F_OP] == isa.OP_DMA) or (code[p, isa.SBR, isa.F_OP] == isa.OP_DMAWAIT) \
-                or (code[p, isa.SBR, isa.F_OP] == isa.OP_BARRIER)
-            if sync and t > limit:
-                break
-            if deferring:
-                # after the yield: the DSPs behind have queued their work too, so it can run in parallel
-                if may_flush(p, code, dq_touch):
-                    need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
-                    if need > 0:            # (settle acts only then: 16 calls in a 1024^3 GEMM)
-                        settle(d, need, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
-            next_p = p + 1
-            extra = np.int64(0)
-            extra_state = TS_BRANCH
-            useful = False
-            stop = False
-            for u in range(nunits):
-                op = code[p, u, isa.F_OP]
-                if op == 0:
-                    continue
-                if op == isa.OP_NOP:
-                    continue
-                useful = True
-                stats[d, S_BUSY0 + u] += 1
-                if op == isa.OP_VFMA:
-                    stats[d, S_VFMA] += 1
-                    if functional:
-                        vd = code[p, u, isa.F_R0]
-                        va = code[p, u, isa.F_R1]
-                        vb = code[p, u, isa.F_R2]
-                        for k in range(lanes):
-                            vregs[d, vd, k] += vregs[d, va, k] * vregs[d, vb, k]
-                elif op == isa.OP_SVBCAST:
-                    if functional:
-                        x = f16tab[sregs[d, code[p, u, isa.F_R1]] & 0xFFFF]
-                        vd = code[p, u, isa.F_R0]
-                        for k in range(lanes):
-                            vregs[d, vd, k] = x
-                elif op == isa.OP_VEXP or op == isa.OP_VLOG or op == isa.OP_VMAX:
-                    if functional:
-                        vd = code[p, u, isa.F_R0]
-                        va = code[p, u, isa.F_R1]
-                        vb = code[p, u, isa.F_R2]
-                        for k in range(lanes):
-                            xa = vregs[d, va, k]
-                            if op == isa.OP_VEXP:
-                                vregs[d, vd, k] = np.exp(xa)
-                            elif op == isa.OP_VLOG:
-                                vregs[d, vd, k] = np.log(xa)
-                            else:
-                                xb = vregs[d, vb, k]
-                                vregs[d, vd, k] = xa if (xa > xb or xa != xa) else xb
-                elif op == isa.OP_SVBCASTW:
-                    if functional:
-                        xw = np.uint32(sregs[d, code[p, u, isa.F_R1]] & 0xFFFFFFFF).view(np.float32)
-                        vd = code[p, u, isa.F_R0]
-                        for k in range(lanes):
-                            vregs[d, vd, k] = xw
-                elif op == isa.OP_VFMAD:
-                    stats[d, S_VFMA] += 1
-                    if functional:
-                        vd = code[p, u, isa.F_R0]
-                        va = code[p, u, isa.F_R1]
-                        vb = code[p, u, isa.F_R2]
-                        for k in range(lanes64):
-                            vregs64[d, vd, k] += vregs64[d, va, k] * vregs64[d, vb, k]
-                elif op == isa.OP_SVBCASTD:
-                    if functional:
-                        xd = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
-                        vd = code[p, u, isa.F_R0]
-                        for k in range(lanes64):
-                            vregs64[d, vd, k] = xd
-                elif op == isa.OP_SLDD or op == isa.OP_SSTD:
-                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                    if a < 0 or a > caps[0] - 8:
-                        _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 8)
-                        time[d] = t
-                        return
-                    if a & 7:
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 8)
-                        time[d] = t
-                        return
-                    if functional:
-                        i64 = (bases[0] + d * caps[0] + a) >> 3
-                        if op == isa.OP_SLDD:
-                            word = np.float64(mem64[i64])
-                            sregs[d, code[p, u, isa.F_R0]] = word.view(np.int64)
-                        else:
-                            mem64[i64] = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
-                elif op == isa.OP_VLDD or op == isa.OP_VSTD:
-                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                    size = lanes64 * 8
-                    if a < 0 or a > caps[1] - size:
-                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
-                        time[d] = t
-                        return
-                    if a & 7:
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
-                        time[d] = t
-                        return
-                    if functional:
-                        i0 = (bases[1] + d * caps[1] + a) >> 3
-                        if op == isa.OP_VLDD:
-                            vd = code[p, u, isa.F_R0]
-                            for k in range(lanes64):
-                                vregs64[d, vd, k] = mem64[i0 + k]
-                        else:
-                            vs = code[p, u, isa.F_R2]
-                            for k in range(lanes64):
-                                mem64[i0 + k] = vregs64[d, vs, k]
-                elif op == isa.OP_VLDDG or op == isa.OP_VLDDM4:
-                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                    if op == isa.OP_VLDDG:
-                        stride = sregs[d, code[p, u, isa.F_R2]]
-                        w = lanes64 // units64          # lanes per unit (lanes past units x w keep their value)
-                        lo_a = min(a, a + (units64 - 1) * stride)
-                        hi_a = max(a, a + (units64 - 1) * stride) + max(w, 1) * 8
-                    else:
-                        stride = np.int64(32)
-                        w = lanes64
-                        lo_a = a
-                        hi_a = a + 32 * (lanes64 - 1) + 8
-                    if lo_a < 0 or hi_a > caps[1]:
-                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, lo_a, hi_a - lo_a)
-                        time[d] = t
-                        return
-                    if (a | stride) & 7:
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
-                        time[d] = t
-                        return
-                    if functional:
-                        i0 = (bases[1] + d * caps[1] + a) >> 3
-                        vd = code[p, u, isa.F_R0]
-                        if op == isa.OP_VLDDG:
-                            for k in range(w * units64):
-                                vregs64[d, vd, k] = mem64[i0 + (k // w) * (stride >> 3) + k % w]
-                        else:
-                            for k in range(lanes64):
-                                vregs64[d, vd, k] = mem64[i0 + 4 * k]
-                elif op == isa.OP_SMVD:
-                    lane = code[p, u, isa.F_IMM0]
-                    if lane < 0 or (functional and lane >= lanes64):
-                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, lane, 8)
-                        time[d] = t
-                        return
-                    if functional:
-                        xv = np.float64(vregs64[d, code[p, u, isa.F_R1], lane])
-                        sregs[d, code[p, u, isa.F_R0]] = xv.view(np.int64)
-                elif op == isa.OP_SFADDD:
-                    if functional:
-                        xa = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
-                        xb = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
-                        sregs[d, code[p, u, isa.F_R0]] = np.float64(xa + xb).view(np.int64)
-                elif op == isa.OP_SADDI:
-                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                elif op == isa.OP_SADD:
-                    sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + sregs[d, code[p, u, isa.F_R2]]
-                elif op == isa.OP_SMOVI:
-                    sregs[d, code[p, u, isa.F_R0]] = code[p, u, isa.F_IMM0]
-                elif op == isa.OP_SLDH or op == isa.OP_SSTH:
-                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                    if a < 0 or a > caps[0] - 2:
-                        _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
-                        time[d] = t
-                        return
-                    if a & 1:
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 2)
-                        time[d] = t
-                        return
-                    if functional:
-                        idx = (bases[0] + d * caps[0] + a) >> 1
-                        if op == isa.OP_SLDH:
-                            sregs[d, code[p, u, isa.F_R0]] = mem16[idx]
-                        else:
-                            mem16[idx] = np.uint16(sregs[d, code[p, u, isa.F_R2]] & 0xFFFF)
-                elif op == isa.OP_VLDH or op == isa.OP_VSTH or op == isa.OP_VLDW or op == isa.OP_VSTW:
-                    a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
-                    half = op == isa.OP_VLDH or op == isa.OP_VSTH
-                    size = lanes * 2 if half else lanes * 4
-                    if a < 0 or a > caps[1] - size:
-                        _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
-                        time[d] = t
-                        return
-                    if (half and (a & 1)) or ((not half) and (a & 3)):
-                        _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 2 if half else 4)
-                        time[d] = t
-                        return
-                    if functional:
-                        base = bases[1] + d * caps[1] + a
-                        if op == isa.OP_VLDH:
-                            i0 = base >> 1
-                            src = mem16[i0:i0 + lanes]
-                            dst = vregs[d, code[p, u, isa.F_R0]]
-                            for k in range(lanes):
-                                dst[k] = widen_f16(src[k])
-                        elif op == isa.OP_VLDW:
-                            vd = code[p, u, isa.F_R0]
-                            i0 = base >> 2
-                            for k in range(lanes):
-                                vregs[d, vd, k] = mem32[i0 + k]
-                        elif op == isa.OP_VSTW:
-                            vs = code[p, u, isa.F_R2]
-                            i0 = base >> 2
-                            for k in range(lanes):
-                                mem32[i0 + k] = vregs[d, vs, k]
-                        else:
-                            vs = code[p, u, isa.F_R2]
-                            i0 = base >> 1
-                            for k in range(lanes):
-                                mem16[i0 + k] = f32_to_f16_bits(vregs[d, vs, k])
-                elif op == isa.OP_DMA:
-                    ch = code[p, u, isa.F_R0]
-                    di = desc_off[d] + code[p, u, isa.F_R1]
-                    src_sp = descs[di, isa.D_SRC]
-                    dst_sp = descs[di, isa.D_DST]
-                    rows = descs[di, isa.D_ROWS]
-                    rowb = descs[di, isa.D_ROWB]
-                    sstr = descs[di, isa.D_SSTR]
-                    dstr = descs[di, isa.D_DSTR]
-                    mode = descs[di, isa.D_MODE]
-                    sa = sregs[d, code[p, u, isa.F_R2]] + code[p, u, isa.F_IMM0]
-                    da = sregs[d, code[p, u, isa.F_R3]] + code[p, u, isa.F_IMM1]
-                    sbase, scap = _space_base_cap(src_sp, d, caps, bases)
-                    dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
-                    align = 4 if mode == isa.DMA_REDUCE_ADD else 2
-                    if rows == 0:
-                        # an empty transfer touches no memory
-                        sa = 0
-                        da = 0
-                    # extents are bounded by the descriptor check (< 2**46); test the start
-                    # first so that start + extent cannot overflow
-                    sext = (rows - 1) * sstr + rowb if rows > 0 else 0
-                    dext = (rows - 1) * dstr + rowb if rows > 0 else 0
-                    if sa < 0 or sa > scap or sext > scap - sa:
-                        _fail(err, E_ADDR, d, p, u, src_sp, sa, sext)
-                        time[d] = t
-                        return
-                    if da < 0 or da > dcap or dext > dcap - da:
-                        _fail(err, E_ADDR, d, p, u, dst_sp, da, dext)
-                        time[d] = t
-                        return
-                    if (sa % align) or (da % align) or (sstr % align) or (dstr % align):
-                        _fail(err, E_ALIGN, d, p, u, src_sp, sa, align)
-                        time[d] = t
-                        return
-                    if functional and rows > 0:
-                        # into AM, the data move waits, in order, with the runs of the DSP it writes
-                        wait = deferring and deferrable(mode, src_sp, dst_sp)
-                        for tg in range(dsps if mode == isa.DMA_BROADCAST else 1):
-                            tq = tg if mode == isa.DMA_BROADCAST else d
-                            tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
-                            if wait:
-                                defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
-                                          dstr, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
-                            else:
-                                move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
-                    nbytes = rows * rowb
-                    if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
-                        srv = SRV_DDR
-                    elif src_sp == isa.SP_GSM or dst_sp == isa.SP_GSM:
-                        srv = SRV_GSM
-                    else:
-                        srv = SRV_LOCAL + d
-                    bw = bpc[min(srv, 2)]
-                    start = float(t + dma_latency)
-                    if srv_free[srv] > start:
-                        start = srv_free[srv]
-                    if chan[d, ch] > start:
-                        start = float(chan[d, ch])
-                    dur = nbytes / bw + rows * row_overhead
-                    if start + dur > max_cycles:
-                        # the transfer alone runs past the limit: too slow, not a loop
-                        _fail(err, E_DMA_LATE, d, p, u, srv, nbytes, max_cycles)
-                        err[7] = np.int64(min(start + dur, 4e18))
-                        err[ERR_FIELDS] = t
-                        time[d] = t
-                        return
-                    srv_free[srv] = start + dur
-                    chan[d, ch] = np.int64(np.ceil(start + dur))
-                    server_bytes[min(srv, 2)] += nbytes
-                    server_busy[srv] += dur
-                    if tracing:
-                        k = tr_counts[0]
-                        if k < tr_dma.shape[0]:
-                            tr_dma[k, TD_ISSUE] = t
-                            tr_dma[k, TD_SERVER] = srv
-                            tr_dma[k, TD_SRC] = src_sp
-                            tr_dma[k, TD_DST] = dst_sp
-                            tr_dma[k, TD_BYTES] = nbytes
-                            tr_dma[k, TD_ROWS] = rows
-                            tr_dma[k, TD_DSP] = d
-                            tr_dma[k, TD_CHANNEL] = ch
-                            tr_dma[k, TD_MODE] = mode
-                            tr_dma_t[k, 0] = start
-                            tr_dma_t[k, 1] = start + dur
-                        tr_counts[0] = k + 1
-                    stats[d, S_DMA_BYTES] += nbytes
-                    stats[d, S_DMAS] += 1
-                    if dma_issue > 0:
-                        # launching the transfer occupies the DSP (the family's DMA set-up cost)
-                        extra += dma_issue
-                        stats[d, S_STALL0 + isa.ST_DMA] += dma_issue
-                        extra_state = TS_DMA
-                elif op == isa.OP_DMAWAIT:
-                    ch = code[p, u, isa.F_R0]
-                    if chan[d, ch] > t + 1:
-                        stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
-                        extra += chan[d, ch] - (t + 1)
-                        extra_state = TS_DMA
-                elif op == isa.OP_BARRIER:
-                    stop = True
-                elif op == isa.OP_BR:
-                    next_p = lo[d] + code[p, u, isa.F_IMM0]
-                    extra += lat_branch
-                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
-                elif op == isa.OP_BNZ:
-                    if sregs[d, code[p, u, isa.F_R1]] != 0:
-                        next_p = lo[d] + code[p, u, isa.F_IMM0]
-                        extra += lat_branch
-                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
-                elif op == isa.OP_BDEC:
-                    r = code[p, u, isa.F_R1]
-                    sregs[d, r] -= 1
-                    if sregs[d, r] != 0:
-                        next_p = lo[d] + code[p, u, isa.F_IMM0]
-                        extra += lat_branch
-                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
-                elif op == isa.OP_CALL:
-                    sregs[d, code[p, u, isa.F_R0]] = p + 1 - lo[d]
-                    next_p = lo[d] + code[p, u, isa.F_IMM0]
-                    extra += lat_branch
-                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
-                elif op == isa.OP_RET:
-                    next_p = lo[d] + sregs[d, code[p, u, isa.F_R1]]
-                    extra += lat_branch
-                    stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
-                elif op == isa.OP_HALT:
-                    state[d] = 2
-                    stop = True
-            if not useful:
-                # an all-nop bundle: padding for latency or branch
-                reason = isa.ST_LATENCY
+                if i != d and state[i] == 0 and time[i] < limit:
+                    limit = time[i]
+            t = time[d]
+            p = pc[d]
+            while True:
+                if p < lo[d] or p >= hi[d]:
+                    _fail(err, E_PC, d, p, isa.SBR, 0, p, 0)
+                    time[d] = t
+                    return
+                if t > max_cycles:
+                    _fail(err, E_CYCLES, d, p, isa.SBR, 0, t, max_cycles)
+                    time[d] = t
+                    return
+                # --- straight-line blocks (mtemu.fast.runs): the same counters as bundle by bundle ---
+                # (only where a run starts: a call passes dozens of array fields, and most bundles start
+                # none; a 1024^3 GEMM calls try_skip 2,448 times instead of 16,035)
+                if skipping and p < blk_end.shape[0] and blk_end[p] > p:
+                    e = try_skip(d, p, t, max_cycles, sregs, caps, stats, S_BUNDLES, S_VFMA,
+                                 S_STALL0 + isa.ST_LATENCY, S_STALL0 + isa.ST_BRANCH, S_BUSY0, runs)
+                    if e >= 0:
+                        if functional:
+                            accept_data(d, p, e, runs, queues, sregs, vregs, mem16, mem32, f16tab, bases, caps, lanes,
+                                        threads)
+                        t += e - p
+                        p = e
+                        continue
+                # ---------------------------------------------------------------------------------
+                if budget <= 0:
+                    # out of bundles for this call: stop before bundle p, resume here next call
+                    time[d] = t
+                    pc[d] = p
+                    ctl[CTL_RESUME] = d
+                    return
+                budget -= 1
+                # yield before a shared-resource interaction if another DSP is behind us
+                sync = (code[p, isa.SIEU, isa.F_OP] == isa.OP_DMA) or (code[p, isa.SBR, isa.F_OP] == isa.OP_DMAWAIT) \
+                    or (code[p, isa.SBR, isa.F_OP] == isa.OP_BARRIER)
+                if sync and t > limit:
+                    break
+                if functional and deferring:
+                    # after the yield: the DSPs behind have queued their work too, so it can run in parallel
+                    if may_flush(p, code, dq_touch):
+                        need = must_flush(d, p, code, descs, desc_off, dq_touch, sregs, dq_n, dq_range)
+                        if need > 0:            # (settle acts only then: 16 calls in a 1024^3 GEMM)
+                            settle(d, need, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+                next_p = p + 1
+                extra = np.int64(0)
+                extra_state = TS_BRANCH
+                useful = False
+                stop = False
                 for u in range(nunits):
-                    if code[p, u, isa.F_OP] == isa.OP_NOP:
-                        reason = code[p, u, isa.F_IMM0]
-                        break
-                stats[d, S_STALL0 + reason] += 1
-                # (the state test is inlined: a call per bundle would cost more than the bundle)
-                if tracing and tr_last[d] != 1 + reason:
-                    _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, 1 + reason)
-            elif tracing and tr_last[d] != TS_ISSUE:
-                _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, TS_ISSUE)
-            if tracing and extra > 0:
-                _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t + 1, extra_state)
-            stats[d, S_BUNDLES] += 1
-            t += 1 + extra
-            if stop:
-                if state[d] == 0:
-                    state[d] = 1     # barrier: pc stays on the barrier until release
-                else:
-                    p = next_p
-                break
-            p = next_p
-        time[d] = t
-        pc[d] = p
-    if deferring:
-        flush(queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
-    ctl[CTL_DONE] = 1
-    for i in range(dsps):
-        stats[i, S_CYCLES] = time[i]
-        end = time[i]
-        for c in range(64):
-            if chan[i, c] > end:
-                end = chan[i, c]
-        stats[i, S_END] = end
+                    op = code[p, u, isa.F_OP]
+                    if op == 0:
+                        continue
+                    if op == isa.OP_NOP:
+                        continue
+                    useful = True
+                    stats[d, S_BUSY0 + u] += 1
+                    if op == isa.OP_VFMA:
+                        stats[d, S_VFMA] += 1
+                        if functional:
+                            vd = code[p, u, isa.F_R0]
+                            va = code[p, u, isa.F_R1]
+                            vb = code[p, u, isa.F_R2]
+                            for k in range(lanes):
+                                vregs[d, vd, k] += vregs[d, va, k] * vregs[d, vb, k]
+                    elif op == isa.OP_SVBCAST:
+                        if functional:
+                            x = f16tab[sregs[d, code[p, u, isa.F_R1]] & 0xFFFF]
+                            vd = code[p, u, isa.F_R0]
+                            for k in range(lanes):
+                                vregs[d, vd, k] = x
+                    elif op == isa.OP_VEXP or op == isa.OP_VLOG or op == isa.OP_VMAX:
+                        if functional:
+                            vd = code[p, u, isa.F_R0]
+                            va = code[p, u, isa.F_R1]
+                            vb = code[p, u, isa.F_R2]
+                            for k in range(lanes):
+                                xa = vregs[d, va, k]
+                                if op == isa.OP_VEXP:
+                                    vregs[d, vd, k] = np.exp(xa)
+                                elif op == isa.OP_VLOG:
+                                    vregs[d, vd, k] = np.log(xa)
+                                else:
+                                    xb = vregs[d, vb, k]
+                                    vregs[d, vd, k] = xa if (xa > xb or xa != xa) else xb
+                    elif op == isa.OP_SVBCASTW:
+                        if functional:
+                            xw = np.uint32(sregs[d, code[p, u, isa.F_R1]] & 0xFFFFFFFF).view(np.float32)
+                            vd = code[p, u, isa.F_R0]
+                            for k in range(lanes):
+                                vregs[d, vd, k] = xw
+                    elif op == isa.OP_VFMAD:
+                        stats[d, S_VFMA] += 1
+                        if functional:
+                            vd = code[p, u, isa.F_R0]
+                            va = code[p, u, isa.F_R1]
+                            vb = code[p, u, isa.F_R2]
+                            for k in range(lanes64):
+                                vregs64[d, vd, k] += vregs64[d, va, k] * vregs64[d, vb, k]
+                    elif op == isa.OP_SVBCASTD:
+                        if functional:
+                            xd = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
+                            vd = code[p, u, isa.F_R0]
+                            for k in range(lanes64):
+                                vregs64[d, vd, k] = xd
+                    elif op == isa.OP_SLDD or op == isa.OP_SSTD:
+                        a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                        if a < 0 or a > caps[0] - 8:
+                            _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 8)
+                            time[d] = t
+                            return
+                        if a & 7:
+                            _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 8)
+                            time[d] = t
+                            return
+                        if functional:
+                            i64 = (bases[0] + d * caps[0] + a) >> 3
+                            if op == isa.OP_SLDD:
+                                word = np.float64(mem64[i64])
+                                sregs[d, code[p, u, isa.F_R0]] = word.view(np.int64)
+                            else:
+                                mem64[i64] = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
+                    elif op == isa.OP_VLDD or op == isa.OP_VSTD:
+                        a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                        size = lanes64 * 8
+                        if a < 0 or a > caps[1] - size:
+                            _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
+                            time[d] = t
+                            return
+                        if a & 7:
+                            _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
+                            time[d] = t
+                            return
+                        if functional:
+                            i0 = (bases[1] + d * caps[1] + a) >> 3
+                            if op == isa.OP_VLDD:
+                                vd = code[p, u, isa.F_R0]
+                                for k in range(lanes64):
+                                    vregs64[d, vd, k] = mem64[i0 + k]
+                            else:
+                                vs = code[p, u, isa.F_R2]
+                                for k in range(lanes64):
+                                    mem64[i0 + k] = vregs64[d, vs, k]
+                    elif op == isa.OP_VLDDG or op == isa.OP_VLDDM4:
+                        a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                        if op == isa.OP_VLDDG:
+                            stride = sregs[d, code[p, u, isa.F_R2]]
+                            w = lanes64 // units64          # lanes per unit (lanes past units x w keep their value)
+                            lo_a = min(a, a + (units64 - 1) * stride)
+                            hi_a = max(a, a + (units64 - 1) * stride) + max(w, 1) * 8
+                        else:
+                            stride = np.int64(32)
+                            w = lanes64
+                            lo_a = a
+                            hi_a = a + 32 * (lanes64 - 1) + 8
+                        if lo_a < 0 or hi_a > caps[1]:
+                            _fail(err, E_ADDR, d, p, u, isa.SP_AM, lo_a, hi_a - lo_a)
+                            time[d] = t
+                            return
+                        if (a | stride) & 7:
+                            _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 8)
+                            time[d] = t
+                            return
+                        if functional:
+                            i0 = (bases[1] + d * caps[1] + a) >> 3
+                            vd = code[p, u, isa.F_R0]
+                            if op == isa.OP_VLDDG:
+                                for k in range(w * units64):
+                                    vregs64[d, vd, k] = mem64[i0 + (k // w) * (stride >> 3) + k % w]
+                            else:
+                                for k in range(lanes64):
+                                    vregs64[d, vd, k] = mem64[i0 + 4 * k]
+                    elif op == isa.OP_SMVD:
+                        lane = code[p, u, isa.F_IMM0]
+                        if lane < 0 or (functional and lane >= lanes64):
+                            _fail(err, E_ADDR, d, p, u, isa.SP_AM, lane, 8)
+                            time[d] = t
+                            return
+                        if functional:
+                            xv = np.float64(vregs64[d, code[p, u, isa.F_R1], lane])
+                            sregs[d, code[p, u, isa.F_R0]] = xv.view(np.int64)
+                    elif op == isa.OP_SFADDD:
+                        if functional:
+                            xa = np.int64(sregs[d, code[p, u, isa.F_R1]]).view(np.float64)
+                            xb = np.int64(sregs[d, code[p, u, isa.F_R2]]).view(np.float64)
+                            sregs[d, code[p, u, isa.F_R0]] = np.float64(xa + xb).view(np.int64)
+                    elif op == isa.OP_SADDI:
+                        sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                    elif op == isa.OP_SADD:
+                        sregs[d, code[p, u, isa.F_R0]] = sregs[d, code[p, u, isa.F_R1]] + sregs[d, code[p, u, isa.F_R2]]
+                    elif op == isa.OP_SMOVI:
+                        sregs[d, code[p, u, isa.F_R0]] = code[p, u, isa.F_IMM0]
+                    elif op == isa.OP_SLDH or op == isa.OP_SSTH:
+                        a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                        if a < 0 or a > caps[0] - 2:
+                            _fail(err, E_ADDR, d, p, u, isa.SP_SM, a, 2)
+                            time[d] = t
+                            return
+                        if a & 1:
+                            _fail(err, E_ALIGN, d, p, u, isa.SP_SM, a, 2)
+                            time[d] = t
+                            return
+                        if functional:
+                            idx = (bases[0] + d * caps[0] + a) >> 1
+                            if op == isa.OP_SLDH:
+                                sregs[d, code[p, u, isa.F_R0]] = mem16[idx]
+                            else:
+                                mem16[idx] = np.uint16(sregs[d, code[p, u, isa.F_R2]] & 0xFFFF)
+                    elif op == isa.OP_VLDH or op == isa.OP_VSTH or op == isa.OP_VLDW or op == isa.OP_VSTW:
+                        a = sregs[d, code[p, u, isa.F_R1]] + code[p, u, isa.F_IMM0]
+                        half = op == isa.OP_VLDH or op == isa.OP_VSTH
+                        size = lanes * 2 if half else lanes * 4
+                        if a < 0 or a > caps[1] - size:
+                            _fail(err, E_ADDR, d, p, u, isa.SP_AM, a, size)
+                            time[d] = t
+                            return
+                        if (half and (a & 1)) or ((not half) and (a & 3)):
+                            _fail(err, E_ALIGN, d, p, u, isa.SP_AM, a, 2 if half else 4)
+                            time[d] = t
+                            return
+                        if functional:
+                            base = bases[1] + d * caps[1] + a
+                            if op == isa.OP_VLDH:
+                                i0 = base >> 1
+                                src = mem16[i0:i0 + lanes]
+                                dst = vregs[d, code[p, u, isa.F_R0]]
+                                for k in range(lanes):
+                                    dst[k] = widen_f16(src[k])
+                            elif op == isa.OP_VLDW:
+                                vd = code[p, u, isa.F_R0]
+                                i0 = base >> 2
+                                for k in range(lanes):
+                                    vregs[d, vd, k] = mem32[i0 + k]
+                            elif op == isa.OP_VSTW:
+                                vs = code[p, u, isa.F_R2]
+                                i0 = base >> 2
+                                for k in range(lanes):
+                                    mem32[i0 + k] = vregs[d, vs, k]
+                            else:
+                                vs = code[p, u, isa.F_R2]
+                                i0 = base >> 1
+                                for k in range(lanes):
+                                    mem16[i0 + k] = f32_to_f16_bits(vregs[d, vs, k])
+                    elif op == isa.OP_DMA:
+                        ch = code[p, u, isa.F_R0]
+                        di = desc_off[d] + code[p, u, isa.F_R1]
+                        src_sp = descs[di, isa.D_SRC]
+                        dst_sp = descs[di, isa.D_DST]
+                        rows = descs[di, isa.D_ROWS]
+                        rowb = descs[di, isa.D_ROWB]
+                        sstr = descs[di, isa.D_SSTR]
+                        dstr = descs[di, isa.D_DSTR]
+                        mode = descs[di, isa.D_MODE]
+                        sa = sregs[d, code[p, u, isa.F_R2]] + code[p, u, isa.F_IMM0]
+                        da = sregs[d, code[p, u, isa.F_R3]] + code[p, u, isa.F_IMM1]
+                        sbase, scap = _space_base_cap(src_sp, d, caps, bases)
+                        dbase, dcap = _space_base_cap(dst_sp, d, caps, bases)
+                        align = 4 if mode == isa.DMA_REDUCE_ADD else 2
+                        if rows == 0:
+                            # an empty transfer touches no memory
+                            sa = 0
+                            da = 0
+                        # extents are bounded by the descriptor check (< 2**46); test the start
+                        # first so that start + extent cannot overflow
+                        sext = (rows - 1) * sstr + rowb if rows > 0 else 0
+                        dext = (rows - 1) * dstr + rowb if rows > 0 else 0
+                        if sa < 0 or sa > scap or sext > scap - sa:
+                            _fail(err, E_ADDR, d, p, u, src_sp, sa, sext)
+                            time[d] = t
+                            return
+                        if da < 0 or da > dcap or dext > dcap - da:
+                            _fail(err, E_ADDR, d, p, u, dst_sp, da, dext)
+                            time[d] = t
+                            return
+                        if (sa % align) or (da % align) or (sstr % align) or (dstr % align):
+                            _fail(err, E_ALIGN, d, p, u, src_sp, sa, align)
+                            time[d] = t
+                            return
+                        if functional and rows > 0:
+                            # into AM, the data move waits, in order, with the runs of the DSP it writes
+                            wait = deferring and deferrable(mode, src_sp, dst_sp)
+                            for tg in range(dsps if mode == isa.DMA_BROADCAST else 1):
+                                tq = tg if mode == isa.DMA_BROADCAST else d
+                                tb, _c = _space_base_cap(dst_sp, tq, caps, bases)
+                                if wait:
+                                    defer_dma(tq, mode, src_sp, sa, sext, sbase, dst_sp, da, dext, tb, rows, rowb, sstr,
+                                              dstr, queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+                                else:
+                                    move(mem16, mem32, mode, sbase + sa, tb + da, rows, rowb, sstr, dstr)
+                        nbytes = rows * rowb
+                        if src_sp == isa.SP_DDR or dst_sp == isa.SP_DDR:
+                            srv = SRV_DDR
+                        elif src_sp == isa.SP_GSM or dst_sp == isa.SP_GSM:
+                            srv = SRV_GSM
+                        else:
+                            srv = SRV_LOCAL + d
+                        bw = bpc[min(srv, 2)]
+                        start = float(t + dma_latency)
+                        if srv_free[srv] > start:
+                            start = srv_free[srv]
+                        if chan[d, ch] > start:
+                            start = float(chan[d, ch])
+                        dur = nbytes / bw + rows * row_overhead
+                        if start + dur > max_cycles:
+                            # the transfer alone runs past the limit: too slow, not a loop
+                            _fail(err, E_DMA_LATE, d, p, u, srv, nbytes, max_cycles)
+                            err[7] = np.int64(min(start + dur, 4e18))
+                            err[ERR_FIELDS] = t
+                            time[d] = t
+                            return
+                        srv_free[srv] = start + dur
+                        chan[d, ch] = np.int64(np.ceil(start + dur))
+                        server_bytes[min(srv, 2)] += nbytes
+                        server_busy[srv] += dur
+                        if tracing:
+                            k = tr_counts[0]
+                            if k < tr_dma.shape[0]:
+                                tr_dma[k, TD_ISSUE] = t
+                                tr_dma[k, TD_SERVER] = srv
+                                tr_dma[k, TD_SRC] = src_sp
+                                tr_dma[k, TD_DST] = dst_sp
+                                tr_dma[k, TD_BYTES] = nbytes
+                                tr_dma[k, TD_ROWS] = rows
+                                tr_dma[k, TD_DSP] = d
+                                tr_dma[k, TD_CHANNEL] = ch
+                                tr_dma[k, TD_MODE] = mode
+                                tr_dma_t[k, 0] = start
+                                tr_dma_t[k, 1] = start + dur
+                            tr_counts[0] = k + 1
+                        stats[d, S_DMA_BYTES] += nbytes
+                        stats[d, S_DMAS] += 1
+                        if dma_issue > 0:
+                            # launching the transfer occupies the DSP (the family's DMA set-up cost)
+                            extra += dma_issue
+                            stats[d, S_STALL0 + isa.ST_DMA] += dma_issue
+                            extra_state = TS_DMA
+                    elif op == isa.OP_DMAWAIT:
+                        ch = code[p, u, isa.F_R0]
+                        if chan[d, ch] > t + 1:
+                            stats[d, S_STALL0 + isa.ST_DMA] += chan[d, ch] - (t + 1)
+                            extra += chan[d, ch] - (t + 1)
+                            extra_state = TS_DMA
+                    elif op == isa.OP_BARRIER:
+                        stop = True
+                    elif op == isa.OP_BR:
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
+                        extra += lat_branch
+                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                    elif op == isa.OP_BNZ:
+                        if sregs[d, code[p, u, isa.F_R1]] != 0:
+                            next_p = lo[d] + code[p, u, isa.F_IMM0]
+                            extra += lat_branch
+                            stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                    elif op == isa.OP_BDEC:
+                        r = code[p, u, isa.F_R1]
+                        sregs[d, r] -= 1
+                        if sregs[d, r] != 0:
+                            next_p = lo[d] + code[p, u, isa.F_IMM0]
+                            extra += lat_branch
+                            stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                    elif op == isa.OP_CALL:
+                        sregs[d, code[p, u, isa.F_R0]] = p + 1 - lo[d]
+                        next_p = lo[d] + code[p, u, isa.F_IMM0]
+                        extra += lat_branch
+                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                    elif op == isa.OP_RET:
+                        next_p = lo[d] + sregs[d, code[p, u, isa.F_R1]]
+                        extra += lat_branch
+                        stats[d, S_STALL0 + isa.ST_BRANCH] += lat_branch
+                    elif op == isa.OP_HALT:
+                        state[d] = 2
+                        stop = True
+                if not useful:
+                    # an all-nop bundle: padding for latency or branch
+                    reason = isa.ST_LATENCY
+                    for u in range(nunits):
+                        if code[p, u, isa.F_OP] == isa.OP_NOP:
+                            reason = code[p, u, isa.F_IMM0]
+                            break
+                    stats[d, S_STALL0 + reason] += 1
+                    # (the state test is inlined: a call per bundle would cost more than the bundle)
+                    if tracing and tr_last[d] != 1 + reason:
+                        _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, 1 + reason)
+                elif tracing and tr_last[d] != TS_ISSUE:
+                    _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t, TS_ISSUE)
+                if tracing and extra > 0:
+                    _tr_state(tr_ev, tr_nev, tr_last, tr_cut, d, t + 1, extra_state)
+                stats[d, S_BUNDLES] += 1
+                t += 1 + extra
+                if stop:
+                    if state[d] == 0:
+                        state[d] = 1     # barrier: pc stays on the barrier until release
+                    else:
+                        p = next_p
+                    break
+                p = next_p
+            time[d] = t
+            pc[d] = p
+        if functional and deferring:
+            flush(queues, vregs, mem16, mem32, f16tab, bases, caps, lanes, threads)
+        ctl[CTL_DONE] = 1
+        for i in range(dsps):
+            stats[i, S_CYCLES] = time[i]
+            end = time[i]
+            for c in range(64):
+                if chan[i, c] > end:
+                    end = chan[i, c]
+            stats[i, S_END] = end
+
+    run.__name__ = run.__qualname__ = "_run_functional" if functional else "_run_timing"
+    return njit(cache=True)(run)
+
+
+_run_functional = _machine_loop(True)
+_run_timing = _machine_loop(False)
 
 
 @dataclass
@@ -926,6 +940,7 @@ class Cluster:
                              np.array([-1, 0, CHUNK_BUNDLES], np.int64))
         ctl = run_state.ctl
         started = monotonic()
+        loop = _run_functional if self.functional else _run_timing
         code = code.view()
         code.flags.writeable = False    # one compiled signature for a program's own (frozen) code and a copy
         records = (Linked(code, lo, hi, descs, desc_off),
@@ -936,7 +951,7 @@ class Cluster:
                             int(p.fma_units)),
                    Counters(stats, err, server_bytes, server_busy), TraceBuffers(*buf), RunTables(*blocks), defer)
         while True:
-            _run(*records, run_state)
+            loop(*records, run_state)
             if err[0] != E_OK:
                 raise MachineError(_describe_error(err, lo, p.dsps, stats, p))
             if ctl[CTL_DONE]:
@@ -992,7 +1007,7 @@ def _trace_buffers(opts: TraceOptions | None, dsps: int) -> tuple[np.ndarray, ..
 # Linked, checked and decoded programs, by the identity of their Program objects, for programs that
 # are frozen (read-only arrays, Program.freeze: the kernels' programs): preparing a 1024^3 GEMM takes
 # some 30 ms. Entries hold their programs, so an identity is not reused while its entry lives; bounded
-# by their bytes too (prepared_store.KEPT_BYTES), so one huge program is not kept beside the next.
+# by their bytes too (prepared_store.KEPT_BYTES: a larger one is not kept).
 PREPARED_ENTRIES = 8
 _PREPARED = prepared_store.SizedMemo(PREPARED_ENTRIES)
 

@@ -54,8 +54,22 @@ def test_jitted_code_caches_in_the_folder_of_its_sources(numba_first, tmp_path):
                   "import mtemu, mtemu.jit, numba, os; leaf = os.path.basename(mtemu.jit.jit_cache_dir()); "
                   "assert leaf.startswith('mtemu-jit-'), leaf; from mtemu import machine; "
                   f"assert numba.config.CACHE_DIR == os.path.join({str(tmp_path)!r}, leaf), numba.config.CACHE_DIR; "
-                  "path = machine._run._cache._cache_path; "
+                  "path = machine._run_timing._cache._cache_path; "
                   "assert path.startswith(numba.config.CACHE_DIR), path")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow  # compiles the timing machine in a new process
+def test_a_timing_run_compiles_no_functional_code(tmp_path):
+    """The machine's loop is compiled per mode: a timing run, on an empty Numba cache, types neither the
+    functional loop nor the deferred-work queues only functional runs use (the one loop for both modes
+    compiled them all)."""
+    out = _python(f"import os; os.environ['NUMBA_CACHE_DIR'] = {str(tmp_path)!r}; "
+                  "from mtemu import machine; from mtemu.fast import queues; "
+                  "from mtemu.kernels.gemm import gemm_timing; assert gemm_timing(64, 64, 192).cycles > 0; "
+                  "assert machine._run_timing.signatures, 'timing loop'; "
+                  "assert not machine._run_functional.signatures, 'functional loop'; "
+                  "assert not (queues.flush.signatures or queues.settle.signatures), 'queues'")
     assert out.returncode == 0, out.stderr
 
 

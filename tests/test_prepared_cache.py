@@ -279,8 +279,10 @@ def test_the_memo_keeps_the_newest_within_its_bytes():
     assert "a" in memo and "b" in memo and memo.get("a") is not None      # "a" now the most recent
     memo.put("c", np.zeros(300, np.uint8))        # 1300 bytes: the least recent ("b") goes
     assert "b" not in memo and "a" in memo and "c" in memo
-    memo.put("huge", np.zeros(5000, np.uint8))    # larger than the bound: kept alone, the rest goes
-    assert len(memo) == 1 and "huge" in memo
+    memo.put("huge", np.zeros(5000, np.uint8))    # larger than the bound: not kept, the rest stays
+    assert "huge" not in memo and "a" in memo and "c" in memo
+    memo.put("a", np.zeros(2000, np.uint8))       # a key's new value too large: its old one goes too
+    assert "a" not in memo and "c" in memo
     for key in "wxyz":
         memo.put(key, np.zeros(1, np.uint8))      # entries bound too
     assert [len(v) for v in memo.values()] == [1, 1, 1]

@@ -51,11 +51,11 @@ DEFAULT_LIMIT_MB = 1024         # least recently used files beyond this are drop
 Groups = list[tuple[np.ndarray, ...] | None]
 
 
-# In memory, a process keeps its built and prepared programs up to this many bytes of arrays (the most
-# recent always): enough for the hundreds of small ones the tuner and the tests run again, while one
-# very large one (Table 5's naive tiles: 510 000 bundles, 218 MB of code, as much again prepared) goes
-# when the next run comes.
-KEPT_BYTES = 256 << 20
+# In memory, a process keeps its built and prepared programs up to this many bytes of arrays: enough for
+# the hundreds of small ones the tuner and the tests run again. A larger one (Table 5's naive tiles:
+# 510 000 bundles, 218 MB of code, as much again prepared) is not kept at all: each is run once, and
+# keeping it beside the next one's build set the emulator process's peak.
+KEPT_BYTES = 64 << 20
 
 
 def nbytes(obj, depth: int = 4) -> int:
@@ -75,7 +75,8 @@ def nbytes(obj, depth: int = 4) -> int:
 
 
 class SizedMemo:
-    """A least-recently-used memo bounded by entries and by the bytes of arrays its values hold."""
+    """A least-recently-used memo bounded by entries and by the bytes of arrays its values hold; a value
+    larger than the byte bound is not kept."""
 
     def __init__(self, entries: int, max_bytes: int = KEPT_BYTES):
         self.entries, self.max_bytes = entries, max_bytes
@@ -89,10 +90,13 @@ class SizedMemo:
         return hit[0]
 
     def put(self, key, value, size: int | None = None) -> None:
-        self._items[key] = (value, nbytes(value) if size is None else size)
-        self._items.move_to_end(key)
+        size = nbytes(value) if size is None else size
+        self._items.pop(key, None)
+        if size > self.max_bytes:
+            return                                  # larger than the bound: not kept (the rest stays)
+        self._items[key] = (value, size)
         total = sum(b for _v, b in self._items.values())
-        while len(self._items) > 1 and (len(self._items) > self.entries or total > self.max_bytes):
+        while len(self._items) > self.entries or total > self.max_bytes:
             total -= self._items.popitem(last=False)[1][1]
 
     def __contains__(self, key) -> bool:

@@ -22,9 +22,10 @@ register an ``sldh`` of the same run loaded, and ``vexp``/``vlog`` are not plain
 ``tests/test_blocks.py`` checks the tables against :func:`build_blocks_reference` and whole kernels'
 counters and data against runs with ``fast_forward=False``.
 
-Numba caches ``machine._run`` keyed on machine.py alone, with the functions and constants it uses
-from here compiled in; :mod:`mtemu.jit` therefore gives every state of the jitted sources
-(this module, queues.py, fused.py, dma.py, machine.py, ...) its own cache folder.
+Numba caches the machine's loops (``machine._run_timing``, ``_run_functional``) keyed on machine.py
+alone, with the functions and constants they use from here compiled in; :mod:`mtemu.jit` therefore
+gives every state of the jitted sources (this module, queues.py, fused.py, dma.py, machine.py, ...) its
+own cache folder.
 """
 from __future__ import annotations
 
