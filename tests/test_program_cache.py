@@ -8,7 +8,7 @@ import pytest
 from mtemu.kernels import gemm, gemm_a_resident
 from mtemu.kernels.gemm import GemmTiles
 from mtemu.kernels.gemm_a_resident import AResidentGemmTiles
-from mtemu.kernels.program_cache import ProgramCacheWarning, _narrow, cache_key, cache_path
+from mtemu.kernels.program_cache import _NPZ_LEVEL, ProgramCacheWarning, _narrow, _npz_bytes, cache_key, cache_path
 from mtemu.platform import DEFAULT
 
 SMALL = DEFAULT.with_overrides(dsps=4, vector_lanes=32)
@@ -67,6 +67,24 @@ def test_code_is_stored_as_int32_only_when_every_field_fits():
         wide = code.copy()
         wide[0, 0, 6] = bad
         assert _narrow(wide) is wide
+
+
+def test_a_program_file_is_an_npz_deflated_at_the_stated_level():
+    """np.load reads what the writer deflates, every array as it was (dtype, shape, values)."""
+    import io
+    import zipfile
+
+    arrays = {"header": np.array(json.dumps({"key": "k"})), "code": np.arange(-50, 70, dtype=np.int32).reshape(4, 5, 6),
+              "descriptors": np.ones((3, 7), np.int64), "tables": np.zeros((0, 3, 7), np.int64)}
+    data = _npz_bytes(arrays)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        assert {i.filename: i.compress_type for i in archive.infolist()} == \
+            {f"{k}.npy": zipfile.ZIP_DEFLATED for k in arrays}
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        assert sorted(z.files) == sorted(arrays)
+        for k, a in arrays.items():
+            assert z[k].dtype == a.dtype and np.array_equal(z[k], a)
+    assert _NPZ_LEVEL == 1
 
 
 def test_the_key_separates_kernels_shapes_tiles_and_platforms():
