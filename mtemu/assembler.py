@@ -225,36 +225,69 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     # encoded once, keyed by its instructions with their operands' types (a bool or a float operand equal
     # to an accepted int is still refused); every check of the encoding depends only on the bundle
     encoded: dict[tuple, np.ndarray] = {}
+    # bundles that differ (in addresses, say) still share most instructions: each distinct instruction's
+    # row is encoded once too. It depends on the instruction and the program alone, not on its unit or
+    # bundle (a failing one raises at its first bundle, as before); one without a label operand depends
+    # on the platform's register and channel counts only (and a DMA's on how many descriptors there are),
+    # so its row is shared by every program (a backward's 24 per-DSP programs repeat each other's)
+    rows: dict[bytes, np.ndarray] = {}
+    shared = _shared_memo(_ROWS, (ns, nv, platform.dma_channels))
+    shared_desc = _shared_memo(_ROWS, (ns, nv, platform.dma_channels, len(descs)))
     for b, instrs in enumerate(bundles):
-        key = _bundle_key(instrs)
-        row = encoded.get(key)
+        keys = _instr_keys(instrs)
+        row = encoded.get(keys)
         if row is not None:
             code[b] = row
             continue
         used: dict[int, Instr] = {}
-        for instr in instrs:
+        for k, instr in enumerate(instrs):
             spec = isa.OP_BY_NAME.get(instr.op)
             if spec is None:
                 raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
             unit = _pick_unit(spec, instr, used, b)
-            where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
-            code[b, unit] = _encode_one(spec, instr, where, ns, nv, labels, len(bundles),
-                                        len(descs), platform)
+            ikey = keys[k] if keys is not None else None
+            memo = rows if _LABEL_BOUND[spec.code] else shared_desc if _DESC_BOUND[spec.code] else shared
+            one = memo.get(ikey) if ikey is not None else None
+            if one is None:
+                where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
+                one = _encode_one(spec, instr, where, ns, nv, labels, len(bundles), len(descs), platform)
+                if ikey is not None:
+                    memo[ikey] = one
+            code[b, unit] = one
             used[unit] = instr
-        if key is not None:
-            encoded[key] = code[b].copy()
+        if keys is not None:
+            encoded[keys] = code[b].copy()
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
         check_latency_hazards(prog, platform)
     return prog
 
 
-def _bundle_key(instrs) -> bytes | None:
-    """What a bundle's encoding depends on, as bytes that keep every operand's type (``marshal``:
-    ``True``, ``1.0`` and ``1`` differ, as the checks treat them); None where an operand is of a type
-    marshal does not write (such a bundle is never memoised)."""
+# Memos shared by every program a process assembles (rows, register effects, bundle hazards), by what
+# they depend on; a memo past _SHARED_MAX entries starts again (a few hundred bytes an entry)
+_SHARED_MAX = 200_000
+_ROWS: dict[tuple, dict] = {}
+_ROW_EFFECTS: dict[bytes, tuple] = {}
+_HAZARDS: dict[tuple, dict] = {}
+
+
+def _shared_memo(memos: dict, context) -> dict:
+    got = memos.get(context)
+    if got is None or len(got) > _SHARED_MAX:
+        got = memos[context] = {}
+    return got
+
+
+def _operand_kinds(spec: isa.OpSpec) -> set[str]:
+    return set() if spec.syntax == "reason" else {kind for kind, _, _ in operand_layout(spec)}
+
+
+def _instr_keys(instrs) -> tuple[bytes, ...] | None:
+    """What a bundle's encoding depends on: per instruction, bytes that keep every operand's type
+    (``marshal``: ``True``, ``1.0`` and ``1`` differ, as the checks treat them); None where an operand is
+    of a type marshal does not write (such a bundle and its instructions are never memoised)."""
     try:
-        return marshal.dumps([(i.op, i.unit, i.args) for i in instrs])
+        return tuple([marshal.dumps((i.op, i.unit, i.args)) for i in instrs])
     except ValueError:
         return None
 
@@ -311,6 +344,11 @@ def operand_layout(spec: isa.OpSpec) -> tuple[tuple[str, int, int], ...]:
         else:
             out.append(("reg" if tok[0] in "sv" else tok, isa.F_R0 + next(regs), -1))
     return tuple(out)
+
+
+# opcodes whose encoding depends on the program's labels and size, or on its descriptor count
+_LABEL_BOUND = isa.op_table(lambda spec: "label" in _operand_kinds(spec))
+_DESC_BOUND = isa.op_table(lambda spec: "desc" in _operand_kinds(spec))
 
 
 def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:
@@ -421,7 +459,9 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
         branching = _TARGET_OPS[code[:, :, isa.F_OP]]
         targets.update(int(t) for t in code[:, :, isa.F_IMM0][branching])
     ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
-    known: dict[bytes, tuple] = {}
+    known = _shared_memo(_HAZARDS, lat)           # a bundle's hazards depend on it and the latencies alone
+    if len(_ROW_EFFECTS) > _SHARED_MAX:
+        _ROW_EFFECTS.clear()
     cycle = 0
     for b in range(n):
         if b in targets:
@@ -429,7 +469,7 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
         key = code[b].tobytes()
         hazards = known.get(key)
         if hazards is None:
-            hazards = known[key] = _bundle_hazards(code[b], lat)
+            hazards = known[key] = _bundle_hazards(code[b], lat, _ROW_EFFECTS)
         touched, updates, control, clean = hazards
         if not clean or any(reg in ready and ready[reg][0] > cycle for reg in touched):
             _raise_hazard(b, cycle, ready, code[b], lat)
@@ -445,25 +485,33 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
             ready = {}
 
 
-def _effects(block: np.ndarray) -> list[tuple[int, isa.OpSpec, list, list, str | None]]:
-    """(unit, spec, reads, writes, latency field) of each instruction of one encoded bundle, in unit order."""
+def _effects(block: np.ndarray, known: dict | None = None) -> list[tuple[int, isa.OpSpec, list, list, str | None]]:
+    """(unit, spec, reads, writes, latency field) of each instruction of one encoded bundle, in unit order.
+    ``known``: encoded row bytes -> its effects, filled as rows are met (distinct bundles share most rows)."""
     out = []
     for u in range(isa.N_UNITS):
         row = block[u]
         op = int(row[isa.F_OP])
         if op == 0:
             continue
-        reads, writes, latname = _reg_effects(row)
+        if known is None:
+            reads, writes, latname = _reg_effects(row)
+        else:
+            key = row.tobytes()
+            got = known.get(key)
+            if got is None:
+                got = known[key] = _reg_effects(row)
+            reads, writes, latname = got
         out.append((u, isa.OP_BY_CODE[op], reads, writes, latname))
     return out
 
 
-def _bundle_hazards(block: np.ndarray, lat) -> tuple[tuple, tuple, bool, bool]:
+def _bundle_hazards(block: np.ndarray, lat, known: dict | None = None) -> tuple[tuple, tuple, bool, bool]:
     """What one bundle's check needs, whatever came before it: the registers it reads (s0 aside) or
     writes, whose earlier writes must have landed; its writes as (register, latency, unit) in unit
     order; whether it transfers control; whether it is free of hazards inside itself (a read of a
     register another unit writes in the bundle, two units writing one register)."""
-    effects = _effects(block)
+    effects = _effects(block, known)
     same_bundle = {(kind, r): u for u, _s, _r, writes, _l in effects for kind, r in writes}
     touched, updates, writers = [], [], {}
     clean, control = True, False

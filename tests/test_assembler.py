@@ -285,3 +285,78 @@ def test_a_repeated_bundle_with_a_bool_or_float_operand_is_still_refused():
         b = build(*[[ins("smovi", 1, 1)]] * 3, [ins("smovi", 1, bad)], [ins("halt")])
         with pytest.raises(AssemblyError, match="bundle 3, unit SMAC1, smovi, operand 2: expected an integer"):
             b.assemble()
+
+
+def _clear_shared_memos():
+    from mtemu import assembler
+    assembler._ROWS.clear()
+    assembler._ROW_EFFECTS.clear()
+    assembler._HAZARDS.clear()
+
+
+def test_rows_shared_between_programs_still_follow_each_program():
+    """A row one program encoded is reused by another only where it cannot differ: a register, a
+    channel, a descriptor or a branch target valid in the first is still refused in the second."""
+    _clear_shared_memos()
+    small = DEFAULT.with_overrides(scalar_registers=32, dma_channels=2)
+    build([ins("saddi", 40, 1, 2)], [ins("halt")]).assemble()
+    b = ProgramBuilder(small)
+    b.bundle(ins("saddi", 40, 1, 2))
+    b.bundle(ins("halt"))
+    with pytest.raises(AssemblyError, match=r"bundle 0, unit \w+, saddi, operand 1: scalar register s40 out of range"):
+        b.assemble()
+
+    def dma_program(platform, descriptors, channel, desc):
+        b = ProgramBuilder(platform)
+        for k in range(descriptors):
+            b.descriptor("DDR", "AM", 1, 64 * (k + 1), 64 * (k + 1), 64 * (k + 1))
+        b.bundle(ins("dma", channel, desc, (0, 0), (0, 0)))
+        b.bundle(ins("halt"))
+        return b
+    dma_program(DEFAULT, 2, 5, 1).assemble()
+    with pytest.raises(AssemblyError, match="DMA channel 5 out of range 0..1"):
+        dma_program(small, 2, 5, 1).assemble()
+    with pytest.raises(AssemblyError, match="DMA descriptor 1 not defined"):
+        dma_program(DEFAULT, 1, 5, 1).assemble()
+    long = build(*[[ins("nop")]] * 6, [ins("br", 5)], [ins("halt")]).assemble()
+    with pytest.raises(AssemblyError, match=r"branch target 5 outside the program \(0..2\)"):
+        build([ins("nop")], [ins("br", 5)], [ins("halt")]).assemble()
+    short = build([ins("nop")], [ins("br", "top")], [ins("halt")], labels={0: "top"}).assemble()
+    other = build([ins("nop")], [ins("nop")], [ins("br", "top")], [ins("halt")], labels={1: "top"}).assemble()
+    assert (long.code[6, :, isa.F_IMM0].max(), short.code[1, :, isa.F_IMM0].max(),
+            other.code[2, :, isa.F_IMM0].max()) == (5, 0, 1)
+
+
+def test_a_program_assembles_the_same_with_warm_or_cold_memos():
+    rng = np.random.default_rng(11)
+    builders = []
+    for _ in range(40):
+        b = ProgramBuilder(DEFAULT)
+        d = b.descriptor("DDR", "AM", 1, 64, 64, 64)
+        for _ in range(int(rng.integers(1, 30))):
+            s, r, v = (int(x) for x in rng.integers(1, 9, 3))   # r may be s: a same-bundle hazard
+            b.bundle(*[ins("smovi", s, int(rng.integers(0, 4))), ins("vldh", v, (r, 2 * int(rng.integers(0, 3)))),
+                       ins("dma", int(rng.integers(0, 3)), d, (r, 0), (0, 64))][:int(rng.integers(1, 4))])
+            b.nops(int(rng.integers(0, 10)))
+        b.bundle(ins("halt"))
+        builders.append(b)
+    results = []
+    for _ in range(2):
+        _clear_shared_memos()
+        cold = []
+        for b in builders:
+            try:
+                cold.append(b.assemble().code)
+            except AssemblyError as e:
+                cold.append(str(e))
+        warm = []
+        for b in builders:              # every memo filled by the pass above
+            try:
+                warm.append(b.assemble().code)
+            except AssemblyError as e:
+                warm.append(str(e))
+        results.append((cold, warm))
+    (cold, warm), _ = results
+    assert all(isinstance(c, str) and c == w or np.array_equal(c, w) for c, w in zip(cold, warm, strict=True))
+    outcomes = {isinstance(c, str) for c in cold}
+    assert outcomes == {True, False}, outcomes          # both passing and refused programs exercised
