@@ -217,14 +217,15 @@ def _offset(value, where: str) -> int:
 
 def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
     ns, nv = platform.scalar_registers, platform.vector_registers
-    code = np.zeros((len(bundles), isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
     desc_arr = np.zeros((len(descs), isa.N_DESC), dtype=np.int64)
     for k, d in enumerate(descs):
         desc_arr[k] = _check_descriptor(d, desc_names[k], platform)
     # a kernel repeats the same bundles many times (unrolled loops): each distinct bundle is checked and
     # encoded once, keyed by its instructions with their operands' types (a bool or a float operand equal
     # to an accepted int is still refused); every check of the encoding depends only on the bundle
-    encoded: dict[tuple, np.ndarray] = {}
+    encoded: dict[tuple, int] = {}
+    blocks: list[np.ndarray] = []           # the distinct bundles' encodings; ids[b] is bundle b's
+    ids: list[int] = []
     # bundles that differ (in addresses, say) still share most instructions: each distinct instruction's
     # row is encoded once too. It depends on the instruction and the program alone, not on its unit or
     # bundle (a failing one raises at its first bundle, as before); one without a label operand depends
@@ -235,10 +236,11 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     shared_desc = _shared_memo(_ROWS, (ns, nv, platform.dma_channels, len(descs)))
     for b, instrs in enumerate(bundles):
         keys = _instr_keys(instrs)
-        row = encoded.get(keys)
-        if row is not None:
-            code[b] = row
+        known = encoded.get(keys)
+        if known is not None:
+            ids.append(known)
             continue
+        block = np.zeros((isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
         used: dict[int, Instr] = {}
         for k, instr in enumerate(instrs):
             spec = isa.OP_BY_NAME.get(instr.op)
@@ -253,10 +255,14 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
                 one = _encode_one(spec, instr, where, ns, nv, labels, len(bundles), len(descs), platform)
                 if ikey is not None:
                     memo[ikey] = one
-            code[b, unit] = one
+            block[unit] = one
             used[unit] = instr
         if keys is not None:
-            encoded[keys] = code[b].copy()
+            encoded[keys] = len(blocks)
+        ids.append(len(blocks))
+        blocks.append(block)
+    code = (np.stack(blocks)[np.array(ids, dtype=np.intp)] if blocks
+            else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64))
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
         check_latency_hazards(prog, platform)
@@ -462,15 +468,25 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
     known = _shared_memo(_HAZARDS, lat)           # a bundle's hazards depend on it and the latencies alone
     if len(_ROW_EFFECTS) > _SHARED_MAX:
         _ROW_EFFECTS.clear()
+    # each distinct bundle's hazards, looked up once (the program repeats most bundles many times)
+    per_bundle = []
+    if n:
+        flat = np.ascontiguousarray(code, dtype=np.int64).reshape(n, -1)
+        _, first, inverse = np.unique(flat.view(np.dtype((np.void, flat.shape[1] * 8))).ravel(),
+                                      return_index=True, return_inverse=True)
+        distinct = []
+        for b in first.tolist():
+            key = code[b].tobytes()
+            hazards = known.get(key)
+            if hazards is None:
+                hazards = known[key] = _bundle_hazards(code[b], lat, _ROW_EFFECTS)
+            distinct.append(hazards)
+        per_bundle = [distinct[i] for i in inverse.ravel().tolist()]
     cycle = 0
     for b in range(n):
         if b in targets:
             ready = {}
-        key = code[b].tobytes()
-        hazards = known.get(key)
-        if hazards is None:
-            hazards = known[key] = _bundle_hazards(code[b], lat, _ROW_EFFECTS)
-        touched, updates, control, clean = hazards
+        touched, updates, control, clean = per_bundle[b]
         if not clean or any(reg in ready and ready[reg][0] > cycle for reg in touched):
             _raise_hazard(b, cycle, ready, code[b], lat)
         for reg, latency, u in updates:

@@ -39,35 +39,53 @@ def schedule(ops: list[Op], platform: Platform) -> list[list[Instr]]:
     placed: list[tuple[int, Instr]] = []
     floor = 0          # fence: nothing may be placed before this cycle
     completion = 0     # latest completion of anything placed so far
+    # (units, latency, unit names) per opcode, looked up once: a GEMM's micro-kernels place ~10**5 ops
+    per_op: dict[str, tuple[tuple[int, ...], int]] = {}
+    names = isa.UNITS
+    zero = ("s", isa.ZERO_REG)
     for op in ops:
-        spec = isa.OP_BY_NAME[op.name]
-        latency = getattr(lat, spec.latency) if spec.latency else 1
-        if op.fence:
-            floor = max(floor, completion)
+        got = per_op.get(op.name)
+        if got is None:
+            spec = isa.OP_BY_NAME[op.name]
+            got = per_op[op.name] = (tuple(spec.units), getattr(lat, spec.latency) if spec.latency else 1)
+        units, latency = got
+        if op.fence and completion > floor:
+            floor = completion
         t = floor
         for r in op.reads:
-            if r[0] == "s" and r[1] == isa.ZERO_REG:
+            if r == zero:
                 continue
-            t = max(t, ready.get(r, 0))
+            v = ready.get(r, 0)
+            if v > t:
+                t = v
         for w in op.writes:
-            t = max(t, ready.get(w, 0), last_read.get(w, -1) + 1)
-        while True:
-            busy = unit_busy.setdefault(t, set())
-            free = [u for u in spec.units if u not in busy]
-            if free:
-                unit = free[0]
+            v = ready.get(w, 0)
+            if v > t:
+                t = v
+            v = last_read.get(w, -1) + 1
+            if v > t:
+                t = v
+        while True:                         # the earliest cycle from t with one of the op's units free
+            busy = unit_busy.get(t)
+            if busy is None:
+                busy = unit_busy[t] = set()
+            unit = next((u for u in units if u not in busy), None)
+            if unit is not None:
                 break
             t += 1
         busy.add(unit)
         for r in op.reads:
-            last_read[r] = max(last_read.get(r, -1), t)
+            if last_read.get(r, -1) < t:
+                last_read[r] = t
         for w in op.writes:
             ready[w] = t + latency
-            last_read[w] = max(last_read.get(w, -1), t)
-        completion = max(completion, t + latency)
+            if last_read.get(w, -1) < t:
+                last_read[w] = t
+        if t + latency > completion:
+            completion = t + latency
         if completion > MAX_PROGRAM_BUNDLES:       # before a list of that many empty bundles exists
             raise program_too_long(platform, completion)
-        placed.append((t, Instr(op.name, op.args, isa.UNITS[unit])))
+        placed.append((t, Instr(op.name, op.args, names[unit])))
     if not placed:
         return []
     length = max(completion, max(t for t, _ in placed) + 1)
