@@ -273,10 +273,13 @@ def _call_tiles(b: ProgramBuilder, mk_labels: dict, t, rows_max: int, n2p: int, 
         for c0 in range(0, nvec, t.nv):
             nv = min(t.nv, nvec - c0)
             key = (mr, nv, kw, first, last)
-            label = mk_labels.setdefault(key, f"mk_{mr}x{nv}_k{kw}_{'f' if first else ''}{'l' if last else ''}")
-            b.bundle(ins("smovi", R_ABASE, sm + r0 * astride), ins("smovi", R_BBASE, bslot + c0 * lanes * 2),
-                     ins("smovi", R_CBASE, am_c + r0 * cstride + c0 * lanes * 4))
-            b.bundle(ins("smovi", R_WBASE, am_wb + r0 * wstride + c0 * lanes * 2), ins("call", label))
+            label = mk_labels.get(key)
+            if label is None:
+                label = mk_labels[key] = f"mk_{mr}x{nv}_k{kw}_{'f' if first else ''}{'l' if last else ''}"
+            # Instr directly, not ins(): a big GEMM makes ~10**5 of these call sites
+            b.bundle(Instr("smovi", (R_ABASE, sm + r0 * astride)), Instr("smovi", (R_BBASE, bslot + c0 * lanes * 2)),
+                     Instr("smovi", (R_CBASE, am_c + r0 * cstride + c0 * lanes * 4)))
+            b.bundle(Instr("smovi", (R_WBASE, am_wb + r0 * wstride + c0 * lanes * 2)), Instr("call", (label,)))
 
 
 def _emit_microkernels(b: ProgramBuilder, mk_labels: dict, t, n2p: int, pipelined: bool, platform: Platform) -> None:
