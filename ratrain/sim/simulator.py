@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import importlib
 from bisect import bisect_left, bisect_right
 from collections import deque
 from contextlib import contextmanager
@@ -100,6 +101,10 @@ _EPS = 1e-9
 # stage boundary and micro-batch two transfers). Each task costs ~1 KB and a few microseconds, so
 # the bound keeps a run under ~5 GB and a few minutes; the paper's largest runs need < 10**6.
 MAX_SIM_TASKS = 5_000_000
+# Which event loop runs a simulation: graphs of at least this many jobs run in the compiled loop
+# (ratrain.sim.event_loop, Numba), smaller ones in _Sim.run_python, its reference (same events, same
+# result to the bit). Set it to 0 to compile every run, or above MAX_SIM_TASKS for Python only.
+COMPILED_LOOP_MIN_JOBS = 20_000
 
 
 @dataclass(frozen=True)
@@ -749,6 +754,15 @@ class _Sim:
             heapq.heappush(heap, ent)
 
     def run(self) -> None:
+        """The event loop: the compiled one for graphs of ``COMPILED_LOOP_MIN_JOBS`` jobs or more (imported,
+        with Numba, only then), else :meth:`run_python`."""
+        if len(self.jobs) >= COMPILED_LOOP_MIN_JOBS:
+            importlib.import_module("ratrain.sim.event_loop").run(self)
+        else:
+            self.run_python()
+
+    def run_python(self) -> None:
+        """The event loop in Python: the reference of the compiled one."""
         for j in self.jobs:
             if j.npred == 0:
                 self._make_ready(j)
