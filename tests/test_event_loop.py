@@ -5,7 +5,9 @@ offloading and random per-layer costs. The graphs are small (the compiled loop i
 ``COMPILED_LOOP_MIN_JOBS``); one slow-marked case is large."""
 from __future__ import annotations
 
+import importlib
 import random
+import sys
 
 import pytest
 
@@ -53,6 +55,7 @@ def _compare(monkeypatch, costs, schedule="1f1b", mech=None, buckets=None, offlo
     got = {}
     for loop, threshold in (("python", 10 ** 12), ("compiled", 0)):
         monkeypatch.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", threshold)
+        monkeypatch.setattr(simulator, "COMPILED_LOOP_FIRST_JOBS", threshold)
         sim, _, T, last_b, _ = _run_step(costs, schedule, mech, "test", buckets, offload)
         result = simulate(costs, schedule=schedule, mechanisms=mech, buckets=buckets, offload=offload)
         step = simulate_step_time(costs, schedule=schedule, mechanisms=mech, buckets=buckets, offload=offload)
@@ -179,7 +182,7 @@ def test_deadlock_is_reported_the_same(monkeypatch):
     """A graph that cannot run (an edge back from the last job to the first, added after the build's check):
     both loops stop with the same error line."""
     messages = []
-    for run in (_Sim.run_python, lambda sim: simulator.importlib.import_module("ratrain.sim.event_loop").run(sim)):
+    for run in (_Sim.run_python, lambda sim: importlib.import_module("ratrain.sim.event_loop").run(sim)):
         sim = _Sim(_costs(seed=23), PipelineSchedule.of("1f1b"), Mechanisms())
         _edge(sim.jobs[-1], sim.main_chain[0][1])
         with pytest.raises(RatrainError, match="simulator deadlock") as err:
@@ -189,16 +192,29 @@ def test_deadlock_is_reported_the_same(monkeypatch):
 
 
 def test_the_switch_picks_the_loop(monkeypatch):
-    """At or above COMPILED_LOOP_MIN_JOBS jobs the compiled loop runs, below it the Python one."""
+    """The compiled loop runs from COMPILED_LOOP_MIN_JOBS jobs where Numba is loaded, from
+    COMPILED_LOOP_FIRST_JOBS where it is not; the Python one below."""
     ran = []
     monkeypatch.setattr(_Sim, "run_python", lambda self: ran.append(len(self.jobs)))
     sim = _Sim(_costs(seed=1), PipelineSchedule.of("1f1b"), Mechanisms())
-    monkeypatch.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", len(sim.jobs) + 1)
-    sim.run()
-    assert ran == [len(sim.jobs)]
-    monkeypatch.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", len(sim.jobs))
-    sim.run()
-    assert ran == [len(sim.jobs)] and all(j.state == simulator._DONE for j in sim.jobs)
+    n = len(sim.jobs)
+    importlib.import_module("ratrain.sim.event_loop")           # Numba loaded
+    for low, first, python in ((n + 1, 0, True), (n, 10 ** 12, False), (0, n, False)):
+        monkeypatch.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", low)
+        monkeypatch.setattr(simulator, "COMPILED_LOOP_FIRST_JOBS", first)
+        ran.clear()
+        sim = _Sim(_costs(seed=1), PipelineSchedule.of("1f1b"), Mechanisms())
+        sim.run()
+        assert ran == ([n] if python else []), (low, first)
+        assert python or all(j.state == simulator._DONE for j in sim.jobs)
+    with monkeypatch.context() as m:                         # where Numba is not loaded: the first threshold
+        m.delitem(sys.modules, "numba")
+        for first, python in ((n + 1, True), (n, False)):
+            m.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", 0)
+            m.setattr(simulator, "COMPILED_LOOP_FIRST_JOBS", first)
+            ran.clear()
+            _Sim(_costs(seed=1), PipelineSchedule.of("1f1b"), Mechanisms()).run()
+            assert ran == ([n] if python else []), first
 
 
 @pytest.mark.slow

@@ -59,6 +59,7 @@ from __future__ import annotations
 import gc
 import heapq
 import importlib
+import sys
 from bisect import bisect_left, bisect_right
 from collections import deque
 from contextlib import contextmanager
@@ -101,10 +102,19 @@ _EPS = 1e-9
 # stage boundary and micro-batch two transfers). Each task costs ~1 KB and a few microseconds, so
 # the bound keeps a run under ~5 GB and a few minutes; the paper's largest runs need < 10**6.
 MAX_SIM_TASKS = 5_000_000
-# Which event loop runs a simulation: graphs of at least this many jobs run in the compiled loop
-# (ratrain.sim.event_loop, Numba), smaller ones in _Sim.run_python, its reference (same events, same
-# result to the bit). Set it to 0 to compile every run, or above MAX_SIM_TASKS for Python only.
-COMPILED_LOOP_MIN_JOBS = 20_000
+# Which event loop runs a simulation (_Sim.run): the compiled one (ratrain.sim.event_loop, Numba) for
+# graphs of at least COMPILED_LOOP_MIN_JOBS jobs in a process that has imported Numba already, and of at
+# least COMPILED_LOOP_FIRST_JOBS jobs in one that has not; else _Sim.run_python, its reference (the same
+# events, the same result to the bit). Measured on a shared 2-core machine: the compiled loop, with the
+# conversion of the graph to arrays and back, costs about 5 us per job against Python's 8-9 us, and is
+# already the faster at about 2,700 jobs; a process without Numba pays about 1.5 CPU-s once (Numba's
+# import and start, the loop loaded from its cache; about 12 CPU-s to compile it on an empty cache), which
+# one simulation repays only from about half a million jobs. So a command that simulates a few small steps
+# (``ratrain simulate``, ``ratrain plan``) never loads Numba, while the main job, which has imported it for
+# the emulator, runs its tens of thousands of jobs per step compiled. 0 compiles every run; a value above
+# MAX_SIM_TASKS keeps every run in Python.
+COMPILED_LOOP_MIN_JOBS = 2_000
+COMPILED_LOOP_FIRST_JOBS = 500_000
 
 
 @dataclass(frozen=True)
@@ -754,9 +764,10 @@ class _Sim:
             heapq.heappush(heap, ent)
 
     def run(self) -> None:
-        """The event loop: the compiled one for graphs of ``COMPILED_LOOP_MIN_JOBS`` jobs or more (imported,
-        with Numba, only then), else :meth:`run_python`."""
-        if len(self.jobs) >= COMPILED_LOOP_MIN_JOBS:
+        """The event loop: the compiled one from ``COMPILED_LOOP_MIN_JOBS`` jobs where Numba is loaded, from
+        ``COMPILED_LOOP_FIRST_JOBS`` where it is not (imported only then), else :meth:`run_python`."""
+        n = len(self.jobs)
+        if n >= COMPILED_LOOP_MIN_JOBS and (n >= COMPILED_LOOP_FIRST_JOBS or "numba" in sys.modules):
             importlib.import_module("ratrain.sim.event_loop").run(self)
         else:
             self.run_python()
