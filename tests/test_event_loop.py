@@ -9,6 +9,7 @@ import importlib
 import random
 import sys
 
+import numpy as np
 import pytest
 
 from ratrain.cost.tasks import LayerCosts, PipelineCosts
@@ -178,6 +179,22 @@ def test_link_near_ties(monkeypatch, lookahead):
     _compare(monkeypatch, costs, PipelineSchedule("interleaved", 2), Mechanisms(fsr_lookahead=lookahead))
 
 
+@pytest.mark.parametrize("offload", [None, OffloadPlan(Offload(("activations",)), HOST)], ids=["logged", "offload"])
+def test_edges_from_the_log_are_the_jobs_own(offload):
+    """The CSR read from the build's edge log equals the one read from every job's lists (order included);
+    with offloading (whose edges the log lacks) the loop reads the jobs."""
+    event_loop = importlib.import_module("ratrain.sim.event_loop")
+    sim = _Sim(_costs(seed=31), PipelineSchedule("zb-h1", weight_fraction=0.3), Mechanisms(fsr_buffer_layers=2),
+               offload=offload)
+    npred = np.array([j.npred for j in sim.jobs])
+    from_jobs = (*event_loop._edges(sim.jobs, "preds", npred),
+                 *event_loop._edges(sim.jobs, "succs", np.array([len(j.succs) for j in sim.jobs])))
+    assert (len(sim.edge_log) == 2 * npred.sum()) == (offload is None)
+    if offload is None:
+        for got, want in zip(event_loop._logged_edges(sim.edge_log, npred), from_jobs, strict=True):
+            assert got.tolist() == want.tolist()
+
+
 def test_deadlock_is_reported_the_same(monkeypatch):
     """A graph that cannot run (an edge back from the last job to the first, added after the build's check):
     both loops stop with the same error line."""
@@ -192,8 +209,8 @@ def test_deadlock_is_reported_the_same(monkeypatch):
 
 
 def test_the_switch_picks_the_loop(monkeypatch):
-    """The compiled loop runs from COMPILED_LOOP_MIN_JOBS jobs where Numba is loaded, from
-    COMPILED_LOOP_FIRST_JOBS where it is not; the Python one below."""
+    """The compiled loop runs from COMPILED_LOOP_MIN_JOBS jobs where Numba is loaded, or once the process
+    has simulated COMPILED_LOOP_FIRST_JOBS jobs in all; the Python one otherwise."""
     ran = []
     monkeypatch.setattr(_Sim, "run_python", lambda self: ran.append(len(self.jobs)))
     sim = _Sim(_costs(seed=1), PipelineSchedule.of("1f1b"), Mechanisms())
@@ -207,14 +224,16 @@ def test_the_switch_picks_the_loop(monkeypatch):
         sim.run()
         assert ran == ([n] if python else []), (low, first)
         assert python or all(j.state == simulator._DONE for j in sim.jobs)
-    with monkeypatch.context() as m:                         # where Numba is not loaded: the first threshold
+    with monkeypatch.context() as m:        # where Numba is not loaded: once the process has simulated enough
         m.delitem(sys.modules, "numba")
-        for first, python in ((n + 1, True), (n, False)):
-            m.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", 0)
-            m.setattr(simulator, "COMPILED_LOOP_FIRST_JOBS", first)
+        m.setattr(simulator, "_JOBS_SIMULATED", [0])
+        m.setattr(simulator, "COMPILED_LOOP_MIN_JOBS", 0)
+        m.setattr(simulator, "COMPILED_LOOP_FIRST_JOBS", 2 * n)
+        for python in (True, False, False):             # n jobs simulated, then 2n, 3n
             ran.clear()
             _Sim(_costs(seed=1), PipelineSchedule.of("1f1b"), Mechanisms()).run()
-            assert ran == ([n] if python else []), first
+            assert ran == ([n] if python else [])
+        assert simulator._JOBS_SIMULATED == [3 * n]
 
 
 @pytest.mark.slow

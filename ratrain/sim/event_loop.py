@@ -117,6 +117,19 @@ def _edges(jobs: list, side: str, counts: np.ndarray) -> tuple[np.ndarray, np.nd
     return ptr, flat
 
 
+def _logged_edges(log: list[int], npred: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Both CSRs from the edges in the order they were made: a stable sort by either end keeps each job's
+    predecessors and successors in the order its own lists hold them."""
+    n = len(npred)
+    edges = np.array(log, np.int64).reshape(-1, 2)
+    src, dst = edges[:, 0], edges[:, 1]
+    pred_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(npred, out=pred_ptr[1:])
+    succ_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    return (pred_ptr, src[np.argsort(dst, kind="stable")], succ_ptr, dst[np.argsort(src, kind="stable")])
+
+
 def _slices(groups: list[list[int]], start: int = 0) -> tuple[np.ndarray, list[int]]:
     """(each group's [a, z) in the concatenation, placed from ``start``; the concatenation)."""
     bounds = np.zeros((len(groups), 2), np.int64)
@@ -151,8 +164,13 @@ def _tables(sim) -> tuple[dict, np.ndarray, np.ndarray]:
                 raise RatrainError(f"ratrain.sim.event_loop: a queue key of {len(j.key)} entries ({j.kind})")
             jf[j.idx, F_KEY1], jf[j.idx, F_KEY2] = j.key
     jf[:, F_PROMOTED] = np.nan
-    pred_ptr, pred_idx = _edges(jobs, "preds", ji[:, J_NPRED])        # a built job's npred counts its preds
-    succ_ptr, succ_idx = _edges(jobs, "succs", np.fromiter(map(len, map(attrgetter("succs"), jobs)), np.int64, n))
+    npred = ji[:, J_NPRED]                 # a built job's npred counts its preds
+    log = sim.edge_log
+    if len(log) == 2 * int(npred.sum()):   # every edge logged (offloading adds its own: read from the jobs)
+        pred_ptr, pred_idx, succ_ptr, succ_idx = _logged_edges(log, npred)
+    else:
+        pred_ptr, pred_idx = _edges(jobs, "preds", npred)
+        succ_ptr, succ_idx = _edges(jobs, "succs", np.fromiter(map(len, map(attrgetter("succs"), jobs)), np.int64, n))
     # stages: main chain, neighbour resources, stream slots (one per (stage, stream): the position is the stage's)
     chains, lists = _slices([[j.idx for j in chain] for chain in sim.main_chain])
     neighbours, more = _slices([list(nb) for nb in sim.neighbours], len(lists))
