@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import gc
 import heapq
+import importlib
+import sys
 from bisect import bisect_left, bisect_right
 from collections import deque
 from contextlib import contextmanager
@@ -100,6 +102,20 @@ _EPS = 1e-9
 # stage boundary and micro-batch two transfers). Each task costs ~1 KB and a few microseconds, so
 # the bound keeps a run under ~5 GB and a few minutes; the paper's largest runs need < 10**6.
 MAX_SIM_TASKS = 5_000_000
+# Which event loop runs a simulation (_Sim.run): the compiled one (ratrain.sim.event_loop, Numba) for
+# graphs of at least COMPILED_LOOP_MIN_JOBS jobs in a process that has imported Numba already, or whose
+# simulations (this one included) have reached COMPILED_LOOP_FIRST_JOBS jobs in all; else
+# _Sim.run_python, its reference (the same events, the same result to the bit). Measured on a shared
+# 2-core machine: the compiled loop, with the conversion of the graph to arrays and back, costs about
+# 5 us per job against Python's 8-9 us, and is already the faster at about 2,700 jobs; a process without
+# Numba pays about 1.5 CPU-s once (Numba's import and start, the loop loaded from its cache; about 11 CPU-s
+# to compile it on an empty cache), which about half a million jobs repay. So a command that simulates a
+# few steps (``ratrain simulate``, ``ratrain plan``) never loads Numba; the main job, which has imported it
+# for the emulator, runs its steps compiled, and a worker that only simulates switches once it has
+# simulated that much. 0 compiles every run; a value above MAX_SIM_TASKS keeps every run in Python.
+COMPILED_LOOP_MIN_JOBS = 2_000
+COMPILED_LOOP_FIRST_JOBS = 500_000
+_JOBS_SIMULATED = [0]          # jobs this process has simulated (the first threshold's count)
 
 
 @dataclass(frozen=True)
@@ -347,6 +363,7 @@ class _Sim:
         self.dirty: set[int] = set()
         self.waiting_fillers: set[int] = set()
         self.memo: dict[int, float] = {}
+        self.edge_log: list[int] = []        # a, b of every edge _edge made, in order
         # UpdateShard/PrefetchW with work on a stage's link compete with GradSync there: then
         # GradSync joins the earliest-deadline-first order too (one key axis per queue); alone on
         # the link (zero-length state tasks occupy nothing) it stays FIFO
@@ -365,6 +382,14 @@ class _Sim:
                  key, res2)
         self.jobs.append(j)
         return j
+
+    def _edge(self, a: _Job, b: _Job) -> None:
+        """The edge a -> b, also logged in the order edges are made (the compiled loop reads its edges from
+        the log; each job's lists keep that order too)."""
+        a.succs.append(b)
+        b.preds.append(a)
+        b.npred += 1
+        self.edge_log += (a.idx, b.idx)
 
     def _durations(self, layer_index: int, policy: str) -> dict[str, float]:
         lc = self.flat[layer_index]
@@ -400,7 +425,7 @@ class _Sim:
                         dur *= c.microbatch_scales[m]
                     j = self._job(p, op, m, layer_index, "compute", dur, _MAIN)
                     if chain:
-                        _edge(chain[-1], j)
+                        self._edge(chain[-1], j)
                     chain.append(j)
                     jobs.append(j)
                 store[op][(g, m)] = jobs if op == "F" else jobs[::-1]
@@ -409,10 +434,10 @@ class _Sim:
         # the loss: the model's last layer turns around; W after its own B (the chain implies
         # both on one stage, the edges keep the graph honest for any order)
         for m in range(A):
-            _edge(self.F[(G - 1, m)][-1], self.B[(G - 1, m)][-1])
+            self._edge(self.F[(G - 1, m)][-1], self.B[(G - 1, m)][-1])
         for key, ws in self.W.items():
             for b, w in zip(self.B[key], ws, strict=True):
-                _edge(b, w)
+                self._edge(b, w)
         # chunk boundaries: a transfer (joint job on both ports) between stages, an edge within one
         X = c.transfer_ms
         self.link_streams: list[list[list[_Job]]] = [[] for _ in range(P)]
@@ -420,20 +445,20 @@ class _Sim:
             p, q = g % P, (g + 1) % P
             if p == q:
                 for m in range(A):
-                    _edge(self.F[(g, m)][-1], self.F[(g + 1, m)][0])
-                    _edge(self.B[(g + 1, m)][0], self.B[(g, m)][-1])
+                    self._edge(self.F[(g, m)][-1], self.F[(g + 1, m)][0])
+                    self._edge(self.B[(g + 1, m)][0], self.B[(g, m)][-1])
                 continue
             fwd, bwd = [], []
             for m in range(A):
                 t = self._job(p, "Send", m, self.chunks[g][-1], "link", X, _MAIN, res2=NRES * q + _LINK)
                 t.peer, t.layer2 = q, self.chunks[g + 1][0]
-                _edge(self.F[(g, m)][-1], t)
-                _edge(t, self.F[(g + 1, m)][0])
+                self._edge(self.F[(g, m)][-1], t)
+                self._edge(t, self.F[(g + 1, m)][0])
                 fwd.append(t)
                 t = self._job(q, "Send", m, self.chunks[g + 1][0], "link", X, _MAIN, res2=NRES * p + _LINK)
                 t.peer, t.layer2 = p, self.chunks[g][-1]
-                _edge(self.B[(g + 1, m)][0], t)
-                _edge(t, self.B[(g, m)][-1])
+                self._edge(self.B[(g + 1, m)][0], t)
+                self._edge(t, self.B[(g, m)][-1])
                 bwd.append(t)
             self.link_streams[p] += [fwd, bwd]
             self.link_streams[q] += [fwd, bwd]
@@ -458,20 +483,20 @@ class _Sim:
                         r = self._job(p, "R", m, layer_index, c.recovery_resource,
                                       lc.recompute_ms * c.microbatch_scale(m), _FSR,
                                       key=(bi, -layer_index))
-                        _edge(self.F[(g, m)][i], r)
+                        self._edge(self.F[(g, m)][i], r)
                         if gate is not None:
-                            _edge(gate, r)
+                            self._edge(gate, r)
                         b = self.B[(g, m)][i]
                         b.other = b.npred
                         b.fsr_r = r
-                        _edge(r, b)
+                        self._edge(r, b)
                     cap = m_.fsr_buffer_layers
                     if cap is not None:
                         # a bounded recovery buffer: the k-th recovery (in backward order) waits until
                         # the backward that consumed the (k - cap)-th has ended and freed its slot
                         for b in reversed(self.B[(g, m)]):
                             if len(consumed) >= cap:
-                                _edge(consumed[-cap], b.fsr_r)
+                                self._edge(consumed[-cap], b.fsr_r)
                             consumed.append(b)
         # lifecycle tasks
         self.life: list[list[_Job]] = []
@@ -498,30 +523,30 @@ class _Sim:
                 lc = self.flat[layer_index]
                 g = self._job(p, "GradSync", None, layer_index, "link", lc.gradsync_ms, _LIFE)
                 g.order_hint = -layer_index
-                _edge(acc_done[layer_index] if m_.layerwise else final, g)
+                self._edge(acc_done[layer_index] if m_.layerwise else final, g)
                 gs[layer_index] = g
             bulk_update = None
             if not m_.deadline_aware and c.bulk_update_ms is not None:
                 bulk_update = self._job(p, "Update", None, None, c.update_resource, c.bulk_update_ms, _LIFE)
                 for g in dict.fromkeys(gs.values()):
-                    _edge(g, bulk_update)
+                    self._edge(g, bulk_update)
             for layer_index in layers:
                 lc = self.flat[layer_index]
                 if bulk_update is None:
                     u = self._job(p, "UpdateShard", None, layer_index, c.update_resource, lc.update_ms, _LIFE)
                     u.order_hint = layer_index
                     for g in ([gs[layer_index]] if m_.deadline_aware else dict.fromkeys(gs.values())):
-                        _edge(g, u)
+                        self._edge(g, u)
                     us[layer_index] = u
             for layer_index in layers:
                 lc = self.flat[layer_index]
                 w = self._job(p, "PrefetchW", None, layer_index, c.prefetch_resource, lc.prefetch_ms, _LIFE)
                 w.order_hint = layer_index
                 if bulk_update is not None:
-                    _edge(bulk_update, w)
+                    self._edge(bulk_update, w)
                 else:
                     for u in ([us[layer_index]] if m_.deadline_aware else us.values()):
-                        _edge(u, w)
+                        self._edge(u, w)
                 pw[layer_index] = w
             life = list(dict.fromkeys(gs.values())) + ([bulk_update] if bulk_update else []) + list(us.values()) \
                 + list(pw.values())
@@ -549,7 +574,7 @@ class _Sim:
             g = self._job(p, "GradSync", None, group[-1], "link", bucket_ms(group, sync, launch), _LIFE)
             g.order_hint = -group[-1]
             for q in dict.fromkeys(acc_done[layer] if self.mech.layerwise else final for layer in group):
-                _edge(q, g)
+                self._edge(q, g)
             for layer in group:
                 gs[layer] = g
             self.bucket_jobs.append((p, k, group, g))
@@ -578,6 +603,7 @@ class _Sim:
         for j in self.jobs:
             j.preds = j.succs = None
             j.fsr_r = None
+        self.edge_log = []
 
     # ------------------------------------------------------------ lower bounds ("window fits")
     def _lb_end(self, root: _Job) -> float:
@@ -749,6 +775,17 @@ class _Sim:
             heapq.heappush(heap, ent)
 
     def run(self) -> None:
+        """The event loop: the compiled one from ``COMPILED_LOOP_MIN_JOBS`` jobs where Numba is loaded or
+        this process has simulated ``COMPILED_LOOP_FIRST_JOBS`` jobs (imported only then), else :meth:`run_python`."""
+        n = len(self.jobs)
+        _JOBS_SIMULATED[0] += n
+        if n >= COMPILED_LOOP_MIN_JOBS and ("numba" in sys.modules or _JOBS_SIMULATED[0] >= COMPILED_LOOP_FIRST_JOBS):
+            importlib.import_module("ratrain.sim.event_loop").run(self)
+        else:
+            self.run_python()
+
+    def run_python(self) -> None:
+        """The event loop in Python: the reference of the compiled one."""
         for j in self.jobs:
             if j.npred == 0:
                 self._make_ready(j)
