@@ -268,7 +268,9 @@ def search_grid(model: ModelSpec, clusters: int, global_batch: int, seq: int, me
     each = np.tile(per, (len(outer), 1))
     p, d, t, b, a = rows.T.copy()
     z, act, pref = each.T.copy()
-    return Grid(p, d, t, z, b, a, act, pref, seq)
+    # the rows are the product of the layouts and the inner choices, in that order: peak_bytes works per layout
+    product = (outer, tuple(zeros), tuple(ACTIVATION_POLICIES.index(x) for x in acts))
+    return Grid(p, d, t, z, b, a, act, pref, seq, product)
 
 
 class Planner:
