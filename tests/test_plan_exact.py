@@ -1,7 +1,8 @@
 """The planner's faster paths give the plain ones' numbers exactly: the layer partition against the
 stage-by-stage scan it replaced, the memory model's layer sizes against the public per-tensor functions,
-the memory check over a grid of layouts against the row-by-row one and ``PeakMemory.peak``, and the
-row deduplication of the main path against ``np.unique``."""
+the memory check over a grid of layouts against the row-by-row one and ``PeakMemory.peak``, the row
+deduplication of the main path against ``np.unique``, and the stage chains without PrefetchW against the
+event loop."""
 from __future__ import annotations
 
 import itertools
@@ -12,8 +13,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from ratrain.cost.terms import LayerKind
 from ratrain.errors import ConfigError
-from ratrain.plan import vectorised
+from ratrain.plan import estimator, vectorised
 from ratrain.plan.planner import search_grid, search_space
 from ratrain.plan.vectorised import Grid, peak_bytes
 from ratrain.spec.memory import (
@@ -178,3 +180,53 @@ def test_distinct_rows_are_the_unique_rows(monkeypatch, collide):
     inverse = inverse.reshape(-1)
     want = sorted(sorted(np.flatnonzero(inverse == k).tolist()) for k in range(len(first)))
     assert _unique_rows(table) == (want, len(first))
+
+
+def _stage_chain_inputs(rng: random.Random) -> tuple:
+    """A stage's GradSync/UpdateShard chains as ``_stage_life`` hands them over: a first layer and identical
+    middle ones (as the planner's stages) or every layer its own, zero-length tasks, ties and GradSyncs
+    longer or shorter than the backward that releases them."""
+    def value(scale: float) -> float:
+        c = rng.random()
+        return 0.0 if c < 0.15 else rng.choice([1.0, 2.0, 0.5, 3.0]) * scale if c < 0.3 else rng.random() * scale
+
+    n = rng.randint(1, 30)
+    if rng.random() < 0.5:
+        first, mid = (LayerKind(value(5), 0.0, 0.0, value(5), value(5), 0.0) for _ in range(2))
+        kinds = [first] + [mid] * (n - 1)
+        bprime = [rng.choice([mid.forward * 2, 1.0, 3.0, mid.gradsync, mid.gradsync / 2])] * n
+    else:
+        kinds = [LayerKind(value(5), 0.0, 0.0, value(5), value(5), 0.0) for _ in range(n)]
+        bprime = [value(5) for _ in range(n)]
+    ready, acc = [0.0] * n, 0.0
+    if rng.random() < 0.8:
+        for j in range(n):
+            ready[j], acc = -acc, acc + bprime[j]
+    else:
+        ready = [rng.choice([-2.0, -1.0, 0.0, rng.random() - 1]) for _ in range(n)]
+    ff, acc = [0.0] * n, 0.0
+    for j in range(n):
+        ff[j], acc = acc, acc + kinds[j].forward
+    return kinds, ready, ff, rng.choice([0.0, rng.random(), 1.0, rng.random() * 10, 1e-10, 5.0]), rng.random() < 0.6
+
+
+def test_the_chains_without_prefetch_are_the_event_loops():
+    rng = random.Random(5)
+    walked = 0
+    for _ in range(6000):
+        kinds, ready, ff, X, has_send = _stage_chain_inputs(rng)
+        want = estimator._deadline_chains_events(kinds, ready, ff, X, has_send, False)
+        got = estimator._chains_without_prefetch(kinds, ready, ff, X, has_send)
+        walked += got is not None
+        assert got is None or got == want, (kinds, ready, X, has_send)
+        assert estimator._deadline_chains(kinds, ready, ff, X, has_send, False) == want
+    assert walked > 5000         # most take the walk; the rest (instants too close) the events
+
+
+def test_instants_too_close_take_the_event_loop():
+    # the second GradSync is ready a hair after the first ends: the event loop's tolerance merges the two
+    kinds = [LayerKind(1.0, 0.0, 0.0, 1.0, 0.5, 0.0)] * 2
+    ready = [-1.0 - 5e-13, -2.0]
+    assert estimator._chains_without_prefetch(kinds, ready, [0.0, 1.0], 0.0, False) is None
+    assert estimator._deadline_chains(kinds, ready, [0.0, 1.0], 0.0, False, False) == \
+        estimator._deadline_chains_events(kinds, ready, [0.0, 1.0], 0.0, False, False)

@@ -452,20 +452,22 @@ class Planner:
                               fsr=method != "tuned", fsr_buffer_layers=self.constants.fsr_buffer_layers)
         order = np.argsort(bounds, kind="stable")
 
-        def make(k: int):
-            cfg = self._config(sub.point(k), seq)
-            mech = self._mechanisms(cfg, method)
+        on = method != "tuned"
+
+        def make(k: int, point: tuple):
+            # the configuration itself is made only for the ranked (``plan`` makes it from the point)
+            pp, accum, activation, prefetch = point[0], point[5], point[6], point[7]
             terms = kinds.terms(k)
-            one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
-                            activation=mech["activation"], fsr=mech["fsr"], recovery_resource="compute",
-                            fsr_buffer_layers=mech["fsr_buffer_layers"])
-            return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
-                                               update_prefetch=mech["update_prefetch"], recovery_resource="compute",
-                                               chains=chains)
+            one = main_path(stage_kinds(terms, self.stage_layers(pp)), terms.transfer, accum,
+                            activation=activation, fsr=on, recovery_resource="compute",
+                            fsr_buffer_layers=self.constants.fsr_buffer_layers)
+            return None, lambda: lifecycle_tail(one, layerwise=on, update_prefetch=on and prefetch == "layerwise",
+                                                recovery_resource="compute", chains=chains)
 
         def waiting() -> Iterator[tuple]:
             for k in order.tolist():
-                yield float(bounds[k]), int(peaks[fit[k]]), sub.point(k), 0, lambda k=k: make(k)
+                point = sub.point(k)
+                yield float(bounds[k]), int(peaks[fit[k]]), point, 0, lambda k=k, point=point: make(k, point)
 
         return len(grid), len(grid) - len(fit), len(fit), waiting()
 
@@ -557,7 +559,8 @@ class Planner:
             insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
             del timed[top:]
         ranked: list[Candidate] = []
-        for step, peak, _, si, cfg, bd in timed:
+        for step, peak, c, si, cfg, bd in timed:
+            cfg = cfg or self._config(c, seq)
             if choices[si] == ONE_F_ONE_B:
                 stages = stage_memory(self.model, cfg, self.platform, self.constants)
                 peak = max_peak(stages)

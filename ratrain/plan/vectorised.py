@@ -247,9 +247,9 @@ class KindArrays:
 
     def terms(self, i: int) -> CostTerms:
         """Row ``i`` as ``CostTerms`` (its kinds only: what ``main_path`` and ``lifecycle_tail`` read)."""
-        made = {k: LayerKind(*(float(self.kinds[k][f][i]) for f in FIELDS[:-1]), int(self.kinds[k]["params"][i]))
-                for k in KINDS}
-        return CostTerms(made["mid"], made["first"], made["last"], made["only"], float(self.transfer[i]), {})
+        made = [LayerKind(*[fields[f].item(i) for f in FIELDS[:-1]], fields["params"].item(i))
+                for fields in (self.kinds[k] for k in KINDS)]
+        return CostTerms(*made, self.transfer.item(i), {})
 
 
 PROFILE_FIELDS = ("forward_s", "backward_s", "first_forward_s", "first_backward_s", "last_forward_s",

@@ -203,6 +203,18 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
     # k = max(extras) + num_layers + 1 every stage alone holds every layer
     k_lo = max(0, base - math.ceil(max(first, last)) - 1)
     k_hi = k_lo + math.ceil(max(first, last)) + num_layers + 2
+    # the bisection starts from the average load's capacity and its neighbours, which hold the answer
+    # unless a stage is at its one-layer minimum: any bracket of the first k that fits gives that k
+    guess = min(max(k_lo, math.floor((num_layers + first + last) / pp - offsets[-1])), k_hi)
+    if total(guess + offsets[-1]) >= num_layers:
+        if guess - 1 < k_lo or total(guess - 1 + offsets[-1]) < num_layers:
+            k_lo = k_hi = guess
+        else:
+            k_hi = guess - 1
+    elif guess + 1 <= k_hi and total(guess + 1 + offsets[-1]) >= num_layers:
+        k_lo = k_hi = guess + 1
+    else:
+        k_lo = min(guess + 2, k_hi)
     while k_lo < k_hi:
         mid = (k_lo + k_hi) // 2
         if total(mid + offsets[-1]) >= num_layers:
@@ -211,10 +223,11 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
             k_lo = mid + 1
     capacity = next(k_lo + off for off in offsets if total(k_lo + off) >= num_layers)
     c_first, level, c_last = caps(capacity)
-    surplus = total(capacity) - num_layers
+    surplus = (c_first if pp == 1 else c_first + middle * level + c_last) - num_layers
     # Take the surplus away one layer at a time from the most loaded stage that has more than one, ties to
     # the lower index (the load key (count + extra, -p)). The middle stages give theirs in index order: the
-    # first ``taken`` of them hold level - 1 layers, the others level, so the one to compare is stage taken + 1.
+    # first ``taken`` of them hold level - 1 layers, the others level, so the one to compare is stage taken + 1;
+    # while it is the most loaded, so is each middle stage after it at that level: those go at once.
     taken = 0
     while surplus > 0:
         offers = []
@@ -227,13 +240,16 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
         _, best = max(offers)
         if best == 0:
             c_first -= 1
+            surplus -= 1
         elif best == -(pp - 1):
             c_last -= 1
+            surplus -= 1
         else:
-            taken += 1
+            step = min(surplus, middle - taken)
+            taken += step
+            surplus -= step
             if taken == middle:
                 level, taken = level - 1, 0
-        surplus -= 1
     counts = [c_first] if pp == 1 else [c_first] + [level - 1] * taken + [level] * (middle - taken) + [c_last]
     stages, start = [], 0
     for count in counts:
