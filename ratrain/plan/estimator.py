@@ -270,7 +270,7 @@ def _chains_without_prefetch(kinds: list[LayerKind], ready: list[float], ff: lis
         if x != prev and x - prev <= _SEPARATION:
             return None
         prev = x
-    return (g_end, u_end, list(u_end)), link_end, link_start
+    return (g_end, u_end, u_end), link_end, link_start    # PrefetchW's ends are UpdateShard's: one list
 
 
 def _deadline_chains_events(kinds: list[LayerKind], ready: list[float], ff: list[float], X: float,
@@ -431,9 +431,15 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         # the chains as the resources run them (with PrefetchW on the link, GradSync ends include
         # its interference; E_comm/E_upd/E_pref split the joint schedule)
         ends, link_end, first = _deadline_chains(kinds, ready, ff, X, has_send, prefetch_link)
-        worst = tuple(max([e_j - ff_j for e_j, ff_j in zip(e, ff, strict=True)]) for e in ends)
-        return worst, max(ends[0]), (first if first < float("inf") else None), link_end, \
-            (max(ends[1]), None if prefetch_link else max(ends[2]))
+        g_ends, u_ends, w_ends = ends
+        # without PrefetchW work its ends are UpdateShard's, handed over as the same list: reduced once
+        same = w_ends is u_ends
+        u = max([e_j - ff_j for e_j, ff_j in zip(u_ends, ff, strict=True)])
+        worst = (max([e_j - ff_j for e_j, ff_j in zip(g_ends, ff, strict=True)]), u,
+                 u if same else max([e_j - ff_j for e_j, ff_j in zip(w_ends, ff, strict=True)]))
+        u_all = max(u_ends)
+        return worst, max(g_ends), (first if first < float("inf") else None), link_end, \
+            (u_all, None if prefetch_link else u_all if same else max(w_ends))
     link = -float("inf")
     first_g = None
     for j in range(n - 1, -1, -1):
@@ -561,11 +567,11 @@ def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: b
             s = share[p]
             bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3], strict=False)]
             # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
-            args = (X, mode, P > 1 and p > 0, link_w and any(k.prefetch > 0 for k in kinds))
+            args = (X, mode, P > 1 and p > 0, link_w and any([k.prefetch > 0 for k in kinds]))
             if chains is None:
                 got = _stage_life(kinds, bprime, *args)
             else:
-                inputs = (tuple((k.forward, k.gradsync, k.update, k.prefetch) for k in kinds), tuple(bprime), args)
+                inputs = (tuple([(k.forward, k.gradsync, k.update, k.prefetch) for k in kinds]), tuple(bprime), args)
                 got = chains.get(inputs)
                 if got is None:
                     got = chains[inputs] = _stage_life(kinds, bprime, *args)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
@@ -380,8 +381,11 @@ class _LayerBytes:
     cp_kv_buffer: int = 0       # CP > 1: the ring's K/V chunks in flight (two of K and V)
 
 
+@lru_cache(maxsize=4096)
 def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_parallel: bool = False,
                  moe_cp: MoeCpLayout | None = None) -> _LayerBytes:
+    """The layer sizes a stage of (b, seq, T, P) reads (memoised: frozen, and the planner reads the same
+    ones for every configuration it checks and reports)."""
     emb, head = stage_edge_parameters(model, pp, t)
     sp = sequence_parallel
     if moe_cp is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ratrain.errors import ConfigError
 from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
@@ -179,6 +180,17 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
     for label, value in (("first_extra", first_extra), ("last_extra", last_extra)):
         if value < 0 or not math.isfinite(value):
             raise ConfigError(f"{label} must be a finite non-negative number, got {value!r}")
+    stages, start = [], 0
+    for count in _stage_counts(num_layers, pp, first_extra, last_extra):
+        stages.append(range(start, start + count))
+        start += count
+    return stages
+
+
+@lru_cache(maxsize=4096)
+def _stage_counts(num_layers: int, pp: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
+    """``partition_layers``' layer counts (valid arguments), memoised: the planner asks for the same
+    split of a model once per configuration it reports and per plan."""
     # only the edge stages carry extras (one stage: both), so every middle stage has the same cap and
     # takes layers alike: the split is three counts and the scans over every stage are closed forms
     first = 0.0 + first_extra
@@ -251,11 +263,7 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
             if taken == middle:
                 level, taken = level - 1, 0
     counts = [c_first] if pp == 1 else [c_first] + [level - 1] * taken + [level] * (middle - taken) + [c_last]
-    stages, start = [], 0
-    for count in counts:
-        stages.append(range(start, start + count))
-        start += count
-    return stages
+    return tuple(counts)
 
 
 def partition_model(spec, pp: int, rule: str = "balanced") -> list[range]:
