@@ -230,3 +230,21 @@ def test_instants_too_close_take_the_event_loop():
     assert estimator._chains_without_prefetch(kinds, ready, [0.0, 1.0], 0.0, False) is None
     assert estimator._deadline_chains(kinds, ready, [0.0, 1.0], 0.0, False, False) == \
         estimator._deadline_chains_events(kinds, ready, [0.0, 1.0], 0.0, False, False)
+
+
+def test_a_plan_is_the_same_with_and_without_the_memos():
+    from ratrain.cost.profile import layer_profile
+    from ratrain.plan.planner import Planner, clear_memos
+    from ratrain.spec.memory import _layer_bytes
+    from ratrain.spec.parallel import _stage_counts
+
+    def run():
+        return Planner(get_model("llama2-70b"), profile_source="roofline",
+                       profile_fn=lambda m, b, s, t, source: layer_profile(m, b, s, t, source="roofline")).plan(96, 32)
+
+    clear_memos()
+    assert _stage_counts.cache_info().currsize == 0 and _layer_bytes.cache_info().currsize == 0
+    cold = run()
+    assert _stage_counts.cache_info().currsize > 0 and _layer_bytes.cache_info().currsize > 0
+    warm = run()
+    assert [c.to_json() for c in cold.ranked] == [c.to_json() for c in warm.ranked]

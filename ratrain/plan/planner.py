@@ -77,6 +77,7 @@ from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     MemoryConstants,
     PeakMemory,
+    _layer_bytes,
     max_peak,
     stage_memory,
 )
@@ -87,6 +88,7 @@ from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PREFETCH_POLICIES,
     ParallelConfig,
+    _stage_counts,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
 from rtcommon.progress import Progress
@@ -98,6 +100,13 @@ def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") ->
     if method == "tuned":
         return Mechanisms(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
     return Mechanisms(layerwise=True, update_prefetch=prefetch == "layerwise", fsr=True, activation=activation)
+
+
+def clear_memos() -> None:
+    """Forget the process-wide memos a plan fills (the partitions' layer counts, the layer sizes), as a new
+    process starts without them: to measure a first plan in a process that has planned before."""
+    _stage_counts.cache_clear()
+    _layer_bytes.cache_clear()
 
 
 def _check_method(method: str) -> None:
@@ -692,5 +701,5 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)
 
 
-__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "layout_schedule", "mechanisms_for", "plan",
-           "search_space", "simulate_config"]
+__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "clear_memos", "layout_schedule",
+           "mechanisms_for", "plan", "search_space", "simulate_config"]
