@@ -584,8 +584,8 @@ class Planner:
             say(f"plan: searched {enumerated:,} configurations; confirming the {len(finalists)} best on emulated "
                 "kernels")
             for cand in finalists:
-                emulated = self.estimate(cand.config, method) if cand.schedule == ONE_F_ONE_B else \
-                    self.estimate(cand.config, method, schedule=cand.schedule)
+                # the finalists share the memo of stage chains (keyed by everything a chain reads)
+                emulated = self.bounded(cand.config, method, schedule=cand.schedule, chains=chains)[1]()
                 cand.fast_step_ms, cand.step_ms, cand.breakdown = cand.step_ms, emulated.step_ms, emulated
                 cand.kernels = "emulated"
             confirmed = len(finalists)
