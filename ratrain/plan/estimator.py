@@ -60,7 +60,7 @@ def _main_path(path: list[float], slot_loads: list[float], X: float, A: int) -> 
     2X through the half-duplex ports (docs/CHOICES.md, "ratrain simulator").
     Returns (T, steady slot, busiest stage)."""
     P = len(path)
-    q = max(range(P), key=lambda p: slot_loads[p])
+    q = max(range(P), key=slot_loads.__getitem__)
     # the last stage runs F(m) right after B(m-1) with nothing in flight to cover the gradient's
     # round trip; stages before it hold min(P - p, A) micro-batches and absorb it
     floor = slot_loads[-1] + (2 * X if P > 1 else 0.0)
@@ -117,12 +117,19 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
     that-many layers be recovered ahead; every other recovery waits for a backward to free a slot
     and then sits on the backward path (``_serial_recovery``; per-layer backward times ``bwds``)."""
     P = len(f)
-    rsum = [sum(r) for r in recs]
-    ahead = [r if buffer_layers is None else r[len(r) - min(buffer_layers, len(r)):] for r in recs]
     bwds = bwds or [[0.0] * len(r) for r in recs]
-    serial = [_serial_recovery(recs[p], bwds[p], buffer_layers, resource != "compute") for p in range(P)]
+    # stages alike share their lists (main_path passes one per layer shape): each shape's sums once
+    each: dict = {}
+    rsum, serial = [0.0] * P, [0.0] * P
+    for p in range(P):
+        key = (id(recs[p]), id(bwds[p]))
+        got = each.get(key)
+        if got is None:
+            got = each[key] = (sum(recs[p]), _serial_recovery(recs[p], bwds[p], buffer_layers, resource != "compute"))
+        rsum[p], serial[p] = got
     if resource == "compute":
         return [f[p] + b[p] + rsum[p] for p in range(P)], serial[:-1] + [rsum[-1]]
+    ahead = [r if buffer_layers is None else r[len(r) - min(buffer_layers, len(r)):] for r in recs]
     fend = rend = 0.0
     first_ahead = len(recs[-1]) - len(ahead[-1])
     for i, (fw, r) in enumerate(zip(last_fwd, recs[-1], strict=False)):
@@ -146,6 +153,129 @@ def _fsr_loads(f: list[float], b: list[float], recs: list[list[float]], last_fwd
 def _deadline_chains(kinds: list[LayerKind], ready: list[float], ff: list[float], X: float,
                      has_send: bool, prefetch_link: bool
                      ) -> tuple[tuple[list[float], list[float], list[float]], float, float]:
+    """``_deadline_chains_events``' result, from ``_chains_without_prefetch`` where that applies and is exact."""
+    if not prefetch_link and not any(k.prefetch for k in kinds):
+        got = _chains_without_prefetch(kinds, ready, ff, X, has_send)
+        if got is not None:
+            return got
+    return _deadline_chains_events(kinds, ready, ff, X, has_send, prefetch_link)
+
+
+# two instants the event loop's tolerance (1e-12, plus rounding) could merge are closer than this
+_SEPARATION = 1e-11
+
+
+def _chains_without_prefetch(kinds: list[LayerKind], ready: list[float], ff: list[float], X: float,
+                             has_send: bool
+                             ) -> tuple[tuple[list[float], list[float], list[float]], float, float] | None:
+    """``_deadline_chains_events`` when no layer has PrefetchW work and PrefetchW is not on the link (the
+    planner's usual stage): the link then holds GradSync alone, first come first served whatever DDR does,
+    and DDR runs UpdateShard earliest deadline first as the GradSyncs release it, so each resource is one
+    queue walked once. That is the event loop's schedule unless two of its instants are within its
+    tolerance of each other (it merges them): then, or for a duration the clock cannot resolve, None."""
+    n = len(kinds)
+    inf = float("inf")
+    gd = [k.gradsync for k in kinds]
+    g_end = [0.0] * n
+    order = sorted([(ready[j], -j) for j in range(n) if gd[j] != 0])
+    m = len(order)
+    now = -inf
+    i = c = 0
+    held: list[tuple[float, int]] = []     # checked before the last Send, too long to end by then: they wait
+    link_start = inf
+    if has_send:
+        # until the Send is done only a GradSync that ends by the stage's last backward may start, the first
+        # such in queue order; one that does not fit at some instant never will (time only grows), so each
+        # is checked once
+        while now < X:
+            if c == i:
+                if i == m:
+                    break
+                if order[i][0] > now:
+                    now = order[i][0]
+                    if now >= X:
+                        break
+            while i < m and order[i][0] <= now:
+                i += 1
+            while c < i and now + gd[-order[c][1]] > 1e-9:
+                held.append(order[c])
+                c += 1
+            if c < i:               # it fits: it runs now
+                mj = order[c][1]
+                c += 1
+                end = g_end[-mj] = now + gd[-mj]
+                if not end > now:
+                    return None
+                link_start = min(link_start, now)
+                now = end
+            else:
+                now = order[i][0] if i < m and order[i][0] < X else X
+        if held and now < X:
+            now = X
+    # then first come first served, the held ones first (they came first)
+    free = now
+    for t, mj in held + order[c:] if held else order[c:]:
+        s = t if t > free else free
+        end = s + gd[-mj]
+        if not end > s:
+            return None
+        g_end[-mj] = end
+        if s < link_start:
+            link_start = s
+        free = end
+    link_end = max((g_end[-mj] for _, mj in order), default=-inf)
+    # the instants the event loop would visit: every ready time, end and the last Send's end (a start is one
+    # of those)
+    instants = [r for r, _ in order] + [g_end[-mj] for _, mj in order]
+    if has_send:
+        instants.append(X)
+    for j in range(n):
+        if gd[j] == 0:
+            g_end[j] = ready[j]
+            instants.append(ready[j])
+    # DDR: UpdateShard(j) ready when GradSync(j) ends (a zero-length one is done when ready); a zero-length
+    # UpdateShard (and every PrefetchW) is done when ready
+    ud = [k.update for k in kinds]
+    u_end = [g_end[j] if ud[j] == 0 else 0.0 for j in range(n)]
+    released = sorted([(g_end[j], j) for j in range(n) if ud[j] != 0])
+    heap: list[tuple[float, int]] = []             # the ready ones by deadline (next Forward: lowest layer)
+    i, now, m = 0, -inf, len(released)
+    while i < m or heap:
+        if not heap:
+            r, j = released[i]
+            if r > now:
+                now = r
+            if i + 1 == m or released[i + 1][0] > now:     # it alone is ready when DDR is free
+                i += 1
+                end = now + ud[j]
+                if not end > now:
+                    return None
+                instants.append(end)
+                u_end[j] = now = end
+                continue
+        while i < m and released[i][0] <= now:
+            j = released[i][1]
+            heappush(heap, (ff[j], j))
+            i += 1
+        _, j = heappop(heap)
+        end = now + ud[j]
+        if not end > now:
+            return None
+        instants.append(end)
+        u_end[j] = now = end
+    # the check: no two distinct instants closer than the event loop's tolerance
+    instants.sort()
+    prev = instants[0] if instants else 0.0
+    for x in instants:
+        if x != prev and x - prev <= _SEPARATION:
+            return None
+        prev = x
+    return (g_end, u_end, u_end), link_end, link_start    # PrefetchW's ends are UpdateShard's: one list
+
+
+def _deadline_chains_events(kinds: list[LayerKind], ready: list[float], ff: list[float], X: float,
+                            has_send: bool, prefetch_link: bool
+                            ) -> tuple[tuple[list[float], list[float], list[float]], float, float]:
     """Deadline mode as the simulator runs it: GradSync(l) on the link, UpdateShard(l) on DDR,
     PrefetchW(l) on the link (``prefetch_link``) or DDR. Each resource is non-preemptive and work
     conserving; UpdateShard/PrefetchW start earliest deadline first (next Forward(l), i.e. the
@@ -301,9 +431,15 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
         # the chains as the resources run them (with PrefetchW on the link, GradSync ends include
         # its interference; E_comm/E_upd/E_pref split the joint schedule)
         ends, link_end, first = _deadline_chains(kinds, ready, ff, X, has_send, prefetch_link)
-        worst = tuple(max([e_j - ff_j for e_j, ff_j in zip(e, ff, strict=True)]) for e in ends)
-        return worst, max(ends[0]), (first if first < float("inf") else None), link_end, \
-            (max(ends[1]), None if prefetch_link else max(ends[2]))
+        g_ends, u_ends, w_ends = ends
+        # without PrefetchW work its ends are UpdateShard's, handed over as the same list: reduced once
+        same = w_ends is u_ends
+        u = max([e_j - ff_j for e_j, ff_j in zip(u_ends, ff, strict=True)])
+        worst = (max([e_j - ff_j for e_j, ff_j in zip(g_ends, ff, strict=True)]), u,
+                 u if same else max([e_j - ff_j for e_j, ff_j in zip(w_ends, ff, strict=True)]))
+        u_all = max(u_ends)
+        return worst, max(g_ends), (first if first < float("inf") else None), link_end, \
+            (u_all, None if prefetch_link else u_all if same else max(w_ends))
     link = -float("inf")
     first_g = None
     for j in range(n - 1, -1, -1):
@@ -431,11 +567,11 @@ def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: b
             s = share[p]
             bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3], strict=False)]
             # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
-            args = (X, mode, P > 1 and p > 0, link_w and any(k.prefetch > 0 for k in kinds))
+            args = (X, mode, P > 1 and p > 0, link_w and any([k.prefetch > 0 for k in kinds]))
             if chains is None:
                 got = _stage_life(kinds, bprime, *args)
             else:
-                inputs = (tuple((k.forward, k.gradsync, k.update, k.prefetch) for k in kinds), tuple(bprime), args)
+                inputs = (tuple([(k.forward, k.gradsync, k.update, k.prefetch) for k in kinds]), tuple(bprime), args)
                 got = chains.get(inputs)
                 if got is None:
                     got = chains[inputs] = _stage_life(kinds, bprime, *args)

@@ -77,6 +77,7 @@ from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
     MemoryConstants,
     PeakMemory,
+    _layer_bytes,
     max_peak,
     stage_memory,
 )
@@ -87,6 +88,7 @@ from ratrain.spec.parallel import (
     ACTIVATION_POLICIES,
     PREFETCH_POLICIES,
     ParallelConfig,
+    _stage_counts,
 )
 from ratrain.spec.platform import GIB, TrainingPlatform
 from rtcommon.progress import Progress
@@ -98,6 +100,13 @@ def mechanisms_for(method: str, activation: str, prefetch: str = "layerwise") ->
     if method == "tuned":
         return Mechanisms(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
     return Mechanisms(layerwise=True, update_prefetch=prefetch == "layerwise", fsr=True, activation=activation)
+
+
+def clear_memos() -> None:
+    """Forget the process-wide memos a plan fills (the partitions' layer counts, the layer sizes), as a new
+    process starts without them: to measure a first plan in a process that has planned before."""
+    _stage_counts.cache_clear()
+    _layer_bytes.cache_clear()
 
 
 def _check_method(method: str) -> None:
@@ -268,7 +277,9 @@ def search_grid(model: ModelSpec, clusters: int, global_batch: int, seq: int, me
     each = np.tile(per, (len(outer), 1))
     p, d, t, b, a = rows.T.copy()
     z, act, pref = each.T.copy()
-    return Grid(p, d, t, z, b, a, act, pref, seq)
+    # the rows are the product of the layouts and the inner choices, in that order: peak_bytes works per layout
+    product = (outer, tuple(zeros), tuple(ACTIVATION_POLICIES.index(x) for x in acts))
+    return Grid(p, d, t, z, b, a, act, pref, seq, product)
 
 
 class Planner:
@@ -450,20 +461,22 @@ class Planner:
                               fsr=method != "tuned", fsr_buffer_layers=self.constants.fsr_buffer_layers)
         order = np.argsort(bounds, kind="stable")
 
-        def make(k: int):
-            cfg = self._config(sub.point(k), seq)
-            mech = self._mechanisms(cfg, method)
+        on = method != "tuned"
+
+        def make(k: int, point: tuple):
+            # the configuration itself is made only for the ranked (``plan`` makes it from the point)
+            pp, accum, activation, prefetch = point[0], point[5], point[6], point[7]
             terms = kinds.terms(k)
-            one = main_path(stage_kinds(terms, self.stage_layers(cfg.pp)), terms.transfer, cfg.accum,
-                            activation=mech["activation"], fsr=mech["fsr"], recovery_resource="compute",
-                            fsr_buffer_layers=mech["fsr_buffer_layers"])
-            return cfg, lambda: lifecycle_tail(one, layerwise=mech["layerwise"],
-                                               update_prefetch=mech["update_prefetch"], recovery_resource="compute",
-                                               chains=chains)
+            one = main_path(stage_kinds(terms, self.stage_layers(pp)), terms.transfer, accum,
+                            activation=activation, fsr=on, recovery_resource="compute",
+                            fsr_buffer_layers=self.constants.fsr_buffer_layers)
+            return None, lambda: lifecycle_tail(one, layerwise=on, update_prefetch=on and prefetch == "layerwise",
+                                                recovery_resource="compute", chains=chains)
 
         def waiting() -> Iterator[tuple]:
             for k in order.tolist():
-                yield float(bounds[k]), int(peaks[fit[k]]), sub.point(k), 0, lambda k=k: make(k)
+                point = sub.point(k)
+                yield float(bounds[k]), int(peaks[fit[k]]), point, 0, lambda k=k, point=point: make(k, point)
 
         return len(grid), len(grid) - len(fit), len(fit), waiting()
 
@@ -555,7 +568,8 @@ class Planner:
             insort(timed, (bd.step_ms, peak, c, si, cfg, bd), key=_rank_key)
             del timed[top:]
         ranked: list[Candidate] = []
-        for step, peak, _, si, cfg, bd in timed:
+        for step, peak, c, si, cfg, bd in timed:
+            cfg = cfg or self._config(c, seq)
             if choices[si] == ONE_F_ONE_B:
                 stages = stage_memory(self.model, cfg, self.platform, self.constants)
                 peak = max_peak(stages)
@@ -570,8 +584,8 @@ class Planner:
             say(f"plan: searched {enumerated:,} configurations; confirming the {len(finalists)} best on emulated "
                 "kernels")
             for cand in finalists:
-                emulated = self.estimate(cand.config, method) if cand.schedule == ONE_F_ONE_B else \
-                    self.estimate(cand.config, method, schedule=cand.schedule)
+                # the finalists share the memo of stage chains (keyed by everything a chain reads)
+                emulated = self.bounded(cand.config, method, schedule=cand.schedule, chains=chains)[1]()
                 cand.fast_step_ms, cand.step_ms, cand.breakdown = cand.step_ms, emulated.step_ms, emulated
                 cand.kernels = "emulated"
             confirmed = len(finalists)
@@ -687,5 +701,5 @@ def simulate_config(model: ModelSpec, cfg: ParallelConfig, *, method: str = "rat
     return SimCheck(cfg, method, bd.step_ms, result.step_time_ms, bd, result, costs)
 
 
-__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "layout_schedule", "mechanisms_for", "plan",
-           "search_space", "simulate_config"]
+__all__ = ["Candidate", "METHODS", "PlanResult", "Planner", "SimCheck", "clear_memos", "layout_schedule",
+           "mechanisms_for", "plan", "search_space", "simulate_config"]

@@ -23,6 +23,7 @@ from ratrain.spec.platform import TrainingPlatform
 
 KINDS = ("mid", "first", "last", "only")
 FIELDS = ("forward", "backward", "recompute", "gradsync", "update", "prefetch", "params")
+SUMMED = FIELDS[:3]         # what the main path sums over a stage's layers
 FULL, CKPT, FSR = (ACTIVATION_POLICIES.index(a) for a in ("full", "ckpt", "fsr"))
 LAYERWISE = PREFETCH_POLICIES.index("layerwise")
 _ACTIVATION = {a: i for i, a in enumerate(ACTIVATION_POLICIES)}
@@ -43,6 +44,10 @@ class Grid:
     activation: np.ndarray
     prefetch: np.ndarray
     seq: int
+    # set when the rows are every layout (P, D, T, b, A) of ``layouts`` (an L x 5 array) with every ZeRO stage of
+    # ``zeros``, activation policy of ``acts`` (indices) and prefetch policy, in that order (``search_grid``'s):
+    # (layouts, zeros, acts). ``peak_bytes`` then works per layout
+    product: tuple | None = None
 
     @classmethod
     def of(cls, points: list[tuple], seq: int) -> Grid:
@@ -122,9 +127,12 @@ EDGE_FIELDS = ("embedding_params", "head_params")     # stage_edge_parameters' (
 
 def peak_bytes(memory: PeakMemory, g: Grid) -> np.ndarray:
     """``memory.peak`` of every row of ``g`` (dense model, CP = EP = 1): the largest of Eq. 9 over the
-    stages that can hold the peak (``PeakMemory.representatives``), one array row per such stage."""
+    stages that can hold the peak (``PeakMemory.representatives``), one array row per such stage (a grid of
+    every layout with every ZeRO stage and policy: ``_product_peak_bytes``)."""
     if not len(g):
         return np.zeros(0, dtype=np.int64)
+    if g.product is not None:
+        return _product_peak_bytes(memory, g.seq, *g.product)
     depths, at = _distinct(g.pp)
     reps = [memory.representatives(pp) for (pp,) in depths]
     width = max(len(r) for r in reps)
@@ -147,6 +155,71 @@ def peak_bytes(memory: PeakMemory, g: Grid) -> np.ndarray:
     n_act = np.minimum(sub.pp - stage, sub.accum)
     value = _stage_bytes(memory.model, s, stage == 0, stage == sub.pp - 1, layers, n_act, sub, memory.constants)
     return np.maximum.reduceat(value, starts)
+
+
+def _product_peak_bytes(memory: PeakMemory, seq: int, layouts: np.ndarray, zeros: tuple[int, ...],
+                        acts: tuple[int, ...]) -> np.ndarray:
+    """``peak_bytes`` of every layout (P, D, T, b, A) of ``layouts`` with every ZeRO stage of ``zeros``,
+    activation policy of ``acts`` and prefetch policy, in that order: ``_stage_bytes``' terms split by what
+    they depend on, the stage's alone once per stage that can hold the peak, those of Z, the policies and
+    the prefetch policy as small tables added by broadcasting (integers, so in any order)."""
+    model, c = memory.model, memory.constants
+    # the stages that can hold the peak, one row each: the layout, its stage and that stage's layer count
+    lay, stage, layers, starts = [], [], [], []
+    for i, pp in enumerate(layouts[:, 0].tolist()):
+        starts.append(len(lay))
+        for st, n in memory.representatives(pp):
+            lay.append(i)
+            stage.append(st)
+            layers.append(n)
+    # the layer sizes once per (b, T), the stage edges once per (T, P), as ``peak_bytes`` reads them
+    P, D, T, B, A = layouts.T
+    sizes, edges = {}, {}
+    per_layout = {name: [] for name in SIZE_FIELDS}
+    for pp, t, b in zip(P.tolist(), T.tolist(), B.tolist(), strict=True):
+        got = sizes.get((b, t)) or sizes.setdefault((b, t), memory.sizes(b, seq, t, 1))
+        edge = edges.get((t, pp)) or edges.setdefault((t, pp), stage_edge_parameters(model, pp, t))
+        for name in SIZE_FIELDS:
+            per_layout[name].append(getattr(got, name))
+        per_layout["embedding_params"][-1], per_layout["head_params"][-1] = edge
+    lay = np.array(lay, dtype=np.int64)
+    s = {name: np.array(v, dtype=np.int64)[lay] for name, v in per_layout.items()}
+    stage, layers = np.array(stage, dtype=np.int64), np.array(layers, dtype=np.int64)
+    pp, d, tp, m = P[lay], D[lay], T[lay], B[lay] * seq
+    first, last = stage == 0, stage == pp - 1
+    n_act = np.minimum(pp - stage, A[lay])
+    layer, emb, head = s["layer_params"], s["embedding_params"], s["head_params"]
+    rec = s["full"] - s["ckpt"]
+    params = layers * layer + np.where(first, emb, 0) + np.where(last, head, 0)
+    biggest = np.maximum(np.maximum(layer, np.where(first, emb, 0)), np.where(last, head, 0))
+    # (stage, Z): the training state
+    z = np.array(zeros, dtype=np.int64)[None, :]
+    whole, shard = params[:, None], _shard(params, d)[:, None]
+    state = (c.weight_bytes * np.where(z < 3, whole, shard) + c.grad_bytes * np.where(z < 2, whole, shard)
+             + c.optimizer_bytes * np.where(z < 1, whole, shard))
+    # (stage, Z, prefetch policy): Z=3's gathered working weights and prefetch buffer
+    gathered = (z == 3) & (d > 1)[:, None]
+    prefetched = np.stack([biggest if i == LAYERWISE else params for i in range(len(PREFETCH_POLICIES))], axis=1)
+    buffers = np.where(gathered[:, :, None], (c.weight_bytes * (biggest[:, None] + prefetched))[:, None, :], 0)
+    # (stage, activation policy): activations, recovery and recompute buffers, workspace
+    act = np.array(acts, dtype=np.int64)[None, :]
+    tokens = n_act * m * 4 * (first.astype(np.int64) + last) + np.where(first, n_act * s["embedding_mask"], 0)
+    saved = (n_act * layers)[:, None] * np.where(act == FULL, s["full"][:, None], s["ckpt"][:, None]) \
+        + tokens[:, None]
+    recovery = np.where(act == FSR, (np.minimum(c.fsr_buffer_layers, layers) * rec)[:, None], 0)
+    recompute = np.where(act == CKPT, rec[:, None], 0)
+    ws = np.where(act == FULL, s["workspace_full"][:, None], s["workspace_fsr"][:, None])
+    ws = np.where(last[:, None], np.maximum(ws, s["head_workspace"][:, None]), ws)
+    # (stage): the rest
+    grad_object = np.maximum(np.maximum(layer, np.where(first, np.minimum(m, model.vocab // tp) * model.hidden, 0)),
+                             np.where(last, head, 0))
+    staging = c.grad_bytes * grad_object * (d > 1) if c.gradsync_staging else 0
+    boundary = (2 - first.astype(np.int64) - last) * s["replicated_tokens"] * (model.hidden * FP16)
+    tp_staging = (tp > 1) * (m * model.hidden * FP16)
+    alone = staging + boundary + tp_staging + c.runtime_reserve_bytes
+    value = (state[:, :, None, None] + buffers[:, :, None, :] + (saved + recovery + recompute + ws)[:, None, :, None]
+             + alone[:, None, None, None])
+    return np.maximum.reduceat(value, np.array(starts), axis=0).reshape(-1)
 
 
 # ---------------------------------------------------------------- cost terms
@@ -174,9 +247,9 @@ class KindArrays:
 
     def terms(self, i: int) -> CostTerms:
         """Row ``i`` as ``CostTerms`` (its kinds only: what ``main_path`` and ``lifecycle_tail`` read)."""
-        made = {k: LayerKind(*(float(self.kinds[k][f][i]) for f in FIELDS[:-1]), int(self.kinds[k]["params"][i]))
-                for k in KINDS}
-        return CostTerms(made["mid"], made["first"], made["last"], made["only"], float(self.transfer[i]), {})
+        made = [LayerKind(*[fields[f].item(i) for f in FIELDS[:-1]], fields["params"].item(i))
+                for fields in (self.kinds[k] for k in KINDS)]
+        return CostTerms(*made, self.transfer.item(i), {})
 
 
 PROFILE_FIELDS = ("forward_s", "backward_s", "first_forward_s", "first_backward_s", "last_forward_s",
@@ -258,13 +331,6 @@ def stacked_kind_arrays(terms: list[CostTerms]) -> KindArrays:
 
 # ---------------------------------------------------------------- the 1F1B main path
 
-def _sequential_sums(start: np.ndarray, step: np.ndarray, count: int) -> np.ndarray:
-    """[start, start + step, start + step + step, ...] (``count`` columns), added in order."""
-    cols = np.repeat(step[:, None], count, axis=1)
-    cols[:, 0] = start
-    return np.cumsum(cols, axis=1)
-
-
 def _pick(table: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """``table[i, columns[i, j]]`` (columns below 0 read column 0; the callers mask them)."""
     return np.take_along_axis(table, np.maximum(columns, 0), axis=1)
@@ -281,11 +347,27 @@ def main_path_ms(ka: KindArrays, g: Grid, counts_of, *, fsr: bool = True, fsr_bu
         return np.zeros(0)
     inputs = np.stack([g.pp.astype(float), g.accum.astype(float), g.activation.astype(float), ka.transfer]
                       + [ka.kinds[k][f] for k in KINDS for f in ("forward", "backward", "recompute")], axis=1)
-    bits = np.ascontiguousarray(inputs).view(np.int64)
-    _, first, inverse = np.unique(bits, axis=0, return_index=True, return_inverse=True)
+    first, inverse = _distinct_rows(np.ascontiguousarray(inputs).view(np.int64))
     if len(first) == len(g):
         return _main_path_ms(ka, g, counts_of, fsr, fsr_buffer_layers)
-    return _main_path_ms(ka.take(first), g.take(first), counts_of, fsr, fsr_buffer_layers)[inverse.reshape(-1)]
+    return _main_path_ms(ka.take(first), g.take(first), counts_of, fsr, fsr_buffer_layers)[inverse]
+
+
+# odd multipliers that mix a row's 64-bit columns into one key (wrapping; any collision is caught)
+_MIX = np.array([(0x9E3779B97F4A7C15 * (2 * i + 1)) % 2 ** 63 | 1 for i in range(64)], dtype=np.int64)
+
+
+def _distinct_rows(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows of an int64 table: the index of one row of each distinct value, and per row which of
+    those it equals (``np.unique(bits, axis=0)``'s index and inverse, in another order). Rows are told apart
+    by a mixed key, then checked against their representative in full: a collision takes the exact way."""
+    key = (bits * _MIX[:bits.shape[1]]).sum(axis=1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not (bits[first][inverse] == bits).all():
+        _, first, inverse = np.unique(bits, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    return first, inverse
 
 
 def _main_path_ms(ka: KindArrays, g: Grid, counts_of, fsr: bool, fsr_buffer_layers: int) -> np.ndarray:
@@ -297,35 +379,35 @@ def _main_path_ms(ka: KindArrays, g: Grid, counts_of, fsr: bool, fsr_buffer_laye
     width = max(int(counts.max()), 1)
     X = np.where(P > 1, ka.transfer, 0.0)
     policy = np.where((g.activation == FSR) & (not fsr), CKPT, g.activation)
-    mid, first, last, only = (ka.kinds[k] for k in KINDS)
     stage = np.arange(counts.shape[1])[None, :]
     is_first, is_last = stage == 0, stage == (P - 1)[:, None]
     alone = is_first & is_last
-
-    def stage_sums(field: str) -> np.ndarray:
-        """Per stage, ``_stage_sums``' sum of ``field`` over its layers in forward order: stage 0 from the
-        first kind on, the last stage its layers but the last then the last kind, one layer alone ``only``."""
-        from_first = _sequential_sums(first[field], mid[field], width)
-        from_mid = _sequential_sums(mid[field], mid[field], width)
-        head = np.where(is_first, _pick(from_first, counts - 1), _pick(from_mid, counts - 1))
-        before = np.where(is_first, _pick(from_first, counts - 2), _pick(from_mid, counts - 2))
-        with_last = np.where(counts >= 2, before + last[field][:, None], last[field][:, None])
-        value = np.where(is_last, with_last, head)
-        value = np.where(alone & (counts == 1), only[field][:, None], value)
-        return np.where(counts > 0, value, 0.0)
-
-    f, b0 = stage_sums("forward"), stage_sums("backward")
-    recompute = stage_sums("recompute")
+    # per field (forward, backward, recompute) and kind, a (3, rows) table
+    mid, first, last, only = (np.stack([ka.kinds[k][f] for f in SUMMED]) for k in KINDS)
+    # ``_stage_sums``' sums over a stage's layers in forward order, every field at once: [start, start + mid,
+    # start + mid + mid, ...] added in order for start = the first kind (stage 0) and start = mid (the others)
+    steps = np.empty((len(SUMMED), 2, len(P), width))
+    steps[...] = mid[:, None, :, None]
+    steps[:, 0, :, 0] = first
+    sums = np.cumsum(steps, axis=-1)
+    rows, after_first = np.arange(len(P))[:, None], (~is_first).astype(np.int64)
+    head = sums[:, after_first, rows, np.maximum(counts - 1, 0)]
+    before = sums[:, after_first, rows, np.maximum(counts - 2, 0)]
+    # the last stage its layers but the last then the last kind, one layer alone ``only``
+    with_last = np.where(counts >= 2, before + last[:, :, None], last[:, :, None])
+    value = np.where(is_last, with_last, head)
+    value = np.where(alone & (counts == 1), only[:, :, None], value)
+    f, b0, recompute = np.where(counts > 0, value, 0.0)
     rsum = np.where((policy == FULL)[:, None], 0.0, recompute)
     base = f + b0
     # FSR on compute: stages before the last expose the recovery their buffer cannot hold ahead
     # (``_serial_recovery``: the reversed recomputes from index ``fsr_buffer_layers`` on), the last all;
     # reversed, stage 0 holds its mids then the first layer's
     cap = fsr_buffer_layers
-    mids = _sequential_sums(mid["recompute"], mid["recompute"], width)
+    mids = sums[SUMMED.index("recompute"), 1]
     k = counts - cap - is_first
     tail = np.where(k >= 1, _pick(mids, k - 1), 0.0)
-    first_rec = first["recompute"][:, None]
+    first_rec = first[SUMMED.index("recompute")][:, None]
     serial = np.where(is_first, np.where(counts > cap, np.where(k >= 1, tail + first_rec, first_rec), 0.0), tail)
     e = np.where(is_last, rsum, serial)
     path = np.where((policy == FULL)[:, None], base, np.where((policy == CKPT)[:, None], base + rsum, base + e))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 from ratrain.errors import ConfigError
 from ratrain.spec.models import (
@@ -307,6 +308,14 @@ def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int =
     A MoE MLP holds the SwiGLU terms over its device's ``expert_rows`` rows (f the expert width)
     and, for the shared experts, over every token; ``kv_seq`` as in ``layer_saved_tensors``.
     """
+    bwd, both = _workspace_pair(spec, micro_batch, seq, tp, kv_seq=kv_seq, expert_rows=expert_rows)
+    return both if forward_transients else bwd
+
+
+def _workspace_pair(spec: ModelSpec, micro_batch: int, seq: int, tp: int, *, kv_seq: int | None = None,
+                    expert_rows: int | None = None) -> tuple[int, int]:
+    """``layer_workspace_bytes`` without and with the forward transients, in one pass (the memory model
+    reads both)."""
     m = micro_batch * seq
     h, d, f = spec.hidden, spec.head_dim, spec.ffn // tp
     q, kv = spec.heads // tp * d, spec.kv_heads // tp * d
@@ -319,15 +328,13 @@ def layer_workspace_bytes(spec: ModelSpec, micro_batch: int, seq: int, tp: int =
         bwd = max(bwd, _moe_workspace_bytes(spec, m, tp, expert_rows))
     if spec.dropout > 0:
         bwd = max(bwd, m * FP16 * (h + q + kv) + 2 * probs)
-    if not forward_transients:
-        return bwd
     core = probs + (probs // FP16 * MASK + probs if spec.dropout > 0 else 0)
     mlp_fwd = 2 * h + (3 * f if spec.mlp == "swiglu" else 2 * f)
     fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + core, m * FP16 * mlp_fwd)
     if spec.moe is not None:
         fwd = max(m * FP16 * (h + 2 * q + 2 * kv) + core, m * FP16 * 2 * h
                   + sum(_moe_saved_tensors(spec, m, tp, expert_rows).values()))
-    return max(bwd, fwd)
+    return bwd, max(bwd, fwd)
 
 
 def _moe_workspace_bytes(spec: ModelSpec, m: int, tp: int, expert_rows: int | None) -> int:
@@ -374,18 +381,24 @@ class _LayerBytes:
     cp_kv_buffer: int = 0       # CP > 1: the ring's K/V chunks in flight (two of K and V)
 
 
+@lru_cache(maxsize=4096)
 def _layer_bytes(model: ModelSpec, b: int, s: int, t: int, pp: int, sequence_parallel: bool = False,
                  moe_cp: MoeCpLayout | None = None) -> _LayerBytes:
+    """The layer sizes a stage of (b, seq, T, P) reads (memoised: frozen, and the planner reads the same
+    ones for every configuration it checks and reports)."""
     emb, head = stage_edge_parameters(model, pp, t)
     sp = sequence_parallel
     if moe_cp is not None:
         return _moe_cp_layer_bytes(model, b, s, t, sp, moe_cp, emb, head)
     tokens = _replicated_tokens(b, s, t, sp)
-    return _LayerBytes(layer_checkpoint_bytes(model, b, s, t, sequence_parallel=sp),
-                       layer_full_bytes(model, b, s, t, sequence_parallel=sp),
-                       layer_workspace_bytes(model, b, s, t, True), layer_workspace_bytes(model, b, s, t, False),
+    # layer_checkpoint_bytes, layer_full_bytes and layer_selective_bytes from one layer_saved_tensors (the
+    # attention core's tensors do not depend on sequence parallelism)
+    saved = layer_saved_tensors(model, b, s, t, sequence_parallel=sp)
+    full = sum(saved.values())
+    workspace_full, workspace_fsr = _workspace_pair(model, b, s, t)
+    return _LayerBytes(tokens * model.hidden * FP16, full, workspace_fsr, workspace_full,
                        head_workspace_bytes(model, b, s, t), layer_tp_parameter_count(model, t), emb, head,
-                       selective=layer_selective_bytes(model, b, s, t, sequence_parallel=sp),
+                       selective=full - sum(saved.get(name, 0) for name in ATTENTION_CORE_TENSORS),
                        replicated_tokens=tokens,
                        embedding_mask=tokens * model.hidden * MASK if model.dropout > 0 else 0)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ratrain.errors import ConfigError
 from ratrain.spec.models import layer_parameter_count, stage_edge_parameters
@@ -179,41 +180,90 @@ def partition_layers(num_layers: int, pp: int, first_extra: float = 0.0,
     for label, value in (("first_extra", first_extra), ("last_extra", last_extra)):
         if value < 0 or not math.isfinite(value):
             raise ConfigError(f"{label} must be a finite non-negative number, got {value!r}")
-    extras = [0.0] * pp
-    extras[0] += first_extra
-    extras[-1] += last_extra
-    eps = 1e-9
-
-    def caps(capacity: float) -> list[int]:
-        return [max(1, math.floor(capacity - e + eps)) for e in extras]
-
-    # Candidate capacities are integers plus one of the extras; scan them in increasing order.
-    offsets = sorted({e - math.floor(e) for e in extras} | {0.0})
-    base = math.floor(num_layers / pp)
-    # sum(caps(c)) grows with c, so the first integer part k at which any offset fits is found by
-    # bisection (a linear scan took ~max(extras) steps: hours for a vocabulary of 10**15); at
-    # k = max(extras) + num_layers + 1 every stage alone holds every layer
-    k_lo = max(0, base - math.ceil(max(extras)) - 1)
-    k_hi = k_lo + math.ceil(max(extras)) + num_layers + 2
-    while k_lo < k_hi:
-        mid = (k_lo + k_hi) // 2
-        if sum(caps(mid + offsets[-1])) >= num_layers:
-            k_hi = mid
-        else:
-            k_lo = mid + 1
-    capacity = next(k_lo + off for off in offsets if sum(caps(k_lo + off)) >= num_layers)
-    counts = caps(capacity)
-    surplus = sum(counts) - num_layers
-    while surplus > 0:
-        best = max((p for p in range(pp) if counts[p] > 1),
-                   key=lambda p: (counts[p] + extras[p], -p))
-        counts[best] -= 1
-        surplus -= 1
     stages, start = [], 0
-    for count in counts:
+    for count in _stage_counts(num_layers, pp, first_extra, last_extra):
         stages.append(range(start, start + count))
         start += count
     return stages
+
+
+@lru_cache(maxsize=4096)
+def _stage_counts(num_layers: int, pp: int, first_extra: float, last_extra: float) -> tuple[int, ...]:
+    """``partition_layers``' layer counts (valid arguments), memoised: the planner asks for the same
+    split of a model once per configuration it reports and per plan."""
+    # only the edge stages carry extras (one stage: both), so every middle stage has the same cap and
+    # takes layers alike: the split is three counts and the scans over every stage are closed forms
+    first = 0.0 + first_extra
+    last = first + last_extra if pp == 1 else 0.0 + last_extra
+    middle = max(0, pp - 2)
+    eps = 1e-9
+
+    def caps(capacity: float) -> tuple[int, int, int]:
+        """(stage 0's, each middle stage's, the last stage's) floor(C - extra_p) layers, at least one."""
+        return (max(1, math.floor(capacity - first + eps)), max(1, math.floor(capacity - 0.0 + eps)),
+                max(1, math.floor(capacity - last + eps)))
+
+    def total(capacity: float) -> int:
+        c_first, c_mid, c_last = caps(capacity)
+        return c_first if pp == 1 else c_first + middle * c_mid + c_last
+
+    # Candidate capacities are integers plus one of the extras; scan them in increasing order.
+    offsets = sorted({e - math.floor(e) for e in (first, last)} | {0.0})
+    base = math.floor(num_layers / pp)
+    # total() grows with c, so the first integer part k at which any offset fits is found by
+    # bisection (a linear scan took ~max(extras) steps: hours for a vocabulary of 10**15); at
+    # k = max(extras) + num_layers + 1 every stage alone holds every layer
+    k_lo = max(0, base - math.ceil(max(first, last)) - 1)
+    k_hi = k_lo + math.ceil(max(first, last)) + num_layers + 2
+    # the bisection starts from the average load's capacity and its neighbours, which hold the answer
+    # unless a stage is at its one-layer minimum: any bracket of the first k that fits gives that k
+    guess = min(max(k_lo, math.floor((num_layers + first + last) / pp - offsets[-1])), k_hi)
+    if total(guess + offsets[-1]) >= num_layers:
+        if guess - 1 < k_lo or total(guess - 1 + offsets[-1]) < num_layers:
+            k_lo = k_hi = guess
+        else:
+            k_hi = guess - 1
+    elif guess + 1 <= k_hi and total(guess + 1 + offsets[-1]) >= num_layers:
+        k_lo = k_hi = guess + 1
+    else:
+        k_lo = min(guess + 2, k_hi)
+    while k_lo < k_hi:
+        mid = (k_lo + k_hi) // 2
+        if total(mid + offsets[-1]) >= num_layers:
+            k_hi = mid
+        else:
+            k_lo = mid + 1
+    capacity = next(k_lo + off for off in offsets if total(k_lo + off) >= num_layers)
+    c_first, level, c_last = caps(capacity)
+    surplus = (c_first if pp == 1 else c_first + middle * level + c_last) - num_layers
+    # Take the surplus away one layer at a time from the most loaded stage that has more than one, ties to
+    # the lower index (the load key (count + extra, -p)). The middle stages give theirs in index order: the
+    # first ``taken`` of them hold level - 1 layers, the others level, so the one to compare is stage taken + 1;
+    # while it is the most loaded, so is each middle stage after it at that level: those go at once.
+    taken = 0
+    while surplus > 0:
+        offers = []
+        if c_first > 1:
+            offers.append((c_first + first, 0))
+        if middle and level > 1:
+            offers.append((level + 0.0, -(taken + 1)))
+        if pp > 1 and c_last > 1:
+            offers.append((c_last + last, -(pp - 1)))
+        _, best = max(offers)
+        if best == 0:
+            c_first -= 1
+            surplus -= 1
+        elif best == -(pp - 1):
+            c_last -= 1
+            surplus -= 1
+        else:
+            step = min(surplus, middle - taken)
+            taken += step
+            surplus -= step
+            if taken == middle:
+                level, taken = level - 1, 0
+    counts = [c_first] if pp == 1 else [c_first] + [level - 1] * taken + [level] * (middle - taken) + [c_last]
+    return tuple(counts)
 
 
 def partition_model(spec, pp: int, rule: str = "balanced") -> list[range]:
