@@ -4,6 +4,7 @@ arrays): ``result`` builds a step's task records, notes and summaries record by 
 ``ratrain.sim.simulator`` versions with these for exact equality."""
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
@@ -11,6 +12,8 @@ from ratrain.sim.buckets import bucket_records
 from ratrain.sim.offload import offload_report
 from ratrain.sim.simulator import (
     _COMPUTE,
+    _EPS,
+    _LINK,
     LIFECYCLE_KINDS,
     NRES,
     RES_NAMES,
@@ -24,6 +27,44 @@ from ratrain.sim.simulator import (
     peak_inflight,
 )
 from ratrain.sim.timeline import HOST_TASK_KINDS, Task
+
+
+def segments(jobs, P: int) -> list[list[list[tuple[float, float]]]]:
+    segs = [[[] for _ in range(NRES)] for _ in range(P)]
+    for j in jobs:
+        if j.end > j.start:
+            segs[j.stage][j.res % NRES].append((j.start, j.end))
+            if j.res2 >= 0:
+                segs[j.res2 // NRES][_LINK].append((j.start, j.end))
+    for per in segs:
+        for s in per:
+            s.sort()
+    return segs
+
+
+def period(segs, lower: float) -> float:
+    """Smallest T >= lower such that no resource's intervals overlap the same intervals shifted by T."""
+    T = lower
+    changed = True
+    while changed:
+        changed = False
+        for per in segs:
+            for s in per:
+                if not s:
+                    continue
+                starts = [a for a, _ in s]
+                ends = [b for _, b in s]
+                first = starts[0]
+                for k in range(len(s) - 1, -1, -1):
+                    a0, a1 = s[k]
+                    if a1 <= T + first + _EPS:
+                        break
+                    hi = bisect_left(starts, a1 - T - _EPS)
+                    lo = bisect_right(ends, a0 - T + _EPS)
+                    if lo < hi:
+                        T = a1 - starts[lo]
+                        changed = True
+    return T
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

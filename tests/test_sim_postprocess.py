@@ -1,5 +1,5 @@
-"""The simulator's post-processing on arrays (task records, notes, summaries, peaks, activation
-residency) against its plain-Python reference (tests/sim_reference.py): exact equality on a broad
+"""The simulator's post-processing on arrays (busy intervals, period, task records, notes, summaries,
+peaks, activation residency) against its plain-Python reference (tests/sim_reference.py): exact equality on a broad
 set of simulations, and the lazily built task list behaving as a list given up front."""
 from __future__ import annotations
 
@@ -73,10 +73,14 @@ def _case(name, seed=0):
 
 
 def _both(costs, kw):
-    """The arrays' SimResult and the reference's, from one event simulation."""
+    """The arrays' SimResult and the reference's, from one event simulation (whose busy intervals
+    and period the reference's are checked against first)."""
     mech = kw.get("mechanisms", Mechanisms())
     sim, pipeline, T, last_b, segs = sim_mod._run_step(costs, kw.get("schedule", "1f1b"), mech, "test",
                                                        kw.get("buckets"), kw.get("offload"))
+    assert segs == ref.segments(sim.jobs, sim.P)
+    for lower in (last_b, 0.5 * last_b, T):
+        assert sim_mod._period(segs, lower).hex() == ref.period(segs, lower).hex()
     args = (sim, pipeline, mech, T, last_b, segs, kw.get("buckets"), kw.get("offload"))
     return sim_mod._result(*args), ref.result(*args)
 

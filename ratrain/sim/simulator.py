@@ -794,40 +794,44 @@ class _Sim:
 # ------------------------------------------------------------ step time and annotations
 
 def _segments(jobs: list[_Job], P: int) -> list[list[list[tuple[float, float]]]]:
-    segs = [[[] for _ in range(NRES)] for _ in range(P)]
-    for j in jobs:
-        if j.end > j.start:
-            segs[j.stage][j.res % NRES].append((j.start, j.end))
-            if j.res2 >= 0:
-                segs[j.res2 // NRES][_LINK].append((j.start, j.end))
-    for per in segs:
-        for s in per:
-            s.sort()
-    return segs
+    """Per stage and resource, the (start, end) of the jobs that occupy it (a transfer both ports), sorted."""
+    start = np.array([j.start for j in jobs], np.float64)
+    end = np.array([j.end for j in jobs], np.float64)
+    stage = np.array([j.stage for j in jobs], np.int64)
+    res = np.array([j.res for j in jobs], np.int64)
+    res2 = np.array([j.res2 for j in jobs], np.int64)
+    busy = end > start
+    two = busy & (res2 >= 0)
+    group = np.concatenate(((stage * NRES + res % NRES)[busy], (res2 // NRES * NRES + _LINK)[two]))
+    a = np.concatenate((start[busy], start[two]))
+    z = np.concatenate((end[busy], end[two]))
+    order = np.lexsort((z, a, group))
+    group, a, z = group[order], a[order], z[order]
+    bounds = np.searchsorted(group, np.arange(P * NRES + 1)).tolist()
+    a, z = a.tolist(), z.tolist()
+    return [[list(zip(a[bounds[g]:bounds[g + 1]], z[bounds[g]:bounds[g + 1]], strict=True))
+             for g in range(p * NRES, (p + 1) * NRES)] for p in range(P)]
 
 
 def _period(segs, lower: float) -> float:
     """Smallest T >= lower such that no resource's intervals overlap the same intervals shifted by T."""
     T = lower
+    # each resource's intervals with their starts and ends apart (they do not change with T)
+    lists = [(s, [a for a, _ in s], [b for _, b in s]) for per in segs for s in per if s]
     changed = True
     while changed:
         changed = False
-        for per in segs:
-            for s in per:
-                if not s:
-                    continue
-                starts = [a for a, _ in s]
-                ends = [b for _, b in s]
-                first = starts[0]
-                for k in range(len(s) - 1, -1, -1):
-                    a0, a1 = s[k]
-                    if a1 <= T + first + _EPS:
-                        break
-                    hi = bisect_left(starts, a1 - T - _EPS)
-                    lo = bisect_right(ends, a0 - T + _EPS)
-                    if lo < hi:
-                        T = a1 - starts[lo]
-                        changed = True
+        for s, starts, ends in lists:
+            first = starts[0]
+            for k in range(len(s) - 1, -1, -1):
+                a0, a1 = s[k]
+                if a1 <= T + first + _EPS:
+                    break
+                hi = bisect_left(starts, a1 - T - _EPS)
+                lo = bisect_right(ends, a0 - T + _EPS)
+                if lo < hi:
+                    T = a1 - starts[lo]
+                    changed = True
     return T
 
 
