@@ -4,7 +4,6 @@ arrays): ``result`` builds a step's task records, notes and summaries record by 
 ``ratrain.sim.simulator`` versions with these for exact equality."""
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 from ratrain.cost.tasks import PipelineCosts
@@ -12,7 +11,6 @@ from ratrain.sim.buckets import bucket_records
 from ratrain.sim.offload import offload_report
 from ratrain.sim.simulator import (
     _COMPUTE,
-    _EPS,
     _LINK,
     LIFECYCLE_KINDS,
     NRES,
@@ -20,6 +18,7 @@ from ratrain.sim.simulator import (
     SimResult,
     TaskNote,
     _annotate,
+    _clear_overlaps,
     _collector_paused,
     _live_spans,
     _summaries,
@@ -43,7 +42,7 @@ def segments(jobs, P: int) -> list[list[list[tuple[float, float]]]]:
 
 
 def period(segs, lower: float) -> float:
-    """Smallest T >= lower such that no resource's intervals overlap the same intervals shifted by T."""
+    """``ratrain.sim.simulator._period`` as it was: each resource's starts and ends split on every pass."""
     T = lower
     changed = True
     while changed:
@@ -52,18 +51,8 @@ def period(segs, lower: float) -> float:
             for s in per:
                 if not s:
                     continue
-                starts = [a for a, _ in s]
-                ends = [b for _, b in s]
-                first = starts[0]
-                for k in range(len(s) - 1, -1, -1):
-                    a0, a1 = s[k]
-                    if a1 <= T + first + _EPS:
-                        break
-                    hi = bisect_left(starts, a1 - T - _EPS)
-                    lo = bisect_right(ends, a0 - T + _EPS)
-                    if lo < hi:
-                        T = a1 - starts[lo]
-                        changed = True
+                T, moved = _clear_overlaps(s, [a for a, _ in s], [b for _, b in s], T)
+                changed |= moved
     return T
 
 

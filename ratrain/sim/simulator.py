@@ -822,17 +822,27 @@ def _period(segs, lower: float) -> float:
     while changed:
         changed = False
         for s, starts, ends in lists:
-            first = starts[0]
-            for k in range(len(s) - 1, -1, -1):
-                a0, a1 = s[k]
-                if a1 <= T + first + _EPS:
-                    break
-                hi = bisect_left(starts, a1 - T - _EPS)
-                lo = bisect_right(ends, a0 - T + _EPS)
-                if lo < hi:
-                    T = a1 - starts[lo]
-                    changed = True
+            T, moved = _clear_overlaps(s, starts, ends, T)
+            changed |= moved
     return T
+
+
+def _clear_overlaps(s: list[tuple[float, float]], starts: list[float], ends: list[float],
+                    T: float) -> tuple[float, bool]:
+    """One pass over a resource's intervals (last first), raising T past each overlap of an
+    interval with the intervals shifted by T: (the new T, whether it moved)."""
+    moved = False
+    first = starts[0]
+    for k in range(len(s) - 1, -1, -1):
+        a0, a1 = s[k]
+        if a1 <= T + first + _EPS:
+            break
+        hi = bisect_left(starts, a1 - T - _EPS)
+        lo = bisect_right(ends, a0 - T + _EPS)
+        if lo < hi:
+            T = a1 - starts[lo]
+            moved = True
+    return T, moved
 
 
 def _overlap(merged: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
