@@ -112,11 +112,16 @@ def test_result_and_residency_equal_the_reference(name, seed):
 
 def test_the_case_set_covers_what_the_arrays_handle():
     """The cases hold every kind of record the arrays treat apart (or the test above proves less)."""
-    kinds = set()
+    kinds, recovery = set(), set()
     for name in CASES:
-        kinds |= {t.kind for t in simulate(*_case(name)[:1], **_case(name)[1]).tasks}
+        r = simulate(*_case(name)[:1], **_case(name)[1])
+        kinds |= {t.kind for t in r.tasks}
+        recovery |= {(t.resource, n.hidden_by) for t, n in zip(r.tasks, r.notes, strict=True) if t.kind == "R"}
     assert kinds >= {"F", "B", "W", "R", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update",
                      "ToHost", "FromHost"}
+    # recovery on compute (annotated as arrays) both hidden and promoted to the critical path; on DDR too
+    assert recovery >= {("compute", "bubble"), ("compute", "backward critical path"), ("ddr", "bubble"),
+                        ("ddr", "backward critical path")}
 
 
 def test_residency_reads_a_changed_task_list():

@@ -961,6 +961,8 @@ _KIND_CODE = {k: i for i, k in enumerate(_KIND_ORDER)}
 _F, _R, _B, _W, _SEND, _RECV = range(6)
 _ANNOTATED = frozenset(("R",) + LIFECYCLE_KINDS)
 _NO_NOTE = TaskNote()          # the note of a task nothing annotates (frozen, so one serves them all)
+# what hid a recovery on compute (``_annotate``'s labels for it)
+_RECOVERY_LABELS = ("backward critical path", "bubble", "compute-idle while waiting on compute")
 
 
 class _Timeline:
@@ -969,11 +971,14 @@ class _Timeline:
     what ``SimResult.tasks`` and ``notes`` are built from when first read, and what the step's
     summaries and ``activation_residency`` read without building them. ``mb`` and ``layer`` hold
     -1 for None; ``peer`` the other stage of a Send or Recv, else -1; ``notes`` the annotated
-    records' notes by position."""
+    records' notes by position, ``recovery`` those of recovery on compute as arrays (positions,
+    ``_RECOVERY_LABELS`` index, exposed ms)."""
 
-    def __init__(self, stage, kind, mb, layer, res, start, end, peer, notes: dict[int, TaskNote]):
+    def __init__(self, stage, kind, mb, layer, res, start, end, peer, notes: dict[int, TaskNote],
+                 recovery: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
         self.stage, self.kind, self.mb, self.layer, self.res = stage, kind, mb, layer, res
         self.start, self.end, self.peer, self.notes = start, end, peer, notes
+        self.recovery = recovery
 
     def __len__(self) -> int:
         return len(self.start)
@@ -988,6 +993,9 @@ class _Timeline:
             notes[i] = TaskNote(peer=int(self.peer[i]))
         for i, note in self.notes.items():
             notes[i] = note
+        if self.recovery is not None:
+            for i, label, exposed in zip(*(a.tolist() for a in self.recovery), strict=True):
+                notes[i] = TaskNote(hidden_by=_RECOVERY_LABELS[label], exposed_ms=exposed)
         return tasks, notes
 
 
@@ -1150,7 +1158,19 @@ def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: 
     busy: dict[int, tuple] = {}
     notes: dict[int, TaskNote] = {}
     exposed = np.zeros(n + ns)
-    for i in np.flatnonzero((kind == _R) | np.isin(kind, [_KIND_CODE[k] for k in LIFECYCLE_KINDS])).tolist():
+    # recovery on compute, the most of them, as arrays: _annotate's arithmetic on every one at once
+    rc = np.flatnonzero((kind == _R) & (res == _COMPUTE))
+    promoted_at = np.array([jobs[i].promoted_at for i in rc.tolist()], np.float64)   # None -> nan
+    promoted = ~np.isnan(promoted_at)
+    d_r = end[rc] - start[rc]
+    behind = end[rc] - np.maximum(start[rc], np.where(promoted, promoted_at, 0.0))
+    tail = np.maximum(0.0, np.minimum(end[rc], T) - np.maximum(start[rc], last_b))
+    exposed[rc] = np.where(promoted, behind, tail)
+    label = np.where(promoted, np.where(behind >= 0.5 * d_r, 0, 1),
+                     np.where((d_r > 0) & (tail > 0.5 * d_r), 2, 1))
+    recovery = (position[rc], label, exposed[rc])
+    for i in np.flatnonzero(((kind == _R) & (res != _COMPUTE))
+                            | np.isin(kind, [_KIND_CODE[k] for k in LIFECYCLE_KINDS])).tolist():
         j = jobs[i]
         rname = RES_NAMES[res[i]]
         if rname != "compute" and j.stage not in busy:
@@ -1159,7 +1179,7 @@ def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: 
         notes[int(position[i])] = note
         exposed[i] = note.exposed_ms
     tl = _Timeline(r_stage[order], r_kind[order], r_mb[order], r_layer[order], r_res[order], r_start[order],
-                   r_end[order], r_peer[order], notes)
+                   r_end[order], r_peer[order], notes, recovery)
 
     # ---- per-stage summary: sums in the records' order
     d = tl.end - tl.start
