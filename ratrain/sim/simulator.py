@@ -959,7 +959,6 @@ def _run_step(costs: PipelineCosts, schedule: str | PipelineSchedule, mechanisms
 _KIND_ORDER = ("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update") + HOST_TASK_KINDS
 _KIND_CODE = {k: i for i, k in enumerate(_KIND_ORDER)}
 _F, _R, _B, _W, _SEND, _RECV = range(6)
-_ANNOTATED = frozenset(("R",) + LIFECYCLE_KINDS)
 _NO_NOTE = TaskNote()          # the note of a task nothing annotates (frozen, so one serves them all)
 # what hid a recovery on compute (``_annotate``'s labels for it)
 _RECOVERY_LABELS = ("backward critical path", "bubble", "compute-idle while waiting on compute")
