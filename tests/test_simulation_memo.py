@@ -55,6 +55,22 @@ def test_memo_shares_identical_inputs_only():
     assert first.step_time_ms == fresh.step_time_ms and first.tasks == fresh.tasks and first.stages == fresh.stages
 
 
+@pytest.mark.parametrize("mech", [Mechanisms.variant("no-fsr"), Mechanisms(activation="full", fsr=False),
+                                  Mechanisms.all_off()])
+def test_where_recovery_would_run_is_one_key_without_fsr(mech):
+    """Without FSR there is no recovery task: the step on the other recovery resource is the same
+    simulation, so the memo hands it back; with FSR it is simulated anew."""
+    ddr = dataclasses.replace(_costs(), recovery_resource="ddr")
+    alone = simulate(ddr, mechanisms=mech)
+    with simulation_memo.enabled() as memo:
+        first = simulate(_costs(), mechanisms=mech)
+        assert simulate(ddr, mechanisms=mech) is first
+        assert simulate_step_time(ddr, mechanisms=mech) == (first.step_time_ms, first.last_backward_end_ms)
+        assert simulate(ddr, mechanisms=Mechanisms()) is not simulate(_costs(), mechanisms=Mechanisms())
+        assert memo.misses == 3
+    assert alone.to_json() == first.to_json()
+
+
 def test_memo_tells_zero_from_negative_zero_and_drops_old_full_results(monkeypatch):
     memo = simulation_memo.SimulationMemo()
     assert memo.key(0.0, "1f1b", None) != memo.key(-0.0, "1f1b", None)

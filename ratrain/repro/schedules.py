@@ -30,7 +30,7 @@ from ratrain.repro.experiment import DEFAULT_SETTINGS, Check, Experiment, Settin
 from ratrain.repro.figures import plt, save_figure
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.plots import plot_timeline
-from ratrain.sim.simulator import Mechanisms, activation_residency
+from ratrain.sim.simulator import Mechanisms, activation_residency, stage_task_counts
 from ratrain.sim.weight_split import layer_weight_gradient_bytes
 from ratrain.spec.memory import (
     DEFAULT_CONSTANTS,
@@ -80,8 +80,9 @@ def link_bytes(model: ModelSpec, cfg: ParallelConfig, result) -> list[dict]:
     D = cfg.dp
     ring = (D - 1) / D if D > 1 else 0.0
     out = []
+    counts = stage_task_counts(result, ("Send", "Recv"))
     for p, layers in enumerate(result.stage_layers):
-        transfers = sum(1 for t in result.tasks if t.stage == p and t.kind in ("Send", "Recv"))
+        transfers = counts[p]
         grads = FP16 * _stage_params(model, cfg, layers)
         sync = grads * ring * (1 if cfg.zero >= 2 else 2)
         gather = grads * ring if cfg.zero in (1, 2) else 0.0

@@ -4,8 +4,11 @@ experiments): the same simulator inputs are simulated once.
 Keyed on the full inputs of ``ratrain.sim.simulator.simulate``: every compared field of the
 ``PipelineCosts`` (each layer's costs), the schedule and the mechanisms, floats by their exact bits
 (``float.hex``), so only bit-identical inputs share an entry and a hit returns what the simulation
-returns. Full results (task records included) are kept for the ``FULL_RESULTS`` most recently used
-inputs, so the memo's memory stays bounded; the step time and main-path end of every input are kept.
+returns. The one field left out is one the simulation does not read: where FSR recovery would run,
+under mechanisms without FSR (no recovery task exists), e.g. Fig. 9's plans that save or checkpoint
+activations, simulated with recovery on compute and again on DDR. Full results (task records
+included) are kept for the ``FULL_RESULTS`` most recently used inputs, so the memo's memory stays
+bounded; the step time and main-path end of every input are kept.
 
     with simulation_memo.enabled():
         ...   # simulate / simulate_step calls here share results
@@ -38,6 +41,14 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def _without_unused(costs: Any, mechanisms: Any) -> Any:
+    """``costs`` less what the simulation cannot read: without FSR no recovery task exists, and
+    ``recovery_resource`` (where one would run) is read only to build them, so such inputs share a key."""
+    if getattr(mechanisms, "policy", "fsr") == "fsr" or getattr(costs, "recovery_resource", "compute") == "compute":
+        return costs
+    return dataclasses.replace(costs, recovery_resource="compute")
+
+
 @dataclasses.dataclass
 class SimulationMemo:
     """Results by input key: ``results`` (full, least recently used dropped), ``steps`` (step, main end)."""
@@ -47,7 +58,7 @@ class SimulationMemo:
     misses: int = 0
 
     def key(self, costs, schedule, mechanisms) -> tuple:
-        return _freeze(costs), _freeze(PipelineSchedule.of(schedule)), _freeze(mechanisms)
+        return _freeze(_without_unused(costs, mechanisms)), _freeze(PipelineSchedule.of(schedule)), _freeze(mechanisms)
 
     def lookup_result(self, key: tuple):
         got = self.results.get(key)

@@ -66,6 +66,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim import offload as offload_tasks
@@ -246,6 +248,15 @@ class SimResult:
     grad_buckets: GradBuckets | None = None                            # gradient bucketing, if asked for
     buckets: list[BucketRecord] = field(default_factory=list)          # each bucket: when it waited on what
     offload: dict | None = None                                        # what moved to and from the host
+
+    def __getattr__(self, name: str):
+        # a simulated step keeps its task records as arrays (``_Timeline``): the ``tasks`` and ``notes``
+        # lists are built the first time either is read
+        timeline = self.__dict__.get("_timeline")
+        if name in ("tasks", "notes") and timeline is not None:
+            self.__dict__["tasks"], self.__dict__["notes"] = timeline.records()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def virtual_stages(self) -> int:
@@ -820,52 +831,55 @@ class _Sim:
 # ------------------------------------------------------------ step time and annotations
 
 def _segments(jobs: list[_Job], P: int) -> list[list[list[tuple[float, float]]]]:
-    segs = [[[] for _ in range(NRES)] for _ in range(P)]
-    for j in jobs:
-        if j.end > j.start:
-            segs[j.stage][j.res % NRES].append((j.start, j.end))
-            if j.res2 >= 0:
-                segs[j.res2 // NRES][_LINK].append((j.start, j.end))
-    for per in segs:
-        for s in per:
-            s.sort()
-    return segs
+    """Per stage and resource, the (start, end) of the jobs that occupy it (a transfer both ports), sorted."""
+    start = np.array([j.start for j in jobs], np.float64)
+    end = np.array([j.end for j in jobs], np.float64)
+    stage = np.array([j.stage for j in jobs], np.int64)
+    res = np.array([j.res for j in jobs], np.int64)
+    res2 = np.array([j.res2 for j in jobs], np.int64)
+    busy = end > start
+    two = busy & (res2 >= 0)
+    group = np.concatenate(((stage * NRES + res % NRES)[busy], (res2 // NRES * NRES + _LINK)[two]))
+    a = np.concatenate((start[busy], start[two]))
+    z = np.concatenate((end[busy], end[two]))
+    order = np.lexsort((z, a, group))
+    group, a, z = group[order], a[order], z[order]
+    bounds = np.searchsorted(group, np.arange(P * NRES + 1)).tolist()
+    a, z = a.tolist(), z.tolist()
+    return [[list(zip(a[bounds[g]:bounds[g + 1]], z[bounds[g]:bounds[g + 1]], strict=True))
+             for g in range(p * NRES, (p + 1) * NRES)] for p in range(P)]
 
 
 def _period(segs, lower: float) -> float:
     """Smallest T >= lower such that no resource's intervals overlap the same intervals shifted by T."""
     T = lower
+    # each resource's intervals with their starts and ends apart (they do not change with T)
+    lists = [(s, [a for a, _ in s], [b for _, b in s]) for per in segs for s in per if s]
     changed = True
     while changed:
         changed = False
-        for per in segs:
-            for s in per:
-                if not s:
-                    continue
-                starts = [a for a, _ in s]
-                ends = [b for _, b in s]
-                first = starts[0]
-                for k in range(len(s) - 1, -1, -1):
-                    a0, a1 = s[k]
-                    if a1 <= T + first + _EPS:
-                        break
-                    hi = bisect_left(starts, a1 - T - _EPS)
-                    lo = bisect_right(ends, a0 - T + _EPS)
-                    if lo < hi:
-                        T = a1 - starts[lo]
-                        changed = True
+        for s, starts, ends in lists:
+            T, moved = _clear_overlaps(s, starts, ends, T)
+            changed |= moved
     return T
 
 
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1][1] = b
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
+def _clear_overlaps(s: list[tuple[float, float]], starts: list[float], ends: list[float],
+                    T: float) -> tuple[float, bool]:
+    """One pass over a resource's intervals (last first), raising T past each overlap of an
+    interval with the intervals shifted by T: (the new T, whether it moved)."""
+    moved = False
+    first = starts[0]
+    for k in range(len(s) - 1, -1, -1):
+        a0, a1 = s[k]
+        if a1 <= T + first + _EPS:
+            break
+        hi = bisect_left(starts, a1 - T - _EPS)
+        lo = bisect_right(ends, a0 - T + _EPS)
+        if lo < hi:
+            T = a1 - starts[lo]
+            moved = True
+    return T, moved
 
 
 def _overlap(merged: list[tuple[float, float]], starts: list[float], a: float, b: float) -> float:
@@ -932,6 +946,12 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            # what was allocated meanwhile (the graph, until its caller drops it) goes to the oldest
+            # generation in O(1) (freeze, then unfreeze), instead of being walked by the first young
+            # collection after the collector is back on; it is freed by reference counting as before,
+            # and any cycle among it is still found by the next full collection
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
@@ -971,67 +991,256 @@ def _run_step(costs: PipelineCosts, schedule: str | PipelineSchedule, mechanisms
     return sim, pipeline, _period(segs, lower), last_b, segs
 
 
+# the kinds in the order the executor runs tasks with the same start and end (the task records' sort
+# key after the times); a kind's code is its place here
+_KIND_ORDER = ("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard", "PrefetchW", "Update") + HOST_TASK_KINDS
+_KIND_CODE = {k: i for i, k in enumerate(_KIND_ORDER)}
+_F, _R, _B, _W, _SEND, _RECV = range(6)
+_NO_NOTE = TaskNote()          # the note of a task nothing annotates (frozen, so one serves them all)
+# what hid a recovery on compute (``_annotate``'s labels for it)
+_RECOVERY_LABELS = ("backward critical path", "bubble", "compute-idle while waiting on compute")
+
+
+class _Timeline:
+    """A simulated step's task records as arrays, in the records' order (start, end, kind's rank,
+    stage, layer, micro-batch, then the order the jobs were built in, each Recv after its Send):
+    what ``SimResult.tasks`` and ``notes`` are built from when first read, and what the step's
+    summaries and ``activation_residency`` read without building them. ``mb`` and ``layer`` hold
+    -1 for None; ``peer`` the other stage of a Send or Recv, else -1; ``notes`` the annotated
+    records' notes by position, ``recovery`` those of recovery on compute as arrays (positions,
+    ``_RECOVERY_LABELS`` index, exposed ms)."""
+
+    def __init__(self, stage, kind, mb, layer, res, start, end, peer, notes: dict[int, TaskNote],
+                 recovery: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+        self.stage, self.kind, self.mb, self.layer, self.res = stage, kind, mb, layer, res
+        self.start, self.end, self.peer, self.notes = start, end, peer, notes
+        self.recovery = recovery
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def records(self) -> tuple[list[Task], list[TaskNote]]:
+        kinds = [_KIND_ORDER[k] for k in self.kind.tolist()]
+        tasks = list(map(Task, self.stage.tolist(), kinds, [None if m < 0 else m for m in self.mb.tolist()],
+                         [None if x < 0 else x for x in self.layer.tolist()],
+                         [RES_NAMES[r] for r in self.res.tolist()], self.start.tolist(), self.end.tolist()))
+        notes = [_NO_NOTE] * len(tasks)
+        for i in np.flatnonzero(self.peer >= 0).tolist():
+            notes[i] = TaskNote(peer=int(self.peer[i]))
+        for i, note in self.notes.items():
+            notes[i] = note
+        if self.recovery is not None:
+            for i, label, exposed in zip(*(a.tolist() for a in self.recovery), strict=True):
+                notes[i] = TaskNote(hidden_by=_RECOVERY_LABELS[label], exposed_ms=exposed)
+        return tasks, notes
+
+
+def _timeline_of(tasks: Sequence[Task]) -> _Timeline:
+    """The arrays of task records given as a list (kinds the simulator does not make get code -1)."""
+    def col(values, dtype=np.int64):
+        return np.array(values, dtype=dtype) if values else np.zeros(0, dtype)
+    return _Timeline(col([t.stage for t in tasks]), col([_KIND_CODE.get(t.kind, -1) for t in tasks]),
+                     col([-1 if t.microbatch is None else t.microbatch for t in tasks]),
+                     col([-1 if t.layer is None else t.layer for t in tasks]),
+                     col([_RES_INDEX.get(t.resource, -1) for t in tasks]),
+                     col([t.start_ms for t in tasks], np.float64), col([t.end_ms for t in tasks], np.float64),
+                     col([-1] * len(tasks)), {})
+
+
+def _records(result: SimResult) -> _Timeline:
+    """``result``'s task records as arrays: its own until its task list has been built (from then on the
+    list may have been changed, so it is read)."""
+    timeline = result.__dict__.get("_timeline")
+    if timeline is not None and "tasks" not in result.__dict__:
+        return timeline
+    return _timeline_of(result.tasks)
+
+
+def stage_task_counts(result: SimResult, kinds: Sequence[str]) -> list[int]:
+    """Per stage, how many of ``result``'s task records are of one of ``kinds``."""
+    tl = _records(result)
+    codes = [_KIND_CODE[k] for k in kinds if k in _KIND_CODE]
+    hit = np.isin(tl.kind, codes)
+    return np.bincount(tl.stage[hit], minlength=len(result.stages)).tolist()
+
+
+def _busy_intervals(comp: list[tuple[float, float]], T: float) -> tuple[list[tuple[float, float]], list[float]]:
+    """A stage's compute intervals of this step and of the steps before and after (shifted by -T, +T),
+    merged: (the merged intervals, their starts)."""
+    if not comp:
+        return [], []
+    a = np.array([x for x, _ in comp])
+    b = np.array([y for _, y in comp])
+    a = np.concatenate((a + -T, a + 0.0 * T, a + T))    # as a + k * T for k = -1, 0, 1
+    b = np.concatenate((b + -T, b + 0.0 * T, b + T))
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    reach = np.maximum.accumulate(b)                    # the end of the merged interval so far
+    first = np.flatnonzero(np.concatenate(([True], a[1:] > reach[:-1])))
+    last = np.concatenate((first[1:] - 1, [len(a) - 1]))
+    starts = a[first].tolist()
+    return list(zip(starts, reach[last].tolist(), strict=True)), starts
+
+
+def _stage_peaks(stage: np.ndarray, time: np.ndarray, delta: np.ndarray, P: int) -> list[int]:
+    """Per stage, the peak of the running sum of ``delta`` over its events in time order, frees
+    (negative) before allocations at the same instant, at least 0: integers, exact."""
+    order = np.lexsort((delta, time, stage))
+    stage, running = stage[order], np.cumsum(delta[order])
+    bounds = np.searchsorted(stage, np.arange(P + 1))
+    out = []
+    for p in range(P):
+        lo, hi = int(bounds[p]), int(bounds[p + 1])
+        base = int(running[lo - 1]) if lo else 0
+        out.append(max(0, int(running[lo:hi].max()) - base) if hi > lo else 0)
+    return out
+
+
+def _groups(*columns: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Rows grouped by their values in ``columns`` (non-negative integers): each row's group, and
+    each group's values, groups in sorted order."""
+    key = np.zeros(len(columns[0]), np.int64)
+    for c in columns:
+        key = key * (int(c.max()) + 1) + c
+    uniq, inverse = np.unique(key, return_inverse=True)
+    values = []
+    for c in reversed(columns):
+        radix = int(c.max()) + 1
+        values.append(uniq % radix)
+        uniq = uniq // radix
+    return inverse.reshape(-1), values[::-1]
+
+
+def _peaks(tl: _Timeline, P: int) -> tuple[list[int], list[float]]:
+    """``peak_inflight`` and ``peak_activation_sets`` of the records, from their arrays."""
+    fbw = np.flatnonzero(((tl.kind == _F) | (tl.kind == _B) | (tl.kind == _W)) & (tl.mb >= 0))
+    if not len(fbw):
+        return [0] * P, [0.0] * P
+    # per (stage, layer, micro-batch): live from the start of its F to the end of its last B or W
+    span, (stage, layer, mb) = _groups(tl.stage[fbw], tl.layer[fbw] + 1, tl.mb[fbw])
+    is_f = tl.kind[fbw] == _F
+    a = np.full(len(stage), np.inf)
+    np.minimum.at(a, span[is_f], tl.start[fbw][is_f])
+    z = np.full(len(stage), -np.inf)
+    np.maximum.at(z, span[~is_f], tl.end[fbw][~is_f])
+
+    def sweep(st, a, z):
+        ones = np.ones(len(st), np.int64)
+        return _stage_peaks(np.concatenate((st, st)), np.concatenate((a, z)), np.concatenate((ones, -ones)), P)
+
+    sets = sweep(stage, a, z)
+    layers = np.bincount(_groups(stage, layer)[1][0], minlength=P)
+    # per (stage, micro-batch): from its first F to its last B or W on the stage
+    per, (pst, _) = _groups(stage, mb)
+    pa = np.full(len(pst), np.inf)
+    np.minimum.at(pa, per, a)
+    pz = np.full(len(pst), -np.inf)
+    np.maximum.at(pz, per, z)
+    return sweep(pst, pa, pz), [s / max(1, int(n)) for s, n in zip(sets, layers.tolist(), strict=True)]
+
+
+def _ordered_sums(groups: np.ndarray, values: np.ndarray, n: int) -> list[float]:
+    """Per group, 0.0 plus its values added one by one in array order (a Python loop's sum, bit for bit)."""
+    return np.bincount(groups, weights=values, minlength=n).tolist() if len(groups) else [0.0] * n
+
+
+def _summaries(sim: "_Sim", T: float, res_busy: list[list[float]], by_kind: list[dict[str, float]],
+               inflight: list[int], act_sets: list[float], rec: list[tuple[float, float]]) -> list[StageSummary]:
+    """Per stage, its summary from its sums (``rec``: hidden and exposed recovery) and peaks."""
+    out = []
+    for p in range(sim.P):
+        life_end = max((j.end for j in sim.life[p]), default=None)
+        out.append(StageSummary(stage=p, compute_busy_ms=res_busy[p][0], compute_idle_ms=T - res_busy[p][0],
+                                ddr_busy_ms=res_busy[p][1], link_busy_ms=res_busy[p][2], busy_by_kind_ms=by_kind[p],
+                                peak_inflight=inflight[p], peak_activation_sets=act_sets[p],
+                                hidden_recovery_ms=rec[p][0], exposed_recovery_ms=rec[p][1], lifecycle_end_ms=life_end))
+    return out
+
+
 def _result(sim: "_Sim", pipeline: PipelineSchedule, mechanisms: Mechanisms, T: float, last_b: float,
             segs, buckets: GradBuckets | None = None, offload: OffloadPlan | None = None) -> SimResult:
-    """The step's task records, annotations and per-stage summaries."""
+    """The step's task records (as arrays: ``SimResult.tasks`` and ``notes`` are built when first read),
+    annotations and per-stage summaries."""
     P, jobs = sim.P, sim.jobs
+    n = len(jobs)
+    kind = np.array([_KIND_CODE[j.kind] for j in jobs], np.int64)
+    stage = np.array([j.stage for j in jobs], np.int64)
+    mb = np.array([-1 if j.mb is None else j.mb for j in jobs], np.int64)
+    layer = np.array([-1 if j.layer is None else j.layer for j in jobs], np.int64)
+    res = np.array([j.res for j in jobs], np.int64) % NRES
+    start = np.array([j.start for j in jobs], np.float64)
+    end = np.array([j.end for j in jobs], np.float64)
+    # each Send also makes the receiver's Recv record, right after it
+    send = np.flatnonzero(kind == _SEND)
+    peer = np.array([jobs[i].peer for i in send.tolist()], np.int64)
+    layer2 = np.array([-1 if jobs[i].layer2 is None else jobs[i].layer2 for i in send.tolist()], np.int64)
+    ns = len(send)
+    r_stage = np.concatenate((stage, peer))
+    r_kind = np.concatenate((kind, np.full(ns, _RECV, np.int64)))
+    r_mb = np.concatenate((mb, mb[send]))
+    r_layer = np.concatenate((layer, layer2))
+    r_res = np.concatenate((res, np.full(ns, _LINK, np.int64)))
+    r_start = np.concatenate((start, start[send]))
+    r_end = np.concatenate((end, end[send]))
+    r_peer = np.full(n + ns, -1, np.int64)
+    r_peer[send] = peer
+    r_peer[n:] = stage[send]
+    built = np.concatenate((2 * np.arange(n), 2 * send + 1))
+    order = np.lexsort((built, r_mb, r_layer, r_stage, r_kind, r_end, r_start))
+    position = np.empty(n + ns, np.int64)
+    position[order] = np.arange(n + ns)
 
-    # ---- tasks, ordered like the executor orders them
-    tasks_notes: list[tuple[Task, TaskNote]] = []
-    busy = []
-    for p in range(P):
-        comp = segs[p][_COMPUTE]
-        merged = _merge([(a + k * T, b + k * T) for k in (-1, 0, 1) for a, b in comp])
-        busy.append((merged, [a for a, _ in merged]))
-    for j in jobs:
-        rname = RES_NAMES[j.res % NRES]
-        note = TaskNote()
-        if j.kind in ("Send",):
-            tasks_notes.append((Task(j.stage, "Send", j.mb, j.layer, "link", j.start, j.end), TaskNote(peer=j.peer)))
-            tasks_notes.append((Task(j.peer, "Recv", j.mb, j.layer2, "link", j.start, j.end),
-                                TaskNote(peer=j.stage)))
-            continue
-        if j.kind == "R" or j.kind in LIFECYCLE_KINDS:
-            note = _annotate(j, rname, busy[j.stage], last_b, T)
-        tasks_notes.append((Task(j.stage, j.kind, j.mb, j.layer, rname, j.start, j.end), note))
-    rank = {k: i for i, k in enumerate(("F", "R", "B", "W", "Send", "Recv", "GradSync", "UpdateShard",
-                                        "PrefetchW", "Update") + HOST_TASK_KINDS)}
-    tasks_notes.sort(key=lambda tn: (tn[0].start_ms, tn[0].end_ms, rank[tn[0].kind], tn[0].stage,
-                                     -1 if tn[0].layer is None else tn[0].layer,
-                                     -1 if tn[0].microbatch is None else tn[0].microbatch))
-    tasks = [t for t, _ in tasks_notes]
-    notes = [n for _, n in tasks_notes]
+    # ---- annotations (recovery and lifecycle tasks)
+    busy: dict[int, tuple] = {}
+    notes: dict[int, TaskNote] = {}
+    exposed = np.zeros(n + ns)
+    # recovery on compute, the most of them, as arrays: _annotate's arithmetic on every one at once
+    rc = np.flatnonzero((kind == _R) & (res == _COMPUTE))
+    promoted_at = np.array([jobs[i].promoted_at for i in rc.tolist()], np.float64)   # None -> nan
+    promoted = ~np.isnan(promoted_at)
+    d_r = end[rc] - start[rc]
+    behind = end[rc] - np.maximum(start[rc], np.where(promoted, promoted_at, 0.0))
+    tail = np.maximum(0.0, np.minimum(end[rc], T) - np.maximum(start[rc], last_b))
+    exposed[rc] = np.where(promoted, behind, tail)
+    label = np.where(promoted, np.where(behind >= 0.5 * d_r, 0, 1),
+                     np.where((d_r > 0) & (tail > 0.5 * d_r), 2, 1))
+    recovery = (position[rc], label, exposed[rc])
+    for i in np.flatnonzero(((kind == _R) & (res != _COMPUTE))
+                            | np.isin(kind, [_KIND_CODE[k] for k in LIFECYCLE_KINDS])).tolist():
+        j = jobs[i]
+        rname = RES_NAMES[res[i]]
+        if rname != "compute" and j.stage not in busy:
+            busy[j.stage] = _busy_intervals(segs[j.stage][_COMPUTE], T)
+        note = _annotate(j, rname, busy.get(j.stage), last_b, T)
+        notes[int(position[i])] = note
+        exposed[i] = note.exposed_ms
+    tl = _Timeline(r_stage[order], r_kind[order], r_mb[order], r_layer[order], r_res[order], r_start[order],
+                   r_end[order], r_peer[order], notes, recovery)
 
-    # ---- per-stage summary
-    summaries = []
-    spans = _live_spans(tasks)                 # both peaks read the same spans: one pass over the tasks
-    inflight = peak_inflight(tasks, P, spans=spans)
-    act_sets = peak_activation_sets(tasks, P, spans=spans)
+    # ---- per-stage summary: sums in the records' order
+    d = tl.end - tl.start
+    nk = len(_KIND_ORDER)
+    kind_group = tl.stage * nk + tl.kind
+    kind_ms = _ordered_sums(kind_group, d, P * nk)
+    present, first = np.unique(kind_group, return_index=True)
     by_kind: list[dict[str, float]] = [{} for _ in range(P)]
-    res_busy = [[0.0] * NRES for _ in range(P)]
-    rec = [[0.0, 0.0] for _ in range(P)]          # hidden, exposed
-    res_index = {name: i for i, name in enumerate(RES_NAMES)}
-    for t, n in tasks_notes:
-        d = t.end_ms - t.start_ms
-        k = by_kind[t.stage]
-        k[t.kind] = k.get(t.kind, 0.0) + d
-        res_busy[t.stage][res_index[t.resource]] += d
-        if t.kind == "R":
-            rec[t.stage][0] += d - n.exposed_ms
-            rec[t.stage][1] += n.exposed_ms
-    for p in range(P):
-        life_end = max((j.end for j in sim.life[p]), default=None)
-        summaries.append(StageSummary(stage=p, compute_busy_ms=res_busy[p][0], compute_idle_ms=T - res_busy[p][0],
-                                      ddr_busy_ms=res_busy[p][1], link_busy_ms=res_busy[p][2],
-                                      busy_by_kind_ms=by_kind[p], peak_inflight=inflight[p],
-                                      peak_activation_sets=act_sets[p],
-                                      hidden_recovery_ms=rec[p][0], exposed_recovery_ms=rec[p][1],
-                                      lifecycle_end_ms=life_end))
-    return SimResult(tasks=tasks, notes=notes, step_time_ms=T, exposed_tail_ms=T - last_b,
-                     last_backward_end_ms=last_b, stages=summaries, schedule=pipeline.name, mechanisms=mechanisms,
-                     next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
-                     stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=bucket_records(sim),
-                     offload=None if offload is None else offload_report(sim, offload, res_busy, RES_NAMES))
+    for g in present[np.argsort(first, kind="stable")].tolist():
+        by_kind[g // nk][_KIND_ORDER[g % nk]] = kind_ms[g]
+    flat = _ordered_sums(tl.stage * NRES + tl.res, d, P * NRES)
+    res_busy = [flat[p * NRES:(p + 1) * NRES] for p in range(P)]
+    is_r = tl.kind == _R
+    e = exposed[order][is_r]
+    hidden = _ordered_sums(tl.stage[is_r], d[is_r] - e, P)
+    shown = _ordered_sums(tl.stage[is_r], e, P)
+    summaries = _summaries(sim, T, res_busy, by_kind, *_peaks(tl, P), list(zip(hidden, shown, strict=True)))
+    result = SimResult(tasks=[], notes=[], step_time_ms=T, exposed_tail_ms=T - last_b,
+                       last_backward_end_ms=last_b, stages=summaries, schedule=pipeline.name, mechanisms=mechanisms,
+                       next_forward_ms=dict(sorted(sim.first_f_start.items())), pipeline=pipeline,
+                       stage_layers=sim.stage_layers, grad_buckets=buckets, buckets=bucket_records(sim),
+                       offload=None if offload is None else offload_report(sim, offload, res_busy, RES_NAMES))
+    del result.tasks, result.notes           # built from the timeline when first read
+    result._timeline = tl
+    return result
 
 
 def _annotate(j: _Job, rname: str, busy, last_b: float, T: float) -> TaskNote:
@@ -1114,7 +1323,21 @@ def peak_activation_sets(tasks: list[Task], stages: int,
     return [_peak(ev) / max(1, len(ls)) for ev, ls in zip(events, layers, strict=True)]
 
 
-@_collector_paused()           # it builds an event per (layer, micro-batch): no cycles, many objects
+def _last_rows(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys`` among ``rows`` (sorted) and, per key, the last of ``rows`` with it."""
+    uniq, first = np.unique(keys[rows][::-1], return_index=True)
+    return uniq, rows[::-1][first]
+
+
+def _find(uniq: np.ndarray, rows: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``want``: whether ``uniq`` holds it, and its row there (0 where not)."""
+    if not len(uniq):
+        return np.zeros(len(want), bool), np.zeros(len(want), np.int64)
+    at = np.minimum(np.searchsorted(uniq, want), len(uniq) - 1)
+    found = uniq[at] == want
+    return found, np.where(found, rows[at], 0)
+
+
 def activation_residency(result: SimResult, costs: PipelineCosts,
                          weight_grad_bytes: int | Sequence[int] | None = None) -> list[int]:
     """Per stage, the peak bytes of live activations, checkpoints and recovery buffers over the step.
@@ -1137,69 +1360,73 @@ def activation_residency(result: SimResult, costs: PipelineCosts,
     """
     policy = result.mechanisms.policy
     P = costs.num_stages
-    f: dict[tuple[int, int], Task] = {}
-    b: dict[tuple[int, int], Task] = {}
-    r: dict[tuple[int, int], Task] = {}
-    w: dict[tuple[int, int], Task] = {}
-    away: dict[tuple[int, int], list[float]] = {}      # offloaded: [end of ToHost, start of FromHost]
-    for t in result.tasks:
-        if t.kind in ("ToHost", "FromHost") and t.microbatch is not None:
-            got = away.setdefault((t.layer, t.microbatch), [0.0, 0.0])
-            got[0 if t.kind == "ToHost" else 1] = t.end_ms if t.kind == "ToHost" else t.start_ms
-        if t.kind == "F":
-            f[(t.layer, t.microbatch)] = t
-        elif t.kind == "B":
-            b[(t.layer, t.microbatch)] = t
-        elif t.kind == "W":
-            w[(t.layer, t.microbatch)] = t
-        elif t.kind == "R":
-            r[(t.layer, t.microbatch)] = t
-    events: list[list[tuple[float, int]]] = [[] for _ in range(P)]
-    for (layer_index, m), ft in f.items():
-        bt = b[(layer_index, m)]
-        wt = w.get((layer_index, m))
-        end = bt.end_ms
-        if wt is not None and weight_grad_bytes is None:
-            end = wt.end_ms                       # upper bound: everything waits for W
-        lc = costs.layer(layer_index)
-        ev = events[ft.stage]
+    tl = _records(result)
+    radix = int(tl.mb.max()) + 2 if len(tl.mb) else 1
+    keys = (tl.layer + 1) * radix + (tl.mb + 1)        # one integer per (layer, micro-batch)
+    # a (layer, micro-batch) with several records of one kind: the last one counts
+    fk, fi = _last_rows(keys, np.flatnonzero(tl.kind == _F))
+    has_b, bi = _find(*_last_rows(keys, np.flatnonzero(tl.kind == _B)), fk)
+    if not has_b.all():
+        missing = int(fk[~has_b][0])
+        raise KeyError((missing // radix - 1, missing % radix - 1))
+    has_w, wi = _find(*_last_rows(keys, np.flatnonzero(tl.kind == _W)), fk)
+    has_r, ri = _find(*_last_rows(keys, np.flatnonzero(tl.kind == _R)), fk)
+    # offloaded: [end of its last ToHost, start of its last FromHost] (0.0 for a missing one)
+    to_host, from_host = (np.flatnonzero((tl.kind == _KIND_CODE[k]) & (tl.mb >= 0)) for k in ("ToHost", "FromHost"))
+    gap = np.isin(fk, keys[np.concatenate((to_host, from_host))])
+    got0, at0 = _find(*_last_rows(keys, to_host), fk)
+    got1, at1 = _find(*_last_rows(keys, from_host), fk)
+    gap0 = np.where(got0, tl.end[at0], 0.0)
+    gap1 = np.where(got1, tl.start[at1], 0.0)
+    layers = keys[fi] // radix - 1
+    n = len(fk)
+    if not n:
+        return [0] * P
+    flat = [lc for stage in costs.stages for lc in stage]
+    for layer_index in set(layers.tolist()):
+        if not 0 <= layer_index < len(flat):
+            costs.layer(layer_index)                    # its error
+    full_b = np.array([lc.act_full_bytes for lc in flat], np.int64)[layers]
+    ckpt_b = np.array([lc.act_ckpt_bytes for lc in flat], np.int64)[layers]
+    rec_b = np.array([lc.recovery_bytes for lc in flat], np.int64)[layers]
+    st = tl.stage[fi]
+    f_start, f_end, b_end = tl.start[fi], tl.end[fi], tl.end[bi]
+    w_end = np.where(has_w, tl.end[wi], 0.0)
+    end = np.where(has_w, w_end, b_end) if weight_grad_bytes is None else b_end
+    if policy == "fsr":
+        rec_start = np.where(has_r, tl.start[ri], 0.0)
+    else:
+        has_r = np.zeros(n, bool)
+        rec_start = tl.start[bi]
+    kept = np.full(n, True) if policy == "full" else (~has_r if policy == "fsr" else np.zeros(n, bool))
 
-        def live(a: float, z: float, nbytes: int, ev: list = ev) -> None:
-            if nbytes > 0:
-                ev.append((a, nbytes))
-                ev.append((z, -nbytes))
+    ev_stage, ev_time, ev_delta = [], [], []
 
-        if wt is not None and weight_grad_bytes is not None:
-            nb = weight_grad_bytes if isinstance(weight_grad_bytes, int) else weight_grad_bytes[layer_index]
-            live(bt.end_ms, wt.end_ms, int(nb))
+    def live(mask, a, z, nbytes) -> None:
+        mask = mask & (nbytes > 0)
+        ev_stage.extend((st[mask], st[mask]))
+        ev_time.extend((a[mask], z[mask]))
+        ev_delta.extend((nbytes[mask], -nbytes[mask]))
 
-        gap = away.get((layer_index, m))
+    def saved(mask, a, z, nbytes) -> None:
+        live(mask & ~gap, a, z, nbytes)
+        live(mask & gap, a, gap0, nbytes)
+        live(mask & gap, gap1, z, nbytes)
 
-        def saved(a: float, z: float, nbytes: int, gap: list | None = gap) -> None:
-            if gap is None:
-                live(a, z, nbytes)
-            else:
-                live(a, gap[0], nbytes)
-                live(gap[1], z, nbytes)
-
-        if policy == "full" or (policy == "fsr" and (layer_index, m) not in r):
-            saved(ft.start_ms, end, lc.act_full_bytes)
-            continue
-        saved(ft.start_ms, end, lc.act_ckpt_bytes)
-        live(ft.start_ms, ft.end_ms, max(0, lc.act_full_bytes - lc.act_ckpt_bytes))
-        rec_start = r[(layer_index, m)].start_ms if policy == "fsr" else bt.start_ms
-        live(rec_start, end, lc.recovery_bytes)
-    out = []
-    for ev in events:
-        ev.sort(key=lambda e: (e[0], e[1]))   # frees first at the same instant
-        cur = peak = 0
-        for _, d in ev:
-            cur += d
-            peak = max(peak, cur)
-        out.append(peak)
-    return out
+    if weight_grad_bytes is not None:
+        if isinstance(weight_grad_bytes, int):
+            nb = np.full(n, int(weight_grad_bytes), np.int64)
+        else:           # read only where there is a W, as a lookup per (layer, micro-batch) would
+            nb = np.array([int(weight_grad_bytes[x]) if h else 0 for x, h in zip(layers.tolist(), has_w.tolist(),
+                                                                               strict=True)], np.int64)
+        live(has_w, b_end, w_end, nb)
+    saved(kept, f_start, end, full_b)
+    saved(~kept, f_start, end, ckpt_b)
+    live(~kept, f_start, f_end, np.maximum(0, full_b - ckpt_b))
+    live(~kept, rec_start, end, rec_b)
+    return _stage_peaks(np.concatenate(ev_stage), np.concatenate(ev_time), np.concatenate(ev_delta), P)
 
 
 __all__ = ["ABLATION_VARIANTS", "ACTIVATIONS", "LIFECYCLE_KINDS", "Mechanisms", "SimResult", "StageSummary",
            "TaskNote", "activation_residency", "peak_activation_sets", "peak_inflight", "simulate",
-           "simulate_step_time"]
+           "simulate_step_time", "stage_task_counts"]
