@@ -108,7 +108,11 @@ keys = ["table5", "table4", "table6"]
 report.registry = lambda: {k: real[k] if k in ("table4", "table6") else fake(k) for k in keys}
 exps = report.reproduce(keys, sys.argv[1], progress=False, jobs=2)
 assert [e.key for e in exps] == keys and all(e.checks for e in exps)
-print("loaded:", sorted(set(loaded()) - set(before)), "holds waited:", jit.HOLDS_WAITED[0])
+# the simulator's compiled loop is cached in a folder of its own under a file lock
+# (ratrain.sim.event_loop): only the emulator's jitted code must wait for the worker
+sim_loop = ("ratrain.sim.event_kernel.", "ratrain.sim.event_loop.")
+mine = [d for d in set(loaded()) - set(before) if not d.startswith(sim_loop)]
+print("loaded:", sorted(mine), "holds waited:", jit.HOLDS_WAITED[0])
 """
 
 

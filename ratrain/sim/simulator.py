@@ -66,8 +66,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
-import numpy as np
-
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim import offload as offload_tasks
@@ -86,6 +84,20 @@ from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import HOST_TASK_KINDS, Task
 from ratrain.spec.memory import FSR_BUFFER_LAYERS
+
+
+class _NumPyOnFirstUse:
+    """NumPy, imported when a function first uses it: the CLI's parsers import this module for its
+    names (``ratrain simulate --help`` and argument errors must not load NumPy, tests/test_cli_startup.py).
+    The first use rebinds the module's ``np`` to NumPy itself, so later uses cost nothing extra."""
+
+    def __getattr__(self, name: str):
+        import numpy
+        globals()["np"] = numpy
+        return getattr(numpy, name)
+
+
+np = _NumPyOnFirstUse()
 
 ACTIVATIONS = ("full", "ckpt", "fsr")
 ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")
