@@ -16,8 +16,10 @@ RATRAIN_ROOMS = ["errors", "spec", "cost", "sim", "plan", "replay", "repro", "cl
 # Imports allowed inside functions: plotting libraries kept off the import path of a library
 # module that only draws on request, and Dask, an optional extra that takes a second to import
 # (only a sweep given --scheduler needs it).
+# numpy: ratrain.sim.simulator binds it on first use, because the CLI's parsers import that module for
+# its names and --help must not load NumPy
 LAZY_OK = {"matplotlib", "matplotlib.pyplot", "matplotlib.patches", "matplotlib.ticker", "dask.distributed",
-           "rtcommon.figstyle"}
+           "rtcommon.figstyle", "numpy"}
 # Command modules import what only running the command needs inside its handler, so that --help and
 # argument errors answer at once (a command loads what it runs, nothing its parser does not need);
 # those imports count in the graph below like top-level ones.
