@@ -1,10 +1,12 @@
-"""The main job on two processes: the emulator's experiments in a forked worker, the same
-experiments, files and order as one process, and a worker's error raised in the caller."""
+"""The main job on two processes: the emulator's experiments in a forked worker, the side ones in
+whichever process is free first, the same experiments, files and order as one process, and a
+worker's error raised in the caller."""
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -46,12 +48,50 @@ def test_two_jobs_give_one_jobs_results_in_order(fake_registry, tmp_path):
         # a thread an earlier test left running: no fork, everything here (the fallback's own test below)
         assert set(pid.values()) == {os.getpid()}
     else:
-        # the emulator's experiments, then the side ones, in the worker; the rest here
-        assert pid["table5"] == pid["tune"] == pid["budget"] == pid["measured"] != os.getpid()
+        # the emulator's experiments in the worker, the rest here; a side one in either
+        assert pid["table5"] == pid["tune"] == pid["budget"] != os.getpid()
         assert pid["table2"] == pid["ranking"] == os.getpid()
+        assert pid["measured"] in (pid["table5"], os.getpid())
     for key in KEYS:
         assert json.loads((tmp_path / "two" / f"{key}.json").read_text())["rows"][0]["x"] == 0.1 + 0.2
     assert (tmp_path / "two" / "report.md").read_text() == (tmp_path / "one" / "report.md").read_text()
+
+
+def _waiting_registry(tmp_path, waits):
+    """Fakes where ``waits`` blocks until the side experiment ``measured`` has run (it leaves a file),
+    so that the other process must be the one that took it."""
+    ran = tmp_path / "measured-ran"
+
+    def make(key):
+        inner = _fake(key)
+
+        def run(out, progress, settings):
+            if key == "measured":
+                with open(ran, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+            elif key == waits:
+                deadline = time.monotonic() + 60
+                while not ran.exists():
+                    assert time.monotonic() < deadline, "the side experiment was never taken"
+                    time.sleep(0.01)
+            return inner(out, progress, settings)
+        return run
+    return {k: make(k) for k in KEYS}
+
+
+@pytest.mark.parametrize("busy", ["table2", "table5"])
+def test_a_side_experiment_runs_in_the_process_free_first(monkeypatch, tmp_path, busy):
+    if threading.active_count() > 1:
+        pytest.skip("a thread an earlier test left running: no fork")
+    monkeypatch.setattr(report, "registry", lambda: _waiting_registry(tmp_path, busy))
+    exps = {e.key: e for e in reproduce(KEYS, tmp_path / "out", progress=False, jobs=2)}
+    here = os.getpid()
+    worker = exps["table5"].rows[0]["pid"]
+    assert worker != here
+    # whichever side was kept busy, the other ran the side experiment, exactly once
+    assert exps["measured"].rows[0]["pid"] == (worker if busy == "table2" else here)
+    assert (tmp_path / "measured-ran").read_text().split() == [str(exps["measured"].rows[0]["pid"])]
+    assert [k for k in exps] == KEYS
 
 
 def test_a_process_with_threads_does_not_fork(fake_registry, tmp_path):

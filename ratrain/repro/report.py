@@ -4,9 +4,11 @@ and the simulator; ``ratrain.repro.targets`` supplies only the targets.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import resource
+import shutil
 import sys
 import tempfile
 import threading
@@ -77,8 +79,10 @@ def registry() -> dict[str, Callable[..., Experiment]]:
 # the kernel checks; the budget study, whose TP plans at small budgets emulate GEMMs on empty caches;
 # and the what-if platforms, whose profiles probe DDR on the machine on empty caches. With two jobs
 # they run in one worker process, so only one process ever compiles or loads the machine, and their
-# memory is returned when it exits; the experiments in SIDE_EXPERIMENTS share no simulated steps with
-# the others and follow them there, so the two loads are closer.
+# memory is returned when it exits. The experiments in SIDE_EXPERIMENTS share no simulated steps with
+# the others and need no jitted machine: whichever process is done with its own list first takes
+# them, one at a time (``_claim``), so the two processes end close together both on a first run,
+# where the emulator's side is the longer, and on later runs, where the simulations' side is.
 EMULATOR_EXPERIMENTS = ("table5", "table5_study", "tune", "attention", "budget", "platforms")
 SIDE_EXPERIMENTS = ("correctness", "measured", "cross_platform")
 
@@ -87,8 +91,9 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
               settings=None, jobs: int = 1) -> list[Experiment]:
     """Run ``which`` (default: every experiment) into ``out_dir``; with more than one, also the report.
 
-    ``jobs`` 2: the emulator's experiments (and ``SIDE_EXPERIMENTS``) in a worker process beside the
-    others (``_run_split``); the results, files and their order are those of one process."""
+    ``jobs`` 2: the emulator's experiments in a worker process beside the others, ``SIDE_EXPERIMENTS``
+    in whichever is free first (``_run_split``); the results, files and their order are those of one
+    process."""
     settings = settings or DEFAULT_SETTINGS
     experiments = registry()
     keys = which or list(experiments)
@@ -110,42 +115,55 @@ def reproduce(which: list[str] | None = None, out_dir: str | Path = "results", p
     return done
 
 
-def _split(keys: list[str]) -> tuple[list[str], list[str]] | None:
-    """(the worker's keys, this process's keys), or None when one process must run them all: one side
-    would be empty, or this process already runs threads (Numba's, once a kernel ran here), which a
-    fork must not copy."""
+def _split(keys: list[str]) -> tuple[list[str], list[str], list[str]] | None:
+    """(the worker's keys, this process's keys, the keys either takes when done with its own), or None
+    when one process must run them all: the worker would have no emulator experiment or this process
+    nothing of its own, or this process already runs threads (Numba's, once a kernel ran here), which
+    a fork must not copy."""
     worker = [k for k in keys if k in EMULATOR_EXPERIMENTS]
-    worker += [k for k in keys if k in SIDE_EXPERIMENTS and worker]
-    here = [k for k in keys if k not in worker]
+    shared = [k for k in keys if k in SIDE_EXPERIMENTS]
+    here = [k for k in keys if k not in worker and k not in shared]
     if not worker or not here or threading.active_count() > 1:
         return None
-    return worker, here
+    return worker, here, shared
 
 
-def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, prog: Progress,
-               settings) -> list[Experiment]:
-    """``worker`` in a forked process while this one runs ``here``; the experiments back in ``keys``
-    order. The worker writes its own files and hands its Experiments back through a file (pickled),
-    so it exits, and frees its memory, as soon as it is done. A bare fork, waited for only at the
-    end: multiprocessing would reap it whenever another process starts (the ranking study's pool),
-    adding its CPU time to whichever experiment runs then. While the worker runs, any load or compile of
-    jitted code in this process (or in one it starts) waits until the worker has exited
-    (``mtemu.jit.hold_jit_for``): the worker compiles the machine into Numba's cache, which takes one
-    writer at a time; none of this side's experiments needs the machine with the shipped profiles."""
+def _claim(claims: str, key: str) -> bool:
+    """True for the one process that first asks for ``key``: its claim file in ``claims`` is created
+    exclusively, which the file system decides for both processes at once."""
+    try:
+        os.close(os.open(os.path.join(claims, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _run_split(keys: list[str], worker: list[str], here: list[str], shared: list[str], out: Path,
+               prog: Progress, settings) -> list[Experiment]:
+    """``worker`` in a forked process while this one runs ``here``, then each of ``shared`` in whichever
+    asks for it first; the experiments back in ``keys`` order. The worker writes its own files and
+    hands its Experiments back through a file (pickled), so it exits, and frees its memory, as soon as
+    it is done. A bare fork, waited for only at the end: multiprocessing would reap it whenever another
+    process starts (the ranking study's pool), adding its CPU time to whichever experiment runs then.
+    While the worker runs, any load or compile of jitted code in this process (or in one it starts)
+    waits until the worker has exited (``mtemu.jit.hold_jit_for``): the worker compiles the machine into
+    Numba's cache, which takes one writer at a time; none of this side's experiments needs the machine
+    with the shipped profiles."""
     fd, handoff = tempfile.mkstemp(prefix="ratrain-reproduce-", suffix=".pickle")
     os.close(fd)
+    claims = tempfile.mkdtemp(prefix="ratrain-reproduce-claims-")
     try:
         pid = os.fork()
         if pid == 0:                     # the worker
             code = 1
             try:
-                _worker_main(keys, worker, out, prog, settings, handoff)
+                _worker_main(keys, worker, shared, claims, out, prog, settings, handoff)
                 code = 0
             finally:
                 os._exit(code)
         jit.hold_jit_for(pid)
         try:
-            mine = _run_all(keys, out, prog, settings, only=here)
+            mine = _run_all(keys, out, prog, settings, only=here, shared=shared, claims=claims)
         finally:
             exitcode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
             jit.release_jit()
@@ -153,6 +171,7 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
             got = pickle.load(f) if exitcode == 0 else None
     finally:
         os.unlink(handoff)
+        shutil.rmtree(claims, ignore_errors=True)
     if isinstance(got, BaseException):
         raise got
     if not isinstance(got, list):
@@ -161,10 +180,12 @@ def _run_split(keys: list[str], worker: list[str], here: list[str], out: Path, p
     return [by_key[k] for k in keys]
 
 
-def _worker_main(keys: list[str], worker: list[str], out: Path, prog: Progress, settings, handoff: str) -> None:
-    """The forked worker: run ``worker`` and leave the Experiments (or the error) in ``handoff``."""
+def _worker_main(keys: list[str], worker: list[str], shared: list[str], claims: str, out: Path, prog: Progress,
+                 settings, handoff: str) -> None:
+    """The forked worker: run ``worker`` and the ``shared`` keys it claims first, and leave the
+    Experiments (or the error) in ``handoff``."""
     try:
-        got: object = _run_all(keys, out, prog, settings, only=worker)
+        got: object = _run_all(keys, out, prog, settings, only=worker, shared=shared, claims=claims)
     except BaseException as exc:         # handed to the parent, which raises it
         got = exc
     try:
@@ -176,16 +197,18 @@ def _worker_main(keys: list[str], worker: list[str], out: Path, prog: Progress, 
     sys.stderr.flush()
 
 
-def _run_all(keys: list[str], out: Path, prog: Progress, settings, only: list[str] | None = None) -> list[Experiment]:
+def _run_all(keys: list[str], out: Path, prog: Progress, settings, only: list[str] | None = None,
+             shared: list[str] = (), claims: str | None = None) -> list[Experiment]:
     """The experiments ``keys`` in order, each written to ``out/<key>.json`` with its timing. They share
     simulated steps (the same inputs, e.g. Table 2's layouts in the schedules study or the ablation's
     default link in the sensitivity sweep, are simulated once) and emulated timing runs (Table 5's
     GEMMs again in its calibration study and the tuner). ``only``: run just these of ``keys`` (numbered
-    as in ``keys``)."""
+    as in ``keys``), then each of ``shared`` that ``_claim`` gives this process in ``claims``."""
     experiments = registry()
     done = []
     with simulation_memo.enabled(), timing_memo.enabled():
-        for key in keys if only is None else only:
+        # the claims are asked lazily, each when this process is free for it
+        for key in keys if only is None else itertools.chain(only, (k for k in shared if _claim(claims, k))):
             prog(f"({keys.index(key) + 1}/{len(keys)}) {key}")
             t = RunClock.now()
             exp = experiments[key](out, prog, settings)
