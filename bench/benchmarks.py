@@ -25,24 +25,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-import mtemu
-from mtemu.kernels.gemm import build_gemm
-from mtemu.validate import TABLE5, TABLE5_M, table5
-from ratrain.cost.tasks import PipelineCosts
-from ratrain.repro.cross_platform import cross_platform_rows
-from ratrain.repro.measured import CALIBRATION_PLATFORM, CALIBRATION_RUNS, read_runs, validate
+# Only light modules at the top: asv starts a process per benchmark and parameter (about 150 in a quick
+# run) and imports this file in each, where most of them only read a figure their ``setup_cache`` left;
+# the emulator, Numba and the simulator load in the benchmarks that run them.
+from mtemu.kernels.names import GEMM_LOOP_ORDERS as LOOP_ORDERS
+from mtemu.paper_targets import TABLE5, TABLE5_M
 from ratrain.repro.targets import TABLE3
-from ratrain.sim.simulator import simulate
-from ratrain.spec.memory import stage_memory
-from ratrain.spec.models import get_model
-from ratrain.spec.parallel import ParallelConfig
-from ratrain.spec.platforms import load_platform
 
-from .speed import LOOP_ORDERS, functional_gemm, numpy_matmul_seconds, table5_timing
-from .speed import TABLE5_SHAPES as TABLE5_DIMS
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ratrain.cost.tasks import PipelineCosts
+    from ratrain.spec.parallel import ParallelConfig
 
 TIMING_SHAPE = (TABLE5_M, 4096, 4096)       # first Table 5 row
 FUNCTIONAL_N = 512                          # time_: 512^3 functional GEMM
@@ -56,6 +52,7 @@ def warm_numba() -> None:
     """Compile (or load from cache) the jitted machine once per process; cheap afterwards."""
     global _warmed
     if not _warmed:
+        import mtemu
         mtemu.gemm_timing(64, 64, 64)
         a, b = _operands(64, 64, 64)
         mtemu.run_gemm(a, b)
@@ -113,6 +110,7 @@ def cached_param_track(name: str, key: str, unit: str, version: str = "1"):
 
 
 def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((m, k)).astype(np.float16),
             rng.standard_normal((k, n)).astype(np.float16))
@@ -120,12 +118,14 @@ def _operands(m: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.nda
 
 def step_costs() -> PipelineCosts:
     """Uniform 1F1B step: P=8 stages, A=128 micro-batches, 8 layers per stage (ms per layer)."""
+    from ratrain.cost.tasks import PipelineCosts
     return PipelineCosts.uniform(8, 128, t_forward=1.0, t_backward=2.0, t_transfer=0.05,
                                  t_update=0.5, layers_per_stage=8, t_recompute=0.3,
                                  t_gradsync=2.0, t_prefetch=0.5)
 
 
 def memory_config() -> ParallelConfig:
+    from ratrain.spec.parallel import ParallelConfig
     return ParallelConfig(pp=8, dp=32, zero=2, micro_batch=1, accum=128, seq=2048, activation="fsr")
 
 
@@ -135,6 +135,7 @@ class TimeEmulator:
     timeout = 300
 
     def setup(self):
+        from mtemu.kernels.gemm import build_gemm
         warm_numba()
         # program builds are lru-cached: the time_ functions measure the emulation
         build_gemm(*TIMING_SHAPE)
@@ -142,6 +143,7 @@ class TimeEmulator:
         self.a, self.b = _operands(FUNCTIONAL_N, FUNCTIONAL_N, FUNCTIONAL_N)
 
     def time_gemm_timing_2048x4096x4096(self):
+        import mtemu
         mtemu.gemm_timing(*TIMING_SHAPE)
 
     # a few seconds per call: one process, few samples, no warmup beyond setup
@@ -150,6 +152,7 @@ class TimeEmulator:
     time_gemm_timing_2048x4096x4096.warmup_time = 0.0
 
     def time_gemm_functional_512(self):
+        import mtemu
         mtemu.run_gemm(self.a, self.b)
 
 
@@ -157,17 +160,21 @@ class TimeRatrain:
     """Wall time of one simulated training step and of one memory-model evaluation."""
 
     def setup(self):
+        from ratrain.sim.simulator import simulate
+        from ratrain.spec.memory import stage_memory
+        from ratrain.spec.models import get_model
+        self.simulate, self.stage_memory = simulate, stage_memory
         self.costs = step_costs()
         self.model = get_model("llama2-7b")
         self.cfg = memory_config()
 
     def time_simulate_step_p8_a128_l8(self):
-        simulate(self.costs, schedule="1f1b")
+        self.simulate(self.costs, schedule="1f1b")
 
     time_simulate_step_p8_a128_l8.repeat = (1, 5, 15.0)
 
     def time_stage_memory_llama2_7b(self):
-        stage_memory(self.model, self.cfg)
+        self.stage_memory(self.model, self.cfg)
 
 
 class TrackTable5:
@@ -184,6 +191,7 @@ class TrackTable5:
         exp = main_job("table5")
         if exp is not None:
             return {f"{r['m']}x{r['k']}x{r['n']}": (r["utilization"], r["delta_pp"]) for r in exp["rows"]}
+        from mtemu.validate import table5
         warm_numba()
         return {f"{r.m}x{r.k}x{r.n}": (r.utilization, r.delta_pp) for r in table5()}
 
@@ -231,10 +239,12 @@ class TrackThroughput:
     timeout = 300
 
     def setup(self):
+        import mtemu
         warm_numba()
+        self.run_gemm = mtemu.run_gemm
         n = TRACK_FUNCTIONAL_N
         self.a, self.b = _operands(n, n, n)
-        mtemu.run_gemm(self.a, self.b)      # builds and caches the 1024^3 program
+        self.run_gemm(self.a, self.b)       # builds and caches the 1024^3 program
 
     def track_functional_gmacs(self):
         """Host-side GMAC/s of a functional 1024^3 GEMM (best of 3)."""
@@ -242,7 +252,7 @@ class TrackThroughput:
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            mtemu.run_gemm(self.a, self.b)
+            self.run_gemm(self.a, self.b)
             best = min(best, time.perf_counter() - t0)
         return n * n * n / best / 1e9
 
@@ -259,6 +269,8 @@ class TrackTable5Speed:
     timeout = 900
 
     def setup_cache(self):
+        from .speed import TABLE5_SHAPES as TABLE5_DIMS
+        from .speed import numpy_matmul_seconds, table5_timing
         warm_numba()
         numpy_s = numpy_matmul_seconds(TABLE5_DIMS)
         return {order: table5_timing(order, numpy_s) for order in LOOP_ORDERS}
@@ -282,6 +294,7 @@ class TrackFunctionalSpeed:
     timeout = 600
 
     def setup_cache(self):
+        from .speed import functional_gemm
         warm_numba()
         return {order: functional_gemm(TRACK_FUNCTIONAL_N, order) for order in LOOP_ORDERS}
 
@@ -302,6 +315,7 @@ class TimePlanner:
 
     def setup(self):
         from ratrain.plan.planner import Planner
+        from ratrain.spec.models import get_model
         self.planner = Planner(get_model("llama2-70b"), progress=False)
         self.planner.profile(1, 2048, 1)
 
@@ -327,6 +341,7 @@ class TimePlannerTable3:
 
     def setup(self, case):
         from ratrain.plan.planner import Planner
+        from ratrain.spec.models import get_model
         model, clusters, gb = case.rsplit("-", 2)
         self.args = (int(clusters), int(gb))
         self.planner = Planner(get_model(model), progress=False)
@@ -397,12 +412,16 @@ class TimeModelStep:
     def setup(self):
         from ratrain.cost.terms import pipeline_costs
         from ratrain.plan.planner import Planner
+        from ratrain.sim.simulator import simulate
+        from ratrain.spec.models import get_model
+        from ratrain.spec.parallel import ParallelConfig
+        self.simulate = simulate
         model = get_model("qwen2.5-32b")
         cfg = ParallelConfig(pp=8, dp=32, zero=2, micro_batch=1, accum=128, seq=2048, activation="fsr")
         self.costs = pipeline_costs(model, cfg, Planner(model).profile(1, 2048, 1))
 
     def time_simulate_qwen_p8_a128(self):
-        simulate(self.costs)
+        self.simulate(self.costs)
 
 
 class TrackReproduction:
@@ -741,16 +760,19 @@ class TimeValidateMeasured:
     timeout = 300.0
 
     def setup(self):
+        from ratrain.repro.measured import CALIBRATION_PLATFORM, CALIBRATION_RUNS, read_runs, validate
+        from ratrain.spec.platforms import load_platform
+        self.validate = validate
         self.runs = read_runs(CALIBRATION_RUNS)
         self.platform = load_platform(CALIBRATION_PLATFORM)
 
     def time_validate_1440_runs(self):
-        validate(self.runs, self.platform)
+        self.validate(self.runs, self.platform)
 
     time_validate_1440_runs.repeat = (1, 2, 60.0)
 
     def track_mean_abs_error_pct(self):
-        return 100 * validate(self.runs, self.platform).summary["mean_abs_error"]
+        return 100 * self.validate(self.runs, self.platform).summary["mean_abs_error"]
 
     track_mean_abs_error_pct.version = "1"
     track_mean_abs_error_pct.unit = "%"
@@ -765,6 +787,7 @@ class TrackCrossPlatform:
     timeout = 300
 
     def setup_cache(self):
+        from ratrain.repro.cross_platform import cross_platform_rows
         exp = main_job("cross_platform")       # the experiment's rows are the summaries
         summaries = cross_platform_rows()[1] if exp is None else exp["rows"]
         return {(s["platform"], s["model"]): s["gpu_style_vs_ratrain"] for s in summaries}

@@ -1,6 +1,6 @@
 """Emulator speed against NumPy, both measured in the same process: what both suites report.
 
-- :func:`table5_timing`: the Table 5 set (M = 2048, (K, N) from ``mtemu.validate.TABLE5``) in
+- :func:`table5_timing`: the Table 5 set (M = 2048, (K, N) from ``mtemu.paper_targets.TABLE5``) in
   timing mode on ``platforms/mt3000-raw-ddr.toml``, with the A-resident loop order (the default)
   or the C-stationary one: wall seconds, emulated bundles per second, and the ratio to NumPy's
   float32 matmul of the same five shapes.
@@ -25,14 +25,14 @@ import numpy as np
 from mtemu.kernels import gemm, gemm_a_resident
 from mtemu.kernels.gemm import GemmTiles, build_gemm, gemm_timing
 from mtemu.kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
-from mtemu.kernels.names import DEFAULT_GEMM
+from mtemu.kernels.names import DEFAULT_GEMM, GEMM_LOOP_ORDERS
 from mtemu.kernels.registry import gemm_variant
+from mtemu.paper_targets import TABLE5, TABLE5_M
 from mtemu.platform import DEFAULT, load_platform
-from mtemu.validate import TABLE5, TABLE5_M
 
 RAW_DDR = Path(__file__).resolve().parent.parent / "platforms" / "mt3000-raw-ddr.toml"
 TABLE5_SHAPES = [(TABLE5_M, k, n) for k, n, *_ in TABLE5]
-LOOP_ORDERS = ("a-resident", "c-stationary")
+LOOP_ORDERS = GEMM_LOOP_ORDERS
 
 
 def _clear_program_caches() -> None:

@@ -7,18 +7,9 @@ from dataclasses import dataclass
 from ..kernels.gemm import DEFAULT_TILES, GemmResult, GemmTiles, gemm_timing
 from ..kernels.gemm_a_resident import AResidentGemmTiles
 from ..kernels.registry import DEFAULT_GEMM, gemm_variant, variant_of
+from ..paper_targets import TABLE5, TABLE5_M
 from ..platform import DEFAULT, Platform
 
-# Paper Table 5 (M = 2048 tokens; shape column is the weight K x N). Targets only.
-TABLE5 = (
-    # (k, n, utilization %, T MAC/s, latency ms)
-    (4096, 4096, 64.96, 5.26, 6.53),
-    (4096, 11008, 66.16, 5.36, 17.23),
-    (11008, 4096, 65.13, 5.28, 17.50),
-    (6656, 6656, 67.35, 5.46, 16.63),
-    (8192, 8192, 68.13, 5.52, 24.90),
-)
-TABLE5_M = 2048
 TABLE5_TOLERANCE_PP = 1.5
 
 
