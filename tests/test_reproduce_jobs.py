@@ -25,6 +25,7 @@ def _fake(key):
     return run
 
 
+ROOT = Path(__file__).resolve().parent.parent
 KEYS = ["table5", "table2", "tune", "budget", "measured", "ranking"]
 
 
@@ -34,24 +35,44 @@ def fake_registry(monkeypatch):
 
 
 def _strip_pid(exps):
-    return [{**e.to_json(), "rows": [{k: v for k, v in r.items() if k != "pid"} for r in e.rows],
+    return [{**e, "rows": [{k: v for k, v in r.items() if k != "pid"} for r in e["rows"]],
              "timing": None, "seconds": None} for e in exps]
 
 
+# A process with threads does not fork (its own test below), and the suite's process may hold one an
+# earlier test left running: the two-process runs go in a fresh interpreter, which has none. It runs one
+# of this module's scenarios and prints its pid and the experiments as JSON.
+FRESH_RUN = """import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import test_reproduce_jobs as scenarios
+print(json.dumps({"pid": os.getpid(), "exps": [e.to_json() for e in getattr(scenarios, sys.argv[2])(*sys.argv[3:])]}))
+"""
+
+
+def _in_fresh_interpreter(scenario: str, *args: str) -> tuple[int, list[dict]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    got = subprocess.run([sys.executable, "-c", FRESH_RUN, str(Path(__file__).parent), scenario, *args],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    result = json.loads(got.stdout.strip().splitlines()[-1])
+    return result["pid"], result["exps"]
+
+
+def two_jobs(out):
+    report.registry = lambda: {k: _fake(k) for k in KEYS}
+    return reproduce(KEYS, Path(out), progress=False, jobs=2)
+
+
 def test_two_jobs_give_one_jobs_results_in_order(fake_registry, tmp_path):
-    one = reproduce(KEYS, tmp_path / "one", progress=False, jobs=1)
-    two = reproduce(KEYS, tmp_path / "two", progress=False, jobs=2)
-    assert [e.key for e in two] == KEYS
+    one = [e.to_json() for e in reproduce(KEYS, tmp_path / "one", progress=False, jobs=1)]
+    here, two = _in_fresh_interpreter("two_jobs", str(tmp_path / "two"))
+    assert [e["key"] for e in two] == KEYS
     assert _strip_pid(two) == _strip_pid(one)
-    pid = {e.key: e.rows[0]["pid"] for e in two}
-    if threading.active_count() > 1:
-        # a thread an earlier test left running: no fork, everything here (the fallback's own test below)
-        assert set(pid.values()) == {os.getpid()}
-    else:
-        # the emulator's experiments in the worker, the rest here; a side one in either
-        assert pid["table5"] == pid["tune"] == pid["budget"] != os.getpid()
-        assert pid["table2"] == pid["ranking"] == os.getpid()
-        assert pid["measured"] in (pid["table5"], os.getpid())
+    pid = {e["key"]: e["rows"][0]["pid"] for e in two}
+    # the emulator's experiments in the worker, the rest here; a side one in either
+    assert pid["table5"] == pid["tune"] == pid["budget"] != here
+    assert pid["table2"] == pid["ranking"] == here
+    assert pid["measured"] in (pid["table5"], here)
     for key in KEYS:
         assert json.loads((tmp_path / "two" / f"{key}.json").read_text())["rows"][0]["x"] == 0.1 + 0.2
     assert (tmp_path / "two" / "report.md").read_text() == (tmp_path / "one" / "report.md").read_text()
@@ -79,19 +100,21 @@ def _waiting_registry(tmp_path, waits):
     return {k: make(k) for k in KEYS}
 
 
+def busy_side(tmp, busy):
+    report.registry = lambda: _waiting_registry(Path(tmp), busy)
+    return reproduce(KEYS, Path(tmp) / "out", progress=False, jobs=2)
+
+
 @pytest.mark.parametrize("busy", ["table2", "table5"])
-def test_a_side_experiment_runs_in_the_process_free_first(monkeypatch, tmp_path, busy):
-    if threading.active_count() > 1:
-        pytest.skip("a thread an earlier test left running: no fork")
-    monkeypatch.setattr(report, "registry", lambda: _waiting_registry(tmp_path, busy))
-    exps = {e.key: e for e in reproduce(KEYS, tmp_path / "out", progress=False, jobs=2)}
-    here = os.getpid()
-    worker = exps["table5"].rows[0]["pid"]
+def test_a_side_experiment_runs_in_the_process_free_first(tmp_path, busy):
+    here, exps = _in_fresh_interpreter("busy_side", str(tmp_path), busy)
+    pid = {e["key"]: e["rows"][0]["pid"] for e in exps}
+    worker = pid["table5"]
     assert worker != here
     # whichever side was kept busy, the other ran the side experiment, exactly once
-    assert exps["measured"].rows[0]["pid"] == (worker if busy == "table2" else here)
-    assert (tmp_path / "measured-ran").read_text().split() == [str(exps["measured"].rows[0]["pid"])]
-    assert [k for k in exps] == KEYS
+    assert pid["measured"] == (worker if busy == "table2" else here)
+    assert (tmp_path / "measured-ran").read_text().split() == [str(pid["measured"])]
+    assert list(pid) == KEYS
 
 
 def test_a_process_with_threads_does_not_fork(fake_registry, tmp_path):
@@ -122,7 +145,6 @@ def test_a_worker_error_is_raised_here(monkeypatch, tmp_path):
 # ------------------------------------------------------------------------------------------
 # two processes, one writer of Numba's cache: the parent loads no jitted code while the worker runs
 # ------------------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
 
 # a fresh interpreter (no threads): the emulator's side faked, this side's real experiments on the
 # shipped profiles; the jitted signatures this process holds are listed before and after (importing the
