@@ -44,8 +44,33 @@ def _keep_bytecode(numba: Path) -> None:
     os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
 
 
+def _one_numba_cache_user_at_a_time(numba: Path) -> None:
+    """Under pytest-xdist (``-n 2``) the workers share Numba's on-disk cache, which takes one writer at a
+    time and must not be read while written (:mod:`mtemu.jit`): each worker loads and saves compiled code
+    holding one lock file (compiling itself stays parallel). Numba is imported only in such a worker."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    import fcntl
+
+    from numba.core import caching
+
+    numba.mkdir(parents=True, exist_ok=True)
+    lock_path = numba / "tests-workers.lock"
+
+    def locked(method):
+        def run(self, *args, **kwargs):
+            with open(lock_path, "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return method(self, *args, **kwargs)
+        return run
+
+    caching.Cache.load_overload = locked(caching.Cache.load_overload)
+    caching.Cache.save_overload = locked(caching.Cache.save_overload)
+
+
 _BYTECODE_SETTING = (sys.dont_write_bytecode, sys.pycache_prefix, {n: os.environ.get(n) for n in BYTECODE_VARIABLES})
 _keep_bytecode(caches.numba_base())
+_one_numba_cache_user_at_a_time(caches.numba_base())
 
 
 def pytest_unconfigure(config):

@@ -484,11 +484,18 @@ def test_random_programs_on_two_dsps_match_the_reference(seed):
     _both([prog], c, ref, dsp_program=[0, 0], init_sregs=_bases(rng, 2))
 
 
+# 2,000 programs in four shards of 500, each its own test, so that test workers (``-n 2``) share them; a
+# shard's seeds are offset by an odd constant, so the shards draw different programs
+MANY_SHARDS = 4
+
+
 @pytest.mark.slow
-@settings(max_examples=2000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("shard", range(MANY_SHARDS))
+@settings(max_examples=2000 // MANY_SHARDS, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2 ** 32 - 1), st.integers(1, 2))
-def test_many_random_programs_match_the_reference(seed, dsps):
-    prog, rng = _random_program(seed, dsps)
+def test_many_random_programs_match_the_reference(shard, seed, dsps):
+    prog, rng = _random_program((seed + shard * 0x9E3779B9) % 2 ** 32, dsps)
     c, ref = _new()
     _random_state(rng, c, ref)
     programs = [prog] if dsps == 2 else [prog, parse("{ halt }", PLAT)]
