@@ -70,9 +70,11 @@ class Cache:
     deletable: bool = True  # deleting it costs only a rebuild (all of them, today)
 
     def path(self) -> Path:
-        """The cache's folder now (the variables are read on each call: tests move them)."""
-        if self.name == "numba":
-            return numba_base()
+        """The cache's folder now (the variables are read on each call: tests move them). Numba's folder,
+        and what lies in it, follow ``numba_base`` (``NUMBA_CACHE_DIR``, set, wins over the part)."""
+        head, _, rest = self.folder.partition("/")
+        if head == "numba":
+            return numba_base() / rest
         return part_dir(self.part) / self.folder
 
 
@@ -92,6 +94,9 @@ CACHES: tuple[Cache, ...] = (
     Cache("numba", "mtemu", "numba", f"{JIT_FOLDER_PREFIX}*",
           "Numba's own (function, signature, CPU), in a folder per state of mtemu's jitted sources",
           None, "numba (for mtemu.machine and the modules it compiles)"),
+    Cache("simulator-jit", "mtemu", "numba/ratrain-sim", "sim_*",
+          "Numba's own (function, signature, CPU), in a folder per copy of the simulator's jitted source",
+          None, "numba (for ratrain.sim.event_kernel, the compiled event loop)"),
     Cache("programs", "mtemu", "programs", "*.npz",
           "kernel, hash of its generator's sources, shape, tiles, platform digest",
           3, "mtemu.kernels.program_cache"),

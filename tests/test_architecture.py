@@ -19,7 +19,7 @@ RATRAIN_ROOMS = ["errors", "spec", "cost", "sim", "plan", "replay", "repro", "cl
 # numpy: ratrain.sim.simulator binds it on first use, because the CLI's parsers import that module for
 # its names and --help must not load NumPy
 LAZY_OK = {"matplotlib", "matplotlib.pyplot", "matplotlib.patches", "matplotlib.ticker", "dask.distributed",
-           "rtcommon.figstyle", "numpy"}
+           "rtcommon.figstyle"}
 # Command modules import what only running the command needs inside its handler, so that --help and
 # argument errors answer at once (a command loads what it runs, nothing its parser does not need);
 # those imports count in the graph below like top-level ones.

@@ -50,11 +50,21 @@ def test_one_root_holds_every_cache_and_the_package_variables_move_their_part(tm
     assert caches.path("numba") == tmp_path / "n"          # the user's own wins
     monkeypatch.setenv(caches.NUMBA_VARIABLE, str(tmp_path / "n" / f"{caches.JIT_FOLDER_PREFIX}0123"))
     assert caches.path("numba") == tmp_path / "n"          # as mtemu left it for its workers
+    assert caches.path("simulator-jit") == tmp_path / "n" / "ratrain-sim"     # beside the emulator's
+
+
+def test_the_compiled_event_loop_goes_to_its_registered_folder():
+    from ratrain.sim import event_kernel
+    assert event_kernel.CACHE_FOLDER == caches.path("simulator-jit")
+    with event_kernel._numba_cache_here():
+        import numba
+        assert numba.config.CACHE_DIR == str(caches.path("simulator-jit"))
 
 
 def test_tests_run_on_their_own_root():
     assert caches.root() != Path.home() / ".cache"
-    assert not any(c.path().is_relative_to(Path.home() / ".cache") for c in caches.CACHES if c.name != "numba")
+    assert not any(c.path().is_relative_to(Path.home() / ".cache") for c in caches.CACHES
+                   if c.name not in ("numba", "simulator-jit"))
 
 
 def test_mtemu_cache_json_lists_every_cache(tmp_path, monkeypatch, capsys):

@@ -31,13 +31,12 @@ from ratrain.cli.args import (
 )
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError
-from ratrain.sim.bucket_sweep import bucket_sweep
 from ratrain.sim.buckets import GradBuckets
 from ratrain.sim.grid import format_grid
+from ratrain.sim.mechanisms import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms
 from ratrain.sim.offload import conversion_report, plan_for
 from ratrain.sim.pipeline_order import SCHEDULES, PipelineSchedule, interleaved_chunk_sizes, interleaved_microbatches_ok
 from ratrain.sim.plots import plot_timeline
-from ratrain.sim.simulator import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms, simulate
 from ratrain.sim.trace import write_chrome_trace
 from ratrain.sim.weight_split import DEFAULT_WEIGHT_FRACTION, weight_fractions
 from ratrain.spec.memory import FSR_BUFFER_LAYERS, max_peak, stage_memory
@@ -309,6 +308,10 @@ def _model_step(args: argparse.Namespace, buckets: GradBuckets | None, offload: 
 
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
+    # the simulator (and through it NumPy) loads when a step runs, not for --help or an argument error
+    from ratrain.sim.bucket_sweep import bucket_sweep
+    from ratrain.sim.simulator import simulate
+
     extra, report = {}, {}
     buckets, offload = lifecycle_from_args(args)
     memory = None

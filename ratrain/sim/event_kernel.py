@@ -4,7 +4,7 @@ arrays (see that module for the model and for why it is exact).
 This file holds only the jitted functions and their constants: Numba keys each function's on-disk
 cache on its own file, so nothing here may come from another module, and editing the conversion in
 ``ratrain.sim.event_loop`` does not recompile the loop. Numba's compiled code goes to its own folder,
-``<numba>/ratrain-sim`` (``rtcommon.caches.numba_base``), apart from the emulator's.
+``<numba>/ratrain-sim`` (the ``simulator-jit`` cache of ``rtcommon.caches``), apart from the emulator's.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ KIND_CODES = {"F": K_F, "R": K_R, "GradSync": K_GRADSYNC}
 C_SEQ, C_ENT, C_IHEAD, C_ITAIL, C_ROUND, C_NDIRTY, C_NFILL, C_FF, C_ERR = range(9)
 E_NO_DEADLINE = 1           # a lifecycle job became ready before its layer's first forward started
 
-CACHE_FOLDER = caches.numba_base() / "ratrain-sim"
+CACHE_FOLDER = caches.path("simulator-jit")
+
 
 @contextmanager
 def _numba_cache_here() -> Iterator[None]:

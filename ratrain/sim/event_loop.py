@@ -18,10 +18,10 @@ the same order (no fastmath) and on popping every queue in the same order:
 
 The jitted loop is :mod:`ratrain.sim.event_kernel` (its own file: Numba keys its cache on it alone);
 :func:`run` checks that its constants agree with the simulator's. Its compiled code goes to its own
-folder, ``<numba>/ratrain-sim`` (``rtcommon.caches.numba_base``), apart from the emulator's. A process
-loads or compiles it holding a lock on that folder, so two processes (the main job's two sides, test
-workers) never write it at once; that is why its first call does not wait for an emulator worker as
-``mtemu.jit.hold_jit_for`` asks of the emulator's own code (the hold guards the emulator's folder,
+folder, ``<numba>/ratrain-sim`` (the ``simulator-jit`` cache of ``rtcommon.caches``), apart from the
+emulator's. A process loads or compiles it holding a lock on that folder, so two processes (the main
+job's two sides, test workers) never write it at once; that is why its first call does not wait for an
+emulator worker as ``mtemu.jit.hold_jit_for`` asks of the emulator's own code (the hold guards the emulator's folder,
 which this code never touches).
 """
 from __future__ import annotations

@@ -66,6 +66,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from ratrain.cost.tasks import PipelineCosts
 from ratrain.errors import ConfigError, RatrainError
 from ratrain.sim import offload as offload_tasks
@@ -79,28 +81,12 @@ from ratrain.sim.buckets import (
     check_bucketable,
     group_layers,
 )
+from ratrain.sim.mechanisms import ABLATION_VARIANTS, ACTIVATIONS, Mechanisms
 from ratrain.sim.offload import OffloadPlan, offload_report
 from ratrain.sim.pipeline_order import PipelineSchedule
 from ratrain.sim.pipeline_order import build as build_schedule
 from ratrain.sim.timeline import HOST_TASK_KINDS, Task
-from ratrain.spec.memory import FSR_BUFFER_LAYERS
 
-
-class _NumPyOnFirstUse:
-    """NumPy, imported when a function first uses it: the CLI's parsers import this module for its
-    names (``ratrain simulate --help`` and argument errors must not load NumPy, tests/test_cli_startup.py).
-    The first use rebinds the module's ``np`` to NumPy itself, so later uses cost nothing extra."""
-
-    def __getattr__(self, name: str):
-        import numpy
-        globals()["np"] = numpy
-        return getattr(numpy, name)
-
-
-np = _NumPyOnFirstUse()
-
-ACTIVATIONS = ("full", "ckpt", "fsr")
-ABLATION_VARIANTS = ("full", "no-fsr", "no-update-prefetch", "no-layerwise")
 LIFECYCLE_KINDS = ("GradSync", "UpdateShard", "PrefetchW", "Update")
 # per stage: compute, DDR, the inter-cluster link, and the host side offloading uses (the two
 # directions of the host link, and the host's cores); a stage without offload never uses the last three
@@ -130,83 +116,6 @@ MAX_SIM_TASKS = 5_000_000
 COMPILED_LOOP_MIN_JOBS = 2_000
 COMPILED_LOOP_FIRST_JOBS = 500_000
 _JOBS_SIMULATED = [0]          # jobs this process has simulated (the first threshold's count)
-
-
-@dataclass(frozen=True)
-class Mechanisms:
-    """Which RATrain mechanisms are on.
-
-    layerwise: per-layer GradSync -> UpdateShard -> PrefetchW chains (off: bulk
-    step-end processing after the stage's last backward: all GradSyncs, then all
-    updates, then all prefetches; ``update_prefetch`` is then ignored).
-    update_prefetch: UpdateShard/PrefetchW of a layer start right after its
-    GradSync, earliest deadline first, and may overlap the next step's forward up
-    to that layer (off: a bulk phase after all of the stage's GradSyncs, and the
-    stage's next step waits for all of it).
-    fsr / activation: see the module docstring; activation 'fsr' with fsr=False
-    behaves as 'ckpt'.
-    fsr_lookahead: how many micro-batches may hold recovery buffers at once.
-    fsr_skip_adjacent: a micro-batch whose B directly follows its F on a stage
-    keeps its activations instead of being recovered (off by default: the
-    executor applies one activation policy per run).
-    fsr_buffer_layers: the recovery buffer's capacity in layers (default Eq. 6's one,
-    ``ratrain.spec.memory.FSR_BUFFER_LAYERS``, which the memory model counts): the k-th
-    recovery of a stage (backward order) waits until the backward that consumed the
-    (k - capacity)-th has ended; None lifts the cap (only the lookahead bounds it).
-    """
-    layerwise: bool = True
-    update_prefetch: bool = True
-    fsr: bool = True
-    activation: str = "fsr"
-    fsr_lookahead: int = 1
-    fsr_skip_adjacent: bool = False
-    fsr_buffer_layers: int | None = FSR_BUFFER_LAYERS
-
-    def __post_init__(self) -> None:
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"Mechanisms.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if isinstance(self.fsr_lookahead, bool) or not isinstance(self.fsr_lookahead, int) \
-                or self.fsr_lookahead < 1:
-            raise ConfigError(f"Mechanisms.fsr_lookahead must be an integer >= 1, got {self.fsr_lookahead!r}")
-        if self.fsr_buffer_layers is not None and (isinstance(self.fsr_buffer_layers, bool)
-                                                   or not isinstance(self.fsr_buffer_layers, int)
-                                                   or self.fsr_buffer_layers < 1):
-            raise ConfigError("Mechanisms.fsr_buffer_layers must be None (no cap) or an integer >= 1, "
-                              f"got {self.fsr_buffer_layers!r}")
-
-    @property
-    def policy(self) -> str:
-        """Effective activation policy: 'full', 'ckpt' (backward-time) or 'fsr'."""
-        if self.activation == "fsr" and not self.fsr:
-            return "ckpt"
-        return self.activation
-
-    @property
-    def deadline_aware(self) -> bool:
-        return self.layerwise and self.update_prefetch
-
-    @classmethod
-    def all_off(cls, activation: str = "ckpt") -> "Mechanisms":
-        """Baseline 1F1B: bulk step-end processing and backward-time recomputation."""
-        return cls(layerwise=False, update_prefetch=False, fsr=False, activation=activation)
-
-    @classmethod
-    def variant(cls, name: str) -> "Mechanisms":
-        """The paper's ablation variants: 'full', 'no-fsr', 'no-update-prefetch', 'no-layerwise'."""
-        if name == "full":
-            return cls()
-        if name == "no-fsr":
-            return cls(fsr=False, activation="ckpt")
-        if name == "no-update-prefetch":
-            return cls(update_prefetch=False)
-        if name == "no-layerwise":
-            return cls(layerwise=False, update_prefetch=False)
-        if name == "all-off":
-            return cls.all_off()
-        raise ConfigError(f"ablation variant must be one of {ABLATION_VARIANTS + ('all-off',)}, got {name!r}")
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "policy": self.policy}
 
 
 @dataclass(frozen=True)

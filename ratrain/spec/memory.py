@@ -66,7 +66,7 @@ OPTIMIZER_BYTES = 3 * FP32   # FP32 master + Adam m + Adam v
 # selective recomputation drops and recomputes: the b x heads x seq x seq ones.
 ATTENTION_CORE_TENSORS = ("attn_probs", "attn_probs_dropout_mask", "attn_probs_dropped")
 # FSR's recovery buffer, in layers (Eq. 6's one short-lived M_rec). The one home of the default:
-# the memory model counts it and ratrain.sim.simulator.Mechanisms recovers ahead no further.
+# the memory model counts it and ratrain.sim.mechanisms.Mechanisms recovers ahead no further.
 FSR_BUFFER_LAYERS = 1
 
 
