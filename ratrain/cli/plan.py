@@ -7,6 +7,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 
 from ratrain.cli.args import (
     add_model_choice,
@@ -83,6 +84,9 @@ def register(subparsers) -> None:
     p.add_argument("--virtual-stages", type=lambda t: _int_list(t, minimum=2), default=(DEFAULT_VIRTUAL_STAGES,),
                    metavar="V1,V2,...",
                    help=f"chunks per stage tried for interleaved (default {DEFAULT_VIRTUAL_STAGES})")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="local processes that emulate the kernels of latency profiles not built yet (a first run "
+                        "on a new model or platform; default: the machine's cores)")
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run)
 
@@ -166,7 +170,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     moe_cp = {k: v for k, v in fields.items()
               if v != {"ep": 1, "cp": 1, "capacity_factor": None, "hot_share": 0.0, "hot_load": 1.0}[k]}
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
-                      progress=not args.json, lengths=lengths, moe_cp=moe_cp)
+                      progress=not args.json, lengths=lengths, moe_cp=moe_cp,
+                      workers=args.workers or os.cpu_count() or 1)
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
                           zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)

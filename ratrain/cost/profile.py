@@ -578,6 +578,33 @@ def kernel_jobs(requests: list[ProfileRequest], platform: TrainingPlatform, cach
     return collector.jobs
 
 
+def unbuilt_profiles(requests: list[ProfileRequest], platform: TrainingPlatform) -> list[ProfileRequest]:
+    """The requests whose emulated profile is neither in this process's memory nor stored (shipped or cached)
+    and current: the ones :func:`layer_profile` would build. Stored ones found here are kept in memory, as
+    ``layer_profile`` keeps them (so nothing is read twice)."""
+    key = platform_key(platform)
+    out = []
+    for spec, b, seq, tp in requests:
+        memo_key = (json.dumps(spec.to_json(), sort_keys=True), b, seq, tp, "emulated", key)
+        if memo_key in _MEMO:
+            continue
+        prof = _stored_profile(_profile_name(spec, b, seq, tp, key), key)
+        if prof is None:
+            out.append((spec, b, seq, tp))
+        else:
+            _MEMO[memo_key] = prof
+    return out
+
+
+def _job_cost(job: tuple) -> tuple:
+    """A kernel job's rough emulation cost, to order them: attention above any GEMM (its kernels take
+    several times a large GEMM's), the backward above the forward, GEMMs by their MACs."""
+    if job[0] == "attention":
+        direction, heads, _kv, seq, head_dim = job[1:6]
+        return 1, direction == "bwd", heads * seq * seq * head_dim
+    return 0, False, job[2] * job[3] * job[4]
+
+
 def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform | None = None,
                    scheduler=None, workers: int = 1, progress: Progress | None = None) -> list[LayerProfile]:
     """The emulated profiles of ``requests`` (as :func:`layer_profile` gives them, bit for bit), their
@@ -604,8 +631,10 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
             i = next(done)
             if i == len(keys) or i % max(1, len(keys) // 20) == 0:
                 progress(f"profiles: {i}/{len(keys)} kernels emulated")
-        for i, entry in mtemu.map_jobs([jobs[k] for k in keys], workers, client, step, emulate_kernel):
-            results[keys[i]] = entry
+        # the longest first (attention, then the GEMMs by MACs), so that no worker starts a long one last
+        order = sorted(keys, key=lambda k: _job_cost(jobs[k]), reverse=True)
+        for i, entry in mtemu.map_jobs([jobs[k] for k in order], workers, client, step, emulate_kernel):
+            results[order[i]] = entry
         for k in keys:                                  # merged in key order, whatever order they finished in
             cache.entries[k] = results[k]
         cache.emulated = len(keys)

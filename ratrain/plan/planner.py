@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ratrain.cost.profile import build_profiles, unbuilt_profiles
 from ratrain.cost.terms import (
     PROFILE_SOURCES,
     CostTerms,
@@ -297,7 +298,7 @@ class Planner:
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
                  recovery_resource: str = "compute", progress: bool | None = None,
-                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None):
+                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None, workers: int = 1):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
         if profile_source not in PROFILE_SOURCES:
@@ -310,6 +311,8 @@ class Planner:
         self.constants = constants
         self.recovery_resource = recovery_resource
         self.progress = progress
+        # local processes that emulate the kernels of emulated profiles no file holds yet (a first run)
+        self.workers = workers
         # a length distribution: the finalists are simulated on it and re-ranked (the analytic
         # estimate and the memory check are the uniform step's at the target length)
         self.lengths = lengths
@@ -337,6 +340,19 @@ class Planner:
             self._profiles[key] = got
             self.profile_s += time.perf_counter() - t0
         return got
+
+    def _emulate_ahead(self, shapes: list[tuple[int, int]], seq: int) -> None:
+        """The kernels of the emulated (b, T) profiles of ``shapes`` that no stored profile holds, emulated on
+        ``workers`` local processes before the profiles load (one after another otherwise: minutes on a first
+        run); the profiles are the same, bit for bit (``build_profiles``)."""
+        if (self.workers <= 1 or self.profile_fn is not None or self.profile_source == "roofline"
+                or not isinstance(self.platform, TrainingPlatform)):
+            return
+        t0 = time.perf_counter()
+        todo = unbuilt_profiles([(self.model, b, seq, t) for b, t in dict.fromkeys(shapes)], self.platform)
+        if todo:
+            build_profiles(todo, platform=self.platform, workers=self.workers, progress=Progress(self.progress is True))
+        self.profile_s += time.perf_counter() - t0
 
     def stage_layers(self, pp: int) -> list[range]:
         """``partition_model``'s stages, from the layer counts the memory check already partitioned."""
@@ -539,6 +555,8 @@ class Planner:
             if len(grid) and not self._profiles:
                 say(f"plan: {len(grid):,} configurations; loading their latency profiles (the first run after "
                     "installing compiles the emulator for them first: a minute or two)")
+        self._emulate_ahead([(1, 1)], seq)          # what the fast model (or an emulated search) starts from
+        if arrays:
             enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget, chains,
                                                                         choices.index(ONE_F_ONE_B))
         if not arrays or len(choices) > 1:
@@ -596,6 +614,7 @@ class Planner:
             finalists = ranked[:confirm]
             say(f"plan: searched {enumerated:,} configurations; confirming the {len(finalists)} best on emulated "
                 "kernels")
+            self._emulate_ahead([(c.config.micro_batch, c.config.tp) for c in finalists], seq)
             for cand in finalists:
                 # the finalists share the memo of stage chains (keyed by everything a chain reads)
                 emulated = self.bounded(cand.config, method, schedule=cand.schedule, chains=chains)[1]()
