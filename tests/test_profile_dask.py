@@ -124,3 +124,13 @@ def test_plan_refuses_no_workers(capsys):
     assert cli_main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "8", "--profile", "roofline",
                      "--workers", "0"]) == 2
     assert "--workers: must be >= 1" in capsys.readouterr().err
+
+
+def test_plan_uses_the_idle_cores(monkeypatch):
+    import os
+
+    from ratrain.cli.plan import idle_cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    for load, want in ((0.2, 4), (1.4, 3), (3.6, 1), (9.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert idle_cores() == want
