@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tomllib
+from itertools import accumulate
 from typing import Any
 
 from .errors import UserError
@@ -30,26 +32,18 @@ def read_text(path: str | os.PathLike, what: str = "file", error: type[UserError
         raise error(f"{where}: {what} is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})") from None
 
 
+# a JSON string, its closing quote optional: an unterminated one runs to the end of the text
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
 def _nesting(text: str) -> int:
-    """Deepest bracket nesting outside strings (cheap pre-check before the recursive parser)."""
-    depth = deepest = 0
-    in_str = escape = False
-    for ch in text:
-        if in_str:
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+    """Deepest bracket nesting outside strings (cheap pre-check before the recursive parser): the
+    strings cut out and the brackets' running depth summed in C (a loop over every character took
+    half of a warm ``ratrain plan``'s profile loading)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(0, max(accumulate(map(_STEP.__getitem__, brackets)), default=0))
 
 
 def parse_json(text: str, where: str, error: type[UserError] = UserError) -> Any:

@@ -78,3 +78,59 @@ def test_cli_refuses_an_unreachable_scheduler_in_one_line(fresh):
                           "--scheduler", "tcp://127.0.0.1:9"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "cannot reach the Dask scheduler" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unbuilt_profiles_are_the_ones_a_load_would_build(fresh):
+    fresh("unbuilt")
+    p = TrainingPlatform()
+    assert profile.unbuilt_profiles(REQUESTS, p) == REQUESTS
+    profile.layer_profile(*REQUESTS[0], platform=p, progress=False)
+    assert profile.unbuilt_profiles(REQUESTS, p) == REQUESTS[1:]
+    profile._MEMO.clear()          # stored on disk: found there, and kept in memory as a load keeps it
+    assert profile.unbuilt_profiles(REQUESTS, p) == REQUESTS[1:]
+    assert any(k[1:4] == (1, 64, 1) for k in profile._MEMO)
+
+
+def test_jobs_go_longest_first():
+    cluster = TrainingPlatform().cluster
+    jobs = [("gemm", "a-resident", 64, 64, 64, False, cluster), ("attention", "fwd", 3, 3, 64, 64, cluster),
+            ("gemm", "a-resident", 128, 64, 64, False, cluster), ("attention", "bwd", 3, 3, 64, 64, cluster)]
+    assert sorted(jobs, key=profile._job_cost, reverse=True) == [jobs[3], jobs[1], jobs[2], jobs[0]]
+
+
+@pytest.mark.slow     # two worker processes start and emulate a tiny model's kernels
+def test_a_plan_emulating_on_local_workers_is_the_plan_emulating_here(fresh, monkeypatch):
+    from ratrain.plan.planner import Planner
+    built = []
+    real_build = profile.build_profiles
+    monkeypatch.setattr("ratrain.plan.planner.build_profiles",
+                        lambda requests, **kw: built.append((requests, kw["workers"])) or real_build(requests, **kw))
+
+    def run(workers: int) -> dict:
+        fresh(f"plan-{workers}")
+        body = Planner(TINY, progress=False, workers=workers).plan(4, 8, 64, top=5, micro_batches=(1, 2)).to_json()
+        return {k: v for k, v in body.items() if k not in ("elapsed_s", "profile_s", "configs_per_s")}
+
+    here = run(1)
+    assert built == []
+    there = run(2)
+    assert [w for _, w in built] == [2, 2]          # the b=1 reference first, then the finalists' profiles
+    assert built[0][0] == [(TINY, 1, 64, 1)]
+    assert there == here and here["confirmed"] == 3
+
+
+def test_plan_refuses_no_workers(capsys):
+    from ratrain.cli import main as cli_main
+    assert cli_main(["plan", "--model", "llama2-7b", "--clusters", "8", "--global-batch", "8", "--profile", "roofline",
+                     "--workers", "0"]) == 2
+    assert "--workers: must be >= 1" in capsys.readouterr().err
+
+
+def test_plan_uses_the_idle_cores(monkeypatch):
+    import os
+
+    from ratrain.cli.plan import idle_cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    for load, want in ((0.2, 4), (1.4, 3), (3.6, 1), (9.0, 1)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert idle_cores() == want

@@ -11,7 +11,7 @@ from mtemu.errors import AssemblyError
 from mtemu.platform import DEFAULT
 from rtcommon.errors import UserError
 from rtcommon.fileio import check_output_dir, check_output_file
-from rtcommon.jsonio import MAX_NESTING, load_json_file, load_table_file, parse_json, read_text, strict
+from rtcommon.jsonio import MAX_NESTING, _nesting, load_json_file, load_table_file, parse_json, read_text, strict
 
 ONE = DEFAULT.with_overrides(dsps=1)
 TOKENS = ["{", "}", "|", ",", "[", "]", "s1", "s0", "v3", "v99", "+", "-", "@GSM", "@AM", ":", "0", "-4", "7",
@@ -42,6 +42,46 @@ def test_parse_json_gives_a_value_or_a_named_error(text):
         parse_json(text, "x.json")
     except UserError as exc:
         assert str(exc).startswith("x.json: ")
+
+
+def _nesting_reference(text: str) -> int:
+    """The nesting pre-check as a plain loop over the characters: what ``_nesting`` must equal."""
+    depth = deepest = 0
+    in_str = escape = False
+    for ch in text:
+        if in_str:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+NESTING_CASES = [
+    "", "[]", "[[{}]]", '["[[[["]', '{"a": "]]]", "b": [[1]]}', '["\\"[[", "x"]', '"\\\\"[[',
+    '["unterminated [[[', '"ends in a backslash\\', '["\\\\\\"]"]', "]]][[", "}}}{", '\\"[[["]]',
+    '[\n"line\\\nbreak" [ ]', '["é", {"ü": ["\\u005b"]}]', "[" * 50 + '"' + "[" * 50,
+]
+
+
+@pytest.mark.parametrize("text", NESTING_CASES)
+def test_nesting_matches_the_character_loop(text):
+    assert _nesting(text) == _nesting_reference(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet='[]{}"\\ a\n', max_size=60))
+def test_nesting_matches_the_character_loop_on_random_text(text):
+    assert _nesting(text) == _nesting_reference(text)
 
 
 def test_json_readers_name_the_file(tmp_path):

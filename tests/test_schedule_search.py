@@ -193,3 +193,39 @@ def test_one_stage_layouts_are_listed_once():
     one_stage = [c for c in res.ranked if c.config.pp == 1]
     assert one_stage and all(c.schedule == ScheduleChoice() for c in one_stage)
     assert any(c.schedule != ScheduleChoice() for c in res.ranked if c.config.pp > 1)
+
+
+@pytest.mark.parametrize("budget_gb, schedules", [(None, parse_schedules("all", (2, 4))),
+                                                  (16.18, ("gpipe", "1f1b", "zb-h1")), (20, ("interleaved", "1f1b"))])
+def test_the_schedule_search_with_1f1b_over_arrays_picks_as_the_scalar_loop(budget_gb, schedules, monkeypatch):
+    """1F1B's candidates over arrays, the other schedules' one at a time: the same counts, ranking and
+    numbers as every candidate through the scalar loop (1F1B first in the list or not)."""
+    def run():
+        return planner(budget_gb).plan(16, 64, 2048, top=25, schedules=schedules)
+
+    def seen(res):
+        return ((res.enumerated, res.pruned_by_memory, res.timed, res.simulated, res.reordered),
+                [(c.config, c.schedule, c.step_ms, c.peak_bytes, c.breakdown, c.simulated_step_ms) for c in res.ranked])
+
+    passes = []
+    over_arrays = Planner._analytic_pass
+    monkeypatch.setattr(Planner, "_analytic_pass", lambda self, *a: passes.append(a) or over_arrays(self, *a))
+    got = run()
+    assert len(passes) == 1
+    monkeypatch.setattr(Planner, "_vectorisable", lambda self, choices: False)
+    want = run()
+    assert len(passes) == 1 and seen(got) == seen(want)
+    assert {c.schedule for c in got.ranked} != {ScheduleChoice()}
+
+
+def test_schedule_memory_walks_each_order_once_with_the_same_peaks():
+    """The live activation peaks are kept per (schedule, P, T, b, A, whole activations or not): a memory that
+    has seen other ZeRO stages and policies of a layout gives what a new one computes."""
+    shared = ScheduleMemory(MODEL, "balanced")
+    for choice in CHOICES[1:]:
+        for zero in (0, 3):
+            for activation in ("full", "ckpt", "fsr"):
+                for prefetch in ("layerwise", "bulk"):
+                    args = (choice, 4, 2, 2, zero, 1, 8, 512, activation, prefetch)
+                    assert shared.stage_peaks(*args) == ScheduleMemory(MODEL, "balanced").stage_peaks(*args)
+    assert len(shared._live) == 2 * (len(CHOICES) - 1)

@@ -7,6 +7,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 
 from ratrain.cli.args import (
     add_model_choice,
@@ -83,8 +84,22 @@ def register(subparsers) -> None:
     p.add_argument("--virtual-stages", type=lambda t: _int_list(t, minimum=2), default=(DEFAULT_VIRTUAL_STAGES,),
                    metavar="V1,V2,...",
                    help=f"chunks per stage tried for interleaved (default {DEFAULT_VIRTUAL_STAGES})")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="local processes that emulate the kernels of latency profiles not built yet (a first run "
+                        "on a new model or platform; default: the cores other jobs leave idle, at least 1)")
     p.add_argument("--json", action="store_true", help="print the JSON payload")
     p.set_defaults(handler=run)
+
+
+def idle_cores() -> int:
+    """The cores other jobs leave idle (cores minus the 1-minute load average, at least 1): on a busy
+    machine more processes only share the same cores and add their start-up."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):        # no load average on this system
+        return cores
+    return max(1, min(cores, cores - round(busy)))
 
 
 def _row(c, schedules: bool = False, gpu: bool = False) -> str:
@@ -166,7 +181,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     moe_cp = {k: v for k, v in fields.items()
               if v != {"ep": 1, "cp": 1, "capacity_factor": None, "hot_share": 0.0, "hot_load": 1.0}[k]}
     planner = Planner(model, platform, profile_source=args.profile, partition=args.partition,
-                      progress=not args.json, lengths=lengths, moe_cp=moe_cp)
+                      progress=not args.json, lengths=lengths, moe_cp=moe_cp,
+                      workers=args.workers or idle_cores())
     result = planner.plan(args.clusters, args.global_batch, args.seq, args.method, args.top,
                           micro_batches=args.micro_batches, tp_degrees=args.tp_degrees,
                           zero_stages=args.zero_stages, confirm=args.confirm, schedules=schedules)

@@ -86,10 +86,11 @@ def cache_dir() -> Path:
 # ------------------------------------------------------------------------------------------
 # GEMM latency cache
 # ------------------------------------------------------------------------------------------
-class GemmCache:
-    """Measured GEMM latencies; entries carry their own key so nothing stale is used."""
+class GemmBound:
+    """The closed-form GEMM bound of a platform's loop order and tiles: what the fast model (``bound``)
+    asks of the kernels, with no latency file read (a bound profile's attention is its reference's)."""
 
-    def __init__(self, platform: TrainingPlatform | None = None, path: Path | None = None, progress: bool = False):
+    def __init__(self, platform: TrainingPlatform | None = None):
         self.training = platform or TrainingPlatform()
         self.platform = self.training.cluster
         # the loop order's name, tiles and (A-resident) bound come from light modules: a profile that is
@@ -97,6 +98,26 @@ class GemmCache:
         self.loop_order = self.training.gemm_loop_order
         self.tuned = self.training.tiles == "tuned"
         self.tiles = default_tiles(self.loop_order)
+
+    @property
+    def variant(self):
+        """The registered GEMM variant of the loop order (loads the kernel generators)."""
+        return mtemu.gemm_variant(self.loop_order)
+
+    def bound_seconds(self, m: int, k: int, n: int) -> float:
+        """The GEMM at its loop order's closed-form utilization bound (no emulation)."""
+        tiles = (mtemu.choose_tiles(self.loop_order, m, k, n, self.platform, emulate_top=0) if self.tuned
+                 else self.tiles)
+        bound = PLANLESS_BOUNDS.get(self.loop_order) or self.variant.bound
+        util = bound(m, k, n, tiles, self.platform)
+        return m * k * n / (self.platform.peak_mac_per_s * util)
+
+
+class GemmCache(GemmBound):
+    """Measured GEMM latencies; entries carry their own key so nothing stale is used."""
+
+    def __init__(self, platform: TrainingPlatform | None = None, path: Path | None = None, progress: bool = False):
+        super().__init__(platform)
         self.version = emulator_version("gemm")
         digest = self.platform.timing_digest()
         tiles_key = TUNED_KEY if self.tuned else _tiles_key(self.tiles)
@@ -108,11 +129,6 @@ class GemmCache:
         for source in (SHIPPED_DIR / "gemm_cache.json", self.path):
             self.entries.update(self._read(source))
         self.emulated = 0
-
-    @property
-    def variant(self):
-        """The registered GEMM variant of the loop order (loads the kernel generators)."""
-        return mtemu.gemm_variant(self.loop_order)
 
     def _read(self, path: Path) -> dict:
         # unreadable, corrupt, edited or oversized files are warned about and skipped by rtcommon.cache
@@ -156,14 +172,6 @@ class GemmCache:
         if not self.tuned:
             return self.tiles
         return mtemu.choose_tiles(self.loop_order, m, k, n, self.platform)
-
-    def bound_seconds(self, m: int, k: int, n: int) -> float:
-        """The GEMM at its loop order's closed-form utilization bound (no emulation)."""
-        tiles = (mtemu.choose_tiles(self.loop_order, m, k, n, self.platform, emulate_top=0) if self.tuned
-                 else self.tiles)
-        bound = PLANLESS_BOUNDS.get(self.loop_order) or self.variant.bound
-        util = bound(m, k, n, tiles, self.platform)
-        return m * k * n / (self.platform.peak_mac_per_s * util)
 
     def attention(self, direction: str, heads: int, kv_heads: int, seq: int, head_dim: int) -> dict:
         """Emulated causal attention forward ('fwd') or Algorithm-1 backward ('bwd') latency."""
@@ -452,7 +460,7 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     if source not in PROFILE_SOURCES:
         raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
     platform = platform or TrainingPlatform()
-    if source != "roofline" and cache is None:
+    if source == "emulated" and cache is None:
         cache = GemmCache(platform, progress=progress)
     reference = None
     if source != "roofline" and (micro_batch, tp) != (1, 1):
@@ -464,7 +472,10 @@ def build_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     # the bound model's DDR rates are its emulated reference's (the probe's numbers, stored with that
     # profile), so a shipped or cached reference spares emulating the probe
     rates = dict(reference.ddr_rates) if source == "bound" else ddr_rates(platform, source)
-    timer = _Timer(source, platform, cache, rates, reference)
+    # the bound model's GEMMs are closed-form and its attention the reference's: no latency file is
+    # read for it (reading the GEMM cache twice per fast profile was most of a warm plan's profile time)
+    timer = _Timer(source, platform, cache if cache is not None or source != "bound" else GemmBound(platform),
+                   rates, reference)
     ops = [timer.op(o) for o in layer_operators(spec, micro_batch, seq, tp)]
     extra = embedding_and_head_operators(spec, micro_batch, seq, tp)
     first = [timer.op(o) for o in extra["first"]]
@@ -567,6 +578,33 @@ def kernel_jobs(requests: list[ProfileRequest], platform: TrainingPlatform, cach
     return collector.jobs
 
 
+def unbuilt_profiles(requests: list[ProfileRequest], platform: TrainingPlatform) -> list[ProfileRequest]:
+    """The requests whose emulated profile is neither in this process's memory nor stored (shipped or cached)
+    and current: the ones :func:`layer_profile` would build. Stored ones found here are kept in memory, as
+    ``layer_profile`` keeps them (so nothing is read twice)."""
+    key = platform_key(platform)
+    out = []
+    for spec, b, seq, tp in requests:
+        memo_key = (json.dumps(spec.to_json(), sort_keys=True), b, seq, tp, "emulated", key)
+        if memo_key in _MEMO:
+            continue
+        prof = _stored_profile(_profile_name(spec, b, seq, tp, key), key)
+        if prof is None:
+            out.append((spec, b, seq, tp))
+        else:
+            _MEMO[memo_key] = prof
+    return out
+
+
+def _job_cost(job: tuple) -> tuple:
+    """A kernel job's rough emulation cost, to order them: attention above any GEMM (its kernels take
+    several times a large GEMM's), the backward above the forward, GEMMs by their MACs."""
+    if job[0] == "attention":
+        direction, heads, _kv, seq, head_dim = job[1:6]
+        return 1, direction == "bwd", heads * seq * seq * head_dim
+    return 0, False, job[2] * job[3] * job[4]
+
+
 def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform | None = None,
                    scheduler=None, workers: int = 1, progress: Progress | None = None) -> list[LayerProfile]:
     """The emulated profiles of ``requests`` (as :func:`layer_profile` gives them, bit for bit), their
@@ -593,8 +631,10 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
             i = next(done)
             if i == len(keys) or i % max(1, len(keys) // 20) == 0:
                 progress(f"profiles: {i}/{len(keys)} kernels emulated")
-        for i, entry in mtemu.map_jobs([jobs[k] for k in keys], workers, client, step, emulate_kernel):
-            results[keys[i]] = entry
+        # the longest first (attention, then the GEMMs by MACs), so that no worker starts a long one last
+        order = sorted(keys, key=lambda k: _job_cost(jobs[k]), reverse=True)
+        for i, entry in mtemu.map_jobs([jobs[k] for k in order], workers, client, step, emulate_kernel):
+            results[order[i]] = entry
         for k in keys:                                  # merged in key order, whatever order they finished in
             cache.entries[k] = results[k]
         cache.emulated = len(keys)

@@ -19,11 +19,12 @@ Memory pruning uses a fast transcription of ``ratrain.spec.memory.stage_memory``
 cached per P); tests/test_planner.py checks it equals ``max_peak(stage_memory(...))`` exactly,
 and every configuration the planner returns is re-checked with ``stage_memory`` itself.
 
-The analytic pass (memory check, cost terms, main-path bound) runs over arrays of every candidate at
-once (``ratrain.plan.vectorised``, bit-identical to the scalar functions) for the 1F1B search of a
-dense model at EP = CP = 1 with recovery on compute; the lifecycle chains of the candidates that can
-still enter the top run one at a time as before. Other searches (more schedules, MoE, CP, recovery on
-DDR) take the scalar loop.
+The analytic pass (memory check, cost terms, main-path bound) runs over arrays of every 1F1B candidate
+at once (``ratrain.plan.vectorised``, bit-identical to the scalar functions) for a dense model at
+EP = CP = 1 with recovery on compute; the lifecycle chains of the candidates that can still enter the
+top run one at a time as before. The other schedules' candidates, and other searches (MoE, CP,
+recovery on DDR), take the scalar loop; both lists are taken in one bound order, and the top is the
+best by (step, peak, point, schedule) whatever that order.
 """
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ import math
 import time
 from bisect import insort
 from dataclasses import dataclass, field, replace
+from heapq import merge
+from operator import itemgetter
 from typing import Callable, Iterator
 
 import numpy as np
 
+from ratrain.cost.profile import build_profiles, unbuilt_profiles
 from ratrain.cost.terms import (
     PROFILE_SOURCES,
     CostTerms,
@@ -294,7 +298,7 @@ class Planner:
                  profile_source: str = "emulated", profile_fn: Callable | None = None,
                  partition: str = "balanced", constants: MemoryConstants = DEFAULT_CONSTANTS,
                  recovery_resource: str = "compute", progress: bool | None = None,
-                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None):
+                 lengths: LengthDistribution | None = None, moe_cp: dict | None = None, workers: int = 1):
         if recovery_resource not in ("compute", "ddr"):
             raise ConfigError(f"recovery_resource must be 'compute' or 'ddr', got {recovery_resource!r}")
         if profile_source not in PROFILE_SOURCES:
@@ -307,6 +311,8 @@ class Planner:
         self.constants = constants
         self.recovery_resource = recovery_resource
         self.progress = progress
+        # local processes that emulate the kernels of emulated profiles no file holds yet (a first run)
+        self.workers = workers
         # a length distribution: the finalists are simulated on it and re-ranked (the analytic
         # estimate and the memory check are the uniform step's at the target length)
         self.lengths = lengths
@@ -334,6 +340,19 @@ class Planner:
             self._profiles[key] = got
             self.profile_s += time.perf_counter() - t0
         return got
+
+    def _emulate_ahead(self, shapes: list[tuple[int, int]], seq: int) -> None:
+        """The kernels of the emulated (b, T) profiles of ``shapes`` that no stored profile holds, emulated on
+        ``workers`` local processes before the profiles load (one after another otherwise: minutes on a first
+        run); the profiles are the same, bit for bit (``build_profiles``)."""
+        if (self.workers <= 1 or self.profile_fn is not None or self.profile_source == "roofline"
+                or not isinstance(self.platform, TrainingPlatform)):
+            return
+        t0 = time.perf_counter()
+        todo = unbuilt_profiles([(self.model, b, seq, t) for b, t in dict.fromkeys(shapes)], self.platform)
+        if todo:
+            build_profiles(todo, platform=self.platform, workers=self.workers, progress=Progress(self.progress is True))
+        self.profile_s += time.perf_counter() - t0
 
     def stage_layers(self, pp: int) -> list[range]:
         """``partition_model``'s stages, from the layer counts the memory check already partitioned."""
@@ -438,16 +457,17 @@ class Planner:
 
     # -- the analytic pass over arrays (ratrain.plan.vectorised)
     def _vectorisable(self, choices: tuple) -> bool:
-        """1F1B alone, dense layers at EP = CP = 1 and recovery on compute: the closed forms over arrays
-        hold (other searches take the scalar loop, the same numbers one configuration at a time)."""
-        return (choices == (ONE_F_ONE_B,) and not self.moe_cp and self.model.moe is None
+        """1F1B among the schedules, dense layers at EP = CP = 1 and recovery on compute: the closed forms
+        over arrays hold for the 1F1B candidates (the other schedules, and other searches, take the scalar
+        loop, the same numbers one configuration at a time)."""
+        return (ONE_F_ONE_B in choices and not self.moe_cp and self.model.moe is None
                 and self.recovery_resource == "compute")
 
-    def _analytic_pass(self, grid: Grid, method: str, source: str | None, budget: int, chains: dict
-                       ) -> tuple[int, int, int, Iterator[tuple]]:
-        """The scalar loop's memory check and main-path bound on every point at once: (enumerated, pruned,
-        feasible, the feasible points as (bound, peak, point, 0, make) in bound order, stable). The points
-        are made as the search takes them: it stops after the top's and a few more."""
+    def _analytic_pass(self, grid: Grid, method: str, source: str | None, budget: int, chains: dict,
+                       schedule_index: int = 0) -> tuple[int, int, int, Iterator[tuple]]:
+        """The scalar loop's 1F1B memory check and main-path bound on every point at once: (enumerated, pruned,
+        feasible, the feasible points as (bound, peak, point, schedule_index, make) in bound order, stable). The
+        points are made as the search takes them: it stops after the top's and a few more."""
         seq = grid.seq
         peaks = peak_bytes(self.memory, grid)
         fit = np.flatnonzero(peaks <= budget)
@@ -476,7 +496,8 @@ class Planner:
         def waiting() -> Iterator[tuple]:
             for k in order.tolist():
                 point = sub.point(k)
-                yield float(bounds[k]), int(peaks[fit[k]]), point, 0, lambda k=k, point=point: make(k, point)
+                yield (float(bounds[k]), int(peaks[fit[k]]), point, schedule_index,
+                       lambda k=k, point=point: make(k, point))
 
         return len(grid), len(grid) - len(fit), len(fit), waiting()
 
@@ -525,14 +546,20 @@ class Planner:
         one_stage_1f1b_only = any(plain_1f1b)
         chains: dict = {}           # the finalists' stage chains by their inputs (this search's only)
         say = Progress(self.progress is True)
-        if self._vectorisable(choices):
+        arrays = self._vectorisable(choices)
+        ordered: Iterator[tuple] = iter(())
+        if arrays:
+            # the 1F1B candidates over arrays; the other schedules' below, one at a time
             grid = search_grid(self.model, clusters // cp, global_batch, seq, method, micro_batches=micro_batches,
                                tp_degrees=tp_degrees, zero_stages=zero_stages)
             if len(grid) and not self._profiles:
                 say(f"plan: {len(grid):,} configurations; loading their latency profiles (the first run after "
                     "installing compiles the emulator for them first: a minute or two)")
-            enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget, chains)
-        else:
+        self._emulate_ahead([(1, 1)], seq)          # what the fast model (or an emulated search) starts from
+        if arrays:
+            enumerated, pruned, feasible, ordered = self._analytic_pass(grid, method, fast, budget, chains,
+                                                                        choices.index(ONE_F_ONE_B))
+        if not arrays or len(choices) > 1:
             points = search_space(self.model, clusters // cp, global_batch, method, micro_batches=micro_batches,
                                   tp_degrees=tp_degrees, zero_stages=zero_stages)
             for c in points:
@@ -541,6 +568,8 @@ class Planner:
                     continue            # EP divides the data ranks and the experts
                 for si, choice in enumerate(choices):
                     plain = plain_1f1b[si]
+                    if plain and arrays:
+                        continue        # searched over arrays above
                     if not plain and (not runnable(choice, self.model.layers, p, a)
                                       or (p == 1 and one_stage_1f1b_only)):
                         continue
@@ -559,7 +588,9 @@ class Planner:
                     bound, finish = self.bounded(cfg, method, fast, choice, chains)
                     waiting.append((bound, peak, c, si, lambda cfg=cfg, finish=finish: (cfg, finish)))
             waiting.sort(key=lambda x: x[0])
-            ordered = iter(waiting)
+            # the top is the best by (step, peak, point, schedule) whatever order the bounds are taken in:
+            # the two lists in one bound order
+            ordered = merge(ordered, waiting, key=itemgetter(0))
         for bound, peak, c, si, make in ordered:
             if len(timed) >= top and bound > timed[-1][0]:
                 break           # this step and every later one exceed the whole top's
@@ -583,6 +614,7 @@ class Planner:
             finalists = ranked[:confirm]
             say(f"plan: searched {enumerated:,} configurations; confirming the {len(finalists)} best on emulated "
                 "kernels")
+            self._emulate_ahead([(c.config.micro_batch, c.config.tp) for c in finalists], seq)
             for cand in finalists:
                 # the finalists share the memo of stage chains (keyed by everything a chain reads)
                 emulated = self.bounded(cand.config, method, schedule=cand.schedule, chains=chains)[1]()

@@ -167,6 +167,7 @@ class ScheduleMemory:
         self._chunks: dict[tuple, list[list[range]]] = {}
         self._per_layer: dict[tuple, int] = {}
         self._base: dict[tuple, int] = {}
+        self._live: dict[tuple, list[int]] = {}
 
     def chunks(self, pp: int, choice: PipelineSchedule) -> list[list[range]]:
         """``stage_chunks`` of the model, cached per (P, schedule name, v)."""
@@ -186,9 +187,36 @@ class ScheduleMemory:
     def stage_peaks(self, choice: PipelineSchedule, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
                     activation: str, prefetch: str) -> list[int]:
         """Per stage: Eq. 9 without activations + the peak of the order's live activation sets."""
+        model = self.model
+        chunks = self.chunks(pp, choice)
+        live = self.live_peaks(choice, pp, tp, b, accum, seq, activation == "full")
+        out = []
+        for p, (stage, peak) in enumerate(zip(chunks, live, strict=True)):
+            n_layers = sum(len(r) for r in stage)
+            key = (pp, dp, tp, zero, b, seq, activation, prefetch, p == 0, p == pp - 1, n_layers)
+            base = self._base.get(key)
+            if base is None:       # the same for every schedule of the layout
+                base = self._base[key] = stage_bytes_without_activations(
+                    model, pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, seq=seq, activation=activation,
+                    prefetch=prefetch, first=p == 0, last=p == pp - 1, n_layers=n_layers, constants=self.constants)
+            out.append(base + peak)
+        return out
+
+    def live_peaks(self, choice: PipelineSchedule, pp: int, tp: int, b: int, accum: int, seq: int, full: bool
+                   ) -> list[int]:
+        """Per stage, the peak bytes of the activation sets the order keeps alive: they depend on the layout's
+        P, T, b, A and on whether activations are kept whole, not on D, ZeRO or prefetch (so a layout's ZeRO
+        stages and policies walk the order once)."""
+        key = (choice.name, choice.virtual_stages, pp, tp, b, accum, seq, full)
+        got = self._live.get(key)
+        if got is None:
+            got = self._live[key] = self._walk_live(choice, pp, tp, b, accum, seq, full)
+        return got
+
+    def _walk_live(self, choice: PipelineSchedule, pp: int, tp: int, b: int, accum: int, seq: int, full: bool
+                   ) -> list[int]:
         model, L = self.model, self.model.layers
         chunks = self.chunks(pp, choice)
-        full = activation == "full"
         per_layer = self._per_layer.get((full, b, seq, tp))
         if per_layer is None:
             per_layer = self._per_layer[(full, b, seq, tp)] = (layer_full_bytes(model, b, seq, tp) if full
@@ -202,7 +230,7 @@ class ScheduleMemory:
                 wb = self._wbytes[key] = layer_weight_gradient_bytes(model, L, b, seq, tp)
         orders = self._order(choice, pp, accum)
         out = []
-        for p, (stage, ops) in enumerate(zip(chunks, orders, strict=True)):
+        for stage, ops in zip(chunks, orders, strict=True):
             held = [len(r) * per_layer + (tokens if r.start == 0 else 0) + (tokens if r.stop == L else 0)
                     for r in stage]
             kept = [sum(wb[i] for i in r) for r in stage] if split else [0] * len(stage)
@@ -220,14 +248,7 @@ class ScheduleMemory:
                     peak = max(peak, cur)
                 else:
                     cur -= kept[c]
-            n_layers = sum(len(r) for r in stage)
-            key = (pp, dp, tp, zero, b, seq, activation, prefetch, p == 0, p == pp - 1, n_layers)
-            base = self._base.get(key)
-            if base is None:       # the same for every schedule of the layout
-                base = self._base[key] = stage_bytes_without_activations(
-                    model, pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, seq=seq, activation=activation,
-                    prefetch=prefetch, first=p == 0, last=p == pp - 1, n_layers=n_layers, constants=self.constants)
-            out.append(base + peak)
+            out.append(peak)
         return out
 
     def peak(self, choice: PipelineSchedule, pp: int, dp: int, tp: int, zero: int, b: int, accum: int, seq: int,
