@@ -331,6 +331,31 @@ class TimePlanner:
     track_planner_configs_per_s.version = "1"
 
 
+class TimePlannerSchedules:
+    """The search over every pipeline schedule (``ratrain plan --schedules all``): 1F1B over arrays, the
+    others one configuration at a time, the finalists simulated under their schedule."""
+
+    timeout = 300
+
+    def setup(self):
+        from ratrain.plan.planner import Planner
+        from ratrain.plan.schedule_search import parse_schedules
+        from ratrain.spec.models import get_model
+        self.schedules = parse_schedules("all")
+        self.planner = Planner(get_model("llama2-7b"), progress=False)
+        self.planner.plan(8, 8, 2048, schedules=self.schedules)     # loads every profile the search reads
+
+    def time_plan_llama2_7b_all_schedules(self):
+        self.planner.plan(8, 8, 2048, schedules=self.schedules)
+
+    def track_configs_per_s_all_schedules(self):
+        res = self.planner.plan(8, 8, 2048, schedules=self.schedules)
+        return res.enumerated / max(res.elapsed_s - res.profile_s, 1e-9)
+
+    track_configs_per_s_all_schedules.unit = "configs/s"
+    track_configs_per_s_all_schedules.version = "1"
+
+
 class TimePlannerTable3:
     """``ratrain plan`` on each Table 3 case, the search alone (profiles loaded in ``setup``, nothing
     emulated: ``confirm=0``); target well under 10 s, and ``configs/s`` of the analytic path."""
