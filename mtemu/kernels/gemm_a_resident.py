@@ -261,6 +261,7 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
             prev_first = i
 
     mk_labels: dict[tuple, str] = {}
+    sites: dict[tuple, list] = {}
     widen_labels: dict[int, str] = {}
     b.bundle(a_to_gsm(steps[0]))
     b.bundle(ins("dmawait", CH_A_GSM))
@@ -293,7 +294,7 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
             b.bundle(ins("dmawait", CH_C))
         # C starts from zero only in the first k-block; later ones resume from the widened partial
         _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, nvec, s.kw, s.first and s.kb == 0, s.last,
-                    plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots], plan.am_c, plan.am_wb, lanes)
+                    plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots], plan.am_c, plan.am_wb, lanes, sites)
         if s.last:
             b.bundle(c_dma(s, back=True))
         for j in fetch_after.get(i, ()):
@@ -303,8 +304,7 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
     _emit_microkernels(b, mk_labels, t, plan.n2p, True, platform)
     for nvec, label in widen_labels.items():
         b.label(label)
-        for bundle in _widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform):
-            b.bundle(*bundle)
+        b.extend(_widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform))
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
                                  platform.dsps)
