@@ -246,13 +246,13 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     # a generator hands one tuple object for a bundle it repeats (a call site, a nop run): each distinct
     # object is looked at once, at its first position, so a failing one raises where a bundle-by-bundle
     # pass would (every bundle before it is a repeat of an object that passed)
-    objects: dict[int, int] = {}
-    order = np.fromiter((objects.setdefault(id(x), len(objects)) for x in bundles), dtype=np.intp,
-                        count=len(bundles))
-    # object j first appears where the running maximum of ``order`` steps up to j
-    first = np.flatnonzero(np.diff(np.maximum.accumulate(order), prepend=-1) > 0) if len(order) else order
+    # (the bundles list holds every object, so no two of them share an id while this runs)
+    _, first, order = np.unique(np.fromiter(map(id, bundles), dtype=np.uint64, count=len(bundles)),
+                                return_index=True, return_inverse=True)
+    order = order.ravel()
     block_of = np.empty(len(first), dtype=np.intp)
-    for j, b in enumerate(first.tolist()):
+    first = np.sort(first)                  # each object's first position, in program order
+    for b, j in zip(first.tolist(), order[first].tolist(), strict=True):
         instrs = bundles[b]
         keys = _instr_keys(instrs)
         known = encoded.get(keys)
@@ -497,14 +497,20 @@ def _check_hazards(prog: Program, platform: Platform, distinct: np.ndarray, ids:
     known = _shared_memo(_HAZARDS, lat)           # a bundle's hazards depend on it and the latencies alone
     if len(_ROW_EFFECTS) > _SHARED_MAX:
         _ROW_EFFECTS.clear()
+    # a bundle's hazards depend on its opcodes and registers alone, not on its immediates (addresses,
+    # counts, targets): bundles that differ only there share one entry
+    regs = np.ascontiguousarray(distinct[:, :, :isa.F_IMM0]).reshape(len(distinct), -1)
+    _, first, inverse = np.unique(regs.view(np.dtype((np.void, regs.shape[1] * 8))).ravel(),
+                                  return_index=True, return_inverse=True)
     entries = []
-    for block in distinct:
-        key = block.tobytes()
+    for b in first.tolist():
+        key = regs[b].tobytes()
         got = known.get(key)
         if got is None:
-            got = known[key] = _hazard_entry(_bundle_hazards(block, lat, _ROW_EFFECTS))
+            got = known[key] = _hazard_entry(_bundle_hazards(distinct[b], lat, _ROW_EFFECTS))
         entries.append(got)
-    targets = _targets(prog)
+    ids = inverse.ravel()[ids]
+    targets = _targets(prog, distinct)
     if not _hazard_free(n, entries, ids, targets):
         _walk_hazards(prog, lat, [entries[i][0] for i in ids.tolist()], targets)
 
@@ -522,13 +528,13 @@ def _hazard_entry(hazards: tuple) -> tuple:
             [lat for _r, lat, _u in updates])
 
 
-def _targets(prog: Program) -> set[int]:
-    """Bundles where tracking starts again: the labels and every branch target."""
+def _targets(prog: Program, distinct: np.ndarray) -> set[int]:
+    """Bundles where tracking starts again: the labels and every branch target (``distinct``: every
+    bundle of the program, once or more)."""
     targets = set(prog.labels.values())
-    code = prog.code
-    if code.shape[0]:
-        branching = _TARGET_OPS[code[:, :, isa.F_OP]]
-        targets.update(int(t) for t in code[:, :, isa.F_IMM0][branching])
+    if len(distinct):
+        branching = _TARGET_OPS[distinct[:, :, isa.F_OP]]
+        targets.update(distinct[:, :, isa.F_IMM0][branching].tolist())
     return targets
 
 
@@ -627,7 +633,8 @@ def _walk_hazards(prog: Program, lat, per_bundle: list[tuple], targets: set[int]
 
 def _effects(block: np.ndarray, known: dict | None = None) -> list[tuple[int, isa.OpSpec, list, list, str | None]]:
     """(unit, spec, reads, writes, latency field) of each instruction of one encoded bundle, in unit order.
-    ``known``: encoded row bytes -> its effects, filled as rows are met (distinct bundles share most rows)."""
+    ``known``: a row's opcode and register fields (all its effects depend on) -> its effects, filled as
+    rows are met (distinct bundles share most rows)."""
     out = []
     for u in range(isa.N_UNITS):
         row = block[u]
@@ -637,7 +644,7 @@ def _effects(block: np.ndarray, known: dict | None = None) -> list[tuple[int, is
         if known is None:
             reads, writes, latname = _reg_effects(row)
         else:
-            key = row.tobytes()
+            key = row[:isa.F_IMM0].tobytes()
             got = known.get(key)
             if got is None:
                 got = known[key] = _reg_effects(row)

@@ -375,7 +375,7 @@ def test_the_array_hazard_check_gives_the_walks_verdict_on_random_programs():
         _, ids = np.unique(flat, axis=0, return_inverse=True)
         distinct = [prog.code[int(np.flatnonzero(ids.ravel() == i)[0])] for i in range(int(ids.max()) + 1)]
         hazards = [assembler._bundle_hazards(block, DEFAULT.latencies) for block in distinct]
-        targets = assembler._targets(prog)
+        targets = assembler._targets(prog, prog.code)
         fast = assembler._hazard_free(prog.bundles, [assembler._hazard_entry(h) for h in hazards], ids.ravel(),
                                       targets)
         try:

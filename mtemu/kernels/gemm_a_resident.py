@@ -207,7 +207,10 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
-    partitions = {s.mrows: _partition(s.mrows, platform.dsps) for s in steps}
+    partitions = {}
+    for s in steps:                     # few distinct m-block heights among ~10**4 steps
+        if s.mrows not in partitions:
+            partitions[s.mrows] = _partition(s.mrows, platform.dsps)
     b = ProgramBuilder(platform)
     desc = _Descriptors(b, lambda key, rows: _desc_fields(key, plan, rows), plan.rows_max)
 
