@@ -238,11 +238,15 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     # bundles that differ (in addresses, say) still share most instructions: each distinct instruction's
     # row is encoded once too. It depends on the instruction and the program alone, not on its unit or
     # bundle (a failing one raises at its first bundle, as before); one without a label operand depends
-    # on the platform's register and channel counts only (and a DMA's on how many descriptors there are),
-    # so its row is shared by every program (a backward's 24 per-DSP programs repeat each other's)
+    # on the platform's register and channel counts only (a DMA's is valid where the program has its
+    # descriptor), so its row is shared by every program (a backward's 24 per-DSP programs repeat each
+    # other's); so is the whole block of a bundle without label or DMA operands (micro-kernels that
+    # several programs call)
     rows: dict[bytes, np.ndarray] = {}
-    shared = _shared_memo(_ROWS, (ns, nv, platform.dma_channels))
-    shared_desc = _shared_memo(_ROWS, (ns, nv, platform.dma_channels, len(descs)))
+    context = (ns, nv, platform.dma_channels)
+    shared = _shared_memo(_ROWS, context)
+    shared_blocks = _shared_memo(_BLOCKS, context, _SHARED_BLOCKS_MAX)
+    ndesc = len(descs)
     # a generator hands one tuple object for a bundle it repeats (a call site, a nop run): each distinct
     # object is looked at once, at its first position, so a failing one raises where a bundle-by-bundle
     # pass would (every bundle before it is a repeat of an object that passed)
@@ -259,23 +263,12 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
         if known is not None:
             block_of[j] = known
             continue
-        block = np.zeros((isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
-        used: dict[int, Instr] = {}
-        for k, instr in enumerate(instrs):
-            spec = isa.OP_BY_NAME.get(instr.op)
-            if spec is None:
-                raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
-            unit = _pick_unit(spec, instr, used, b)
-            ikey = keys[k] if keys is not None else None
-            memo = rows if _LABEL_BOUND[spec.code] else shared_desc if _DESC_BOUND[spec.code] else shared
-            one = memo.get(ikey) if ikey is not None else None
-            if one is None:
-                where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
-                one = _encode_one(spec, instr, where, ns, nv, labels, len(bundles), len(descs), platform)
-                if ikey is not None:
-                    memo[ikey] = one
-            block[unit] = one
-            used[unit] = instr
+        block = shared_blocks.get(keys) if keys is not None else None
+        if block is None:
+            block, portable = _encode_block(instrs, keys, b, rows, shared, ns, nv, labels, len(bundles), ndesc,
+                                            platform)
+            if portable and keys is not None:
+                shared_blocks[keys] = block
         if keys is not None:
             encoded[keys] = len(blocks)
         block_of[j] = len(blocks)
@@ -289,17 +282,54 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     return prog
 
 
-# Memos shared by every program a process assembles (rows, register effects, bundle hazards), by what
-# they depend on; a memo past _SHARED_MAX entries starts again (a few hundred bytes an entry)
+def _encode_block(instrs, keys, b: int, rows: dict, shared: dict, ns: int, nv: int, labels, n: int, ndesc: int,
+                  platform: Platform) -> tuple[np.ndarray, bool]:
+    """The encoded bundle ``b`` (its instructions checked in order, each on the unit it gets), its rows
+    from the program's memo (``rows``: label operands) or the shared one (the others); and whether it
+    holds in any program on the platform (no label or descriptor operand)."""
+    block = np.zeros((isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    used: dict[int, Instr] = {}
+    portable = True
+    for k, instr in enumerate(instrs):
+        spec = isa.OP_BY_NAME.get(instr.op)
+        if spec is None:
+            raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
+        unit = _pick_unit(spec, instr, used, b)
+        ikey = keys[k] if keys is not None else None
+        code = spec.code
+        memo = rows if _LABEL_BOUND_OPS[code] else shared
+        one = memo.get(ikey) if ikey is not None else None
+        if _LABEL_BOUND_OPS[code]:
+            portable = False
+        elif code in _DESC_FIELD:
+            portable = False
+            # a DMA's row met in another program holds only if this one has its descriptor
+            if one is not None and one[_DESC_FIELD[code]] >= ndesc:
+                one = None
+        if one is None:
+            where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
+            one = _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform)
+            if ikey is not None:
+                memo[ikey] = one
+        block[unit] = one
+        used[unit] = instr
+    return block, portable
+
+
+# Memos shared by every program a process assembles (rows, whole blocks, register effects, bundle
+# hazards), by what they depend on; a memo past its entries starts again (rows and effects: a few hundred
+# bytes an entry, blocks about a kilobyte)
 _SHARED_MAX = 200_000
+_SHARED_BLOCKS_MAX = 50_000
 _ROWS: dict[tuple, dict] = {}
+_BLOCKS: dict[tuple, dict] = {}
 _ROW_EFFECTS: dict[bytes, tuple] = {}
 _HAZARDS: dict[tuple, dict] = {}
 
 
-def _shared_memo(memos: dict, context) -> dict:
+def _shared_memo(memos: dict, context, entries: int = _SHARED_MAX) -> dict:
     got = memos.get(context)
-    if got is None or len(got) > _SHARED_MAX:
+    if got is None or len(got) > entries:
         got = memos[context] = {}
     return got
 
@@ -374,7 +404,10 @@ def operand_layout(spec: isa.OpSpec) -> tuple[tuple[str, int, int], ...]:
 
 # opcodes whose encoding depends on the program's labels and size, or on its descriptor count
 _LABEL_BOUND = isa.op_table(lambda spec: "label" in _operand_kinds(spec))
-_DESC_BOUND = isa.op_table(lambda spec: "desc" in _operand_kinds(spec))
+_LABEL_BOUND_OPS = _LABEL_BOUND.tolist()            # indexed in the encoder's loop: plain bools
+# the field holding a DMA's descriptor, by opcode
+_DESC_FIELD = {spec.code: slot for spec in isa.OPS for kind, slot, _imm in
+               (operand_layout(spec) if spec.syntax != "reason" else ()) if kind == "desc"}
 
 
 def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:

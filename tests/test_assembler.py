@@ -290,6 +290,7 @@ def test_a_repeated_bundle_with_a_bool_or_float_operand_is_still_refused():
 def _clear_shared_memos():
     from mtemu import assembler
     assembler._ROWS.clear()
+    assembler._BLOCKS.clear()
     assembler._ROW_EFFECTS.clear()
     assembler._HAZARDS.clear()
 
