@@ -52,6 +52,13 @@ def ins(op: str, *args, unit: str | None = None) -> Instr:
     return Instr(op, tuple(args), unit)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)     # typed: 1 and True are different operands
+def one(op: str, *args) -> tuple[Instr]:
+    """The bundle of one instruction, one object per instruction: a generator that appends it wherever
+    its programs wait or synchronise (:meth:`ProgramBuilder.add`) has it encoded once per program."""
+    return (ins(op, *args),)
+
+
 @dataclass(frozen=True)
 class Descriptor:
     src: str
@@ -132,6 +139,13 @@ class ProgramBuilder:
         if len(self._bundles) >= MAX_PROGRAM_BUNDLES:
             self._too_long(1)
         self._bundles.append(instrs)
+        return len(self._bundles) - 1
+
+    def add(self, bundle: tuple[Instr, ...]) -> int:
+        """Append one bundle given as a tuple, kept as that object (see :meth:`extend`)."""
+        if len(self._bundles) >= MAX_PROGRAM_BUNDLES:
+            self._too_long(1)
+        self._bundles.append(bundle if type(bundle) is tuple else tuple(bundle))
         return len(self._bundles) - 1
 
     def nops(self, count: int, reason: str = "latency") -> None:

@@ -428,3 +428,16 @@ def test_extend_refuses_a_program_past_the_bundle_limit():
     with pytest.raises(AssemblyError, match="program would pass"):
         b.extend(iter([(ins("nop"),)] * 3))
     assert b.pc == MAX_PROGRAM_BUNDLES
+
+
+def test_one_instruction_bundles_are_shared_and_typed():
+    from mtemu.assembler import one
+    assert one("dmawait", 2) is one("dmawait", 2) and one("dmawait", 2) == (ins("dmawait", 2),)
+    assert one("dmawait", True) is not one("dmawait", 1)
+    b = ProgramBuilder(DEFAULT)
+    for _ in range(3):
+        b.add(one("dmawait", 1))
+    b.add(one("dmawait", True))
+    b.add(one("halt"))
+    with pytest.raises(AssemblyError, match=r"bundle 3, unit \w+, dmawait, operand 1"):
+        b.assemble()

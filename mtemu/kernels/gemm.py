@@ -32,7 +32,7 @@ import numpy as np
 from rtcommon.checks import positive_ints
 
 from .. import isa, timing_memo
-from ..assembler import Instr, Program, ProgramBuilder, ins
+from ..assembler import Instr, Program, ProgramBuilder, ins, one
 from ..errors import CapacityError, MtemuError
 from ..fast.prepared import sized_memo
 from ..machine import Cluster, RunStats
@@ -256,11 +256,15 @@ class _Descriptors:
         return self.keys.index(key)
 
 
-def _leader_only(b: ProgramBuilder, body: list[Instr], skip_label: str) -> None:
-    """Instructions only DSP 0 runs (the others branch over them)."""
+def _leader_only(b: ProgramBuilder, body: list, skip_label: str) -> None:
+    """Instructions (or one-instruction bundles, :func:`~mtemu.assembler.one`) only DSP 0 runs (the
+    others branch over them), one a bundle."""
     b.bundle(ins("bnz", R_LEADER_SKIP, skip_label))
-    for instr in body:
-        b.bundle(instr)
+    for item in body:
+        if type(item) is tuple:
+            b.add(item)
+        else:
+            b.bundle(item)
     b.label(skip_label)
 
 
@@ -389,43 +393,43 @@ def _assemble(plan: GemmPlan, platform: Platform) -> tuple[Program, dict[int, np
 
     # prologue
     b.bundle(a_to_gsm_i(0))
-    b.bundle(ins("dmawait", CH_A_GSM))
+    b.add(one("dmawait", CH_A_GSM))
     b.bundle(a_to_sm_i(0))
     if len(steps) > 1:
         b.bundle(a_to_gsm_i(1))
     leader_only([b_bcast_i(0)], "pro_lead")
     n_steps = len(steps)
     for i, s in enumerate(steps):
-        leader_only([ins("dmawait", CH_B)], f"s{i}_w")
-        b.bundle(ins("barrier"))
+        leader_only([one("dmawait", CH_B)], f"s{i}_w")
+        b.add(one("barrier"))
         if i + 1 < n_steps:
             leader_only([b_bcast_i(i + 1)], f"s{i}_b")
         if pipelined:
-            b.bundle(ins("dmawait", CH_A_SM))
+            b.add(one("dmawait", CH_A_SM))
             if i + 1 < n_steps:
-                b.bundle(ins("dmawait", CH_A_GSM))
+                b.add(one("dmawait", CH_A_GSM))
                 b.bundle(a_to_sm_i(i + 1))
             if i + 2 < n_steps:
                 b.bundle(a_to_gsm_i(i + 2))
         else:
             # no overlap: this step's A_2 arrived; the next loads are issued after compute
-            b.bundle(ins("dmawait", CH_A_SM))
+            b.add(one("dmawait", CH_A_SM))
         if s.last:
-            b.bundle(ins("dmawait", CH_C))
+            b.add(one("dmawait", CH_C))
         # compute: row groups x column groups of the micro-kernel
         _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, math.ceil(s.nw / lanes), s.kw, s.first, s.last,
                     plan.sm_slots[i % 2], plan.am_b_slots[i % 2], plan.am_c, plan.am_wb, lanes, sites)
         if not pipelined:
             if i + 1 < n_steps:
                 b.bundle(a_to_gsm_i(i + 1))
-                b.bundle(ins("dmawait", CH_A_GSM))
+                b.add(one("dmawait", CH_A_GSM))
                 b.bundle(a_to_sm_i(i + 1))
         if s.last:
             b.bundle(c_back(s))
             if not pipelined:
-                b.bundle(ins("dmawait", CH_C))
-    b.bundle(ins("dmawait", CH_C))
-    b.bundle(ins("halt"))
+                b.add(one("dmawait", CH_C))
+    b.add(one("dmawait", CH_C))
+    b.add(one("halt"))
     _emit_microkernels(b, mk_labels, t, plan.n2p, pipelined, platform)
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.k2, plan.n,

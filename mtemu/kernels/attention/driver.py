@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from ... import isa
-from ...assembler import Instr, Program, ProgramBuilder, ins
+from ...assembler import Instr, Program, ProgramBuilder, ins, one
 from ...platform import Platform
 from .microkernels import mk_gemm, mk_round
 from .plan import AttentionPlan
@@ -83,10 +83,10 @@ class Driver:
         self.b.bundle(ins("dma", ch, desc, (0, src), (0, dst)))
 
     def wait(self, ch: int) -> None:
-        self.b.bundle(ins("dmawait", ch))
+        self.b.add(one("dmawait", ch))
 
     def barrier(self) -> None:
-        self.b.bundle(ins("barrier"))
+        self.b.add(one("barrier"))
 
     def call(self, key: tuple, regs: dict[int, int]) -> None:
         self.lib.need(key)
@@ -102,7 +102,7 @@ class Driver:
         self.calls.append((self.b.pc - 1, key))
 
     def finish(self, lib_code: np.ndarray, lib_offsets: dict) -> Program:
-        self.b.bundle(ins("halt"))
+        self.b.add(one("halt"))
         prog = self.b.assemble()
         n = prog.bundles
         code = np.concatenate([prog.code, lib_code])
