@@ -22,6 +22,7 @@ A unit may be pinned with ``op@UNIT``; otherwise the first free unit that can ru
 from __future__ import annotations
 
 import functools
+import itertools
 import marshal
 import re
 from dataclasses import dataclass, field
@@ -49,6 +50,13 @@ class Instr:
 
 def ins(op: str, *args, unit: str | None = None) -> Instr:
     return Instr(op, tuple(args), unit)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)     # typed: 1 and True are different operands
+def one(op: str, *args) -> tuple[Instr]:
+    """The bundle of one instruction, one object per instruction: a generator that appends it wherever
+    its programs wait or synchronise (:meth:`ProgramBuilder.add`) has it encoded once per program."""
+    return (ins(op, *args),)
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,7 @@ class ProgramBuilder:
         self._labels: dict[str, int] = {}
         self._descs: list[Descriptor] = []
         self._desc_names: list[str] = []
-        self._desc_index: dict[Descriptor, int] = {}
+        self._desc_index: dict[tuple, int] = {}
 
     # structure --------------------------------------------------------------------------
     def label(self, name: str) -> None:
@@ -130,31 +138,47 @@ class ProgramBuilder:
     def bundle(self, *instrs: Instr) -> int:
         if len(self._bundles) >= MAX_PROGRAM_BUNDLES:
             self._too_long(1)
-        self._bundles.append(tuple(instrs))
+        self._bundles.append(instrs)
+        return len(self._bundles) - 1
+
+    def add(self, bundle: tuple[Instr, ...]) -> int:
+        """Append one bundle given as a tuple, kept as that object (see :meth:`extend`)."""
+        if len(self._bundles) >= MAX_PROGRAM_BUNDLES:
+            self._too_long(1)
+        self._bundles.append(bundle if type(bundle) is tuple else tuple(bundle))
         return len(self._bundles) - 1
 
     def nops(self, count: int, reason: str = "latency") -> None:
         if len(self._bundles) + count > MAX_PROGRAM_BUNDLES:
             self._too_long(count)
-        for _ in range(count):
-            self._bundles.append((ins("nop", reason),))
+        # one tuple for all of them: the encoder looks at a repeated bundle object once
+        self._bundles.extend([(ins("nop", reason),)] * count)
 
     def _too_long(self, adding: int) -> None:
         raise program_too_long(self.platform, len(self._bundles) + adding)
 
     def descriptor(self, src: str, dst: str, rows: int, row_bytes: int, src_stride: int,
                    dst_stride: int, mode: str = "copy", name: str | None = None) -> int:
-        d = Descriptor(src, dst, int(rows), int(row_bytes), int(src_stride), int(dst_stride), mode)
-        if d in self._desc_index and name is None:
-            return self._desc_index[d]
-        self._descs.append(d)
+        # keyed by the fields as a plain tuple: what Descriptor's equality compares, hashed faster
+        key = (src, dst, int(rows), int(row_bytes), int(src_stride), int(dst_stride), mode)
+        if name is None:
+            got = self._desc_index.get(key)
+            if got is not None:
+                return got
+        self._descs.append(Descriptor(*key))
         self._desc_names.append(name or f"d{len(self._descs) - 1}")
-        self._desc_index.setdefault(d, len(self._descs) - 1)
+        self._desc_index.setdefault(key, len(self._descs) - 1)
         return len(self._descs) - 1
 
     def extend(self, bundles: Iterable[Sequence[Instr]]) -> None:
-        for b in bundles:
-            self.bundle(*b)
+        """Append bundles in order. A bundle given as a tuple is kept as that object: a generator that
+        passes one tuple for a bundle it repeats (a call site, a memoised micro-kernel) has it checked
+        and encoded once per program (:func:`_encode`)."""
+        room = MAX_PROGRAM_BUNDLES - len(self._bundles)
+        got = [b if type(b) is tuple else tuple(b) for b in itertools.islice(bundles, room + 1)]
+        if len(got) > room:
+            self._too_long(len(got))
+        self._bundles.extend(got)
 
     @property
     def pc(self) -> int:
@@ -225,61 +249,101 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     # to an accepted int is still refused); every check of the encoding depends only on the bundle
     encoded: dict[tuple, int] = {}
     blocks: list[np.ndarray] = []           # the distinct bundles' encodings; ids[b] is bundle b's
-    ids: list[int] = []
     # bundles that differ (in addresses, say) still share most instructions: each distinct instruction's
     # row is encoded once too. It depends on the instruction and the program alone, not on its unit or
     # bundle (a failing one raises at its first bundle, as before); one without a label operand depends
-    # on the platform's register and channel counts only (and a DMA's on how many descriptors there are),
-    # so its row is shared by every program (a backward's 24 per-DSP programs repeat each other's)
+    # on the platform's register and channel counts only (a DMA's is valid where the program has its
+    # descriptor), so its row is shared by every program (a backward's 24 per-DSP programs repeat each
+    # other's); so is the whole block of a bundle without label or DMA operands (micro-kernels that
+    # several programs call)
     rows: dict[bytes, np.ndarray] = {}
-    shared = _shared_memo(_ROWS, (ns, nv, platform.dma_channels))
-    shared_desc = _shared_memo(_ROWS, (ns, nv, platform.dma_channels, len(descs)))
-    for b, instrs in enumerate(bundles):
+    context = (ns, nv, platform.dma_channels)
+    shared = _shared_memo(_ROWS, context)
+    shared_blocks = _shared_memo(_BLOCKS, context, _SHARED_BLOCKS_MAX)
+    ndesc = len(descs)
+    # a generator hands one tuple object for a bundle it repeats (a call site, a nop run): each distinct
+    # object is looked at once, at its first position, so a failing one raises where a bundle-by-bundle
+    # pass would (every bundle before it is a repeat of an object that passed)
+    # (the bundles list holds every object, so no two of them share an id while this runs)
+    _, first, order = np.unique(np.fromiter(map(id, bundles), dtype=np.uint64, count=len(bundles)),
+                                return_index=True, return_inverse=True)
+    order = order.ravel()
+    block_of = np.empty(len(first), dtype=np.intp)
+    first = np.sort(first)                  # each object's first position, in program order
+    for b, j in zip(first.tolist(), order[first].tolist(), strict=True):
+        instrs = bundles[b]
         keys = _instr_keys(instrs)
         known = encoded.get(keys)
         if known is not None:
-            ids.append(known)
+            block_of[j] = known
             continue
-        block = np.zeros((isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
-        used: dict[int, Instr] = {}
-        for k, instr in enumerate(instrs):
-            spec = isa.OP_BY_NAME.get(instr.op)
-            if spec is None:
-                raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
-            unit = _pick_unit(spec, instr, used, b)
-            ikey = keys[k] if keys is not None else None
-            memo = rows if _LABEL_BOUND[spec.code] else shared_desc if _DESC_BOUND[spec.code] else shared
-            one = memo.get(ikey) if ikey is not None else None
-            if one is None:
-                where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
-                one = _encode_one(spec, instr, where, ns, nv, labels, len(bundles), len(descs), platform)
-                if ikey is not None:
-                    memo[ikey] = one
-            block[unit] = one
-            used[unit] = instr
+        block = shared_blocks.get(keys) if keys is not None else None
+        if block is None:
+            block, portable = _encode_block(instrs, keys, b, rows, shared, ns, nv, labels, len(bundles), ndesc,
+                                            platform)
+            if portable and keys is not None:
+                shared_blocks[keys] = block
         if keys is not None:
             encoded[keys] = len(blocks)
-        ids.append(len(blocks))
+        block_of[j] = len(blocks)
         blocks.append(block)
-    code = (np.stack(blocks)[np.array(ids, dtype=np.intp)] if blocks
-            else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64))
+    distinct = np.stack(blocks) if blocks else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    ids = block_of[order]
+    code = distinct[ids]
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
-        check_latency_hazards(prog, platform)
+        _check_hazards(prog, platform, distinct, ids)
     return prog
 
 
-# Memos shared by every program a process assembles (rows, register effects, bundle hazards), by what
-# they depend on; a memo past _SHARED_MAX entries starts again (a few hundred bytes an entry)
+def _encode_block(instrs, keys, b: int, rows: dict, shared: dict, ns: int, nv: int, labels, n: int, ndesc: int,
+                  platform: Platform) -> tuple[np.ndarray, bool]:
+    """The encoded bundle ``b`` (its instructions checked in order, each on the unit it gets), its rows
+    from the program's memo (``rows``: label operands) or the shared one (the others); and whether it
+    holds in any program on the platform (no label or descriptor operand)."""
+    block = np.zeros((isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    used: dict[int, Instr] = {}
+    portable = True
+    for k, instr in enumerate(instrs):
+        spec = isa.OP_BY_NAME.get(instr.op)
+        if spec is None:
+            raise AssemblyError(f"bundle {b}: unknown opcode '{instr.op}'")
+        unit = _pick_unit(spec, instr, used, b)
+        ikey = keys[k] if keys is not None else None
+        code = spec.code
+        memo = rows if _LABEL_BOUND_OPS[code] else shared
+        one = memo.get(ikey) if ikey is not None else None
+        if _LABEL_BOUND_OPS[code]:
+            portable = False
+        elif code in _DESC_FIELD:
+            portable = False
+            # a DMA's row met in another program holds only if this one has its descriptor
+            if one is not None and one[_DESC_FIELD[code]] >= ndesc:
+                one = None
+        if one is None:
+            where = f"bundle {b}, unit {isa.UNITS[unit]}, {spec.name}"
+            one = _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform)
+            if ikey is not None:
+                memo[ikey] = one
+        block[unit] = one
+        used[unit] = instr
+    return block, portable
+
+
+# Memos shared by every program a process assembles (rows, whole blocks, register effects, bundle
+# hazards), by what they depend on; a memo past its entries starts again (rows and effects: a few hundred
+# bytes an entry, blocks about a kilobyte)
 _SHARED_MAX = 200_000
+_SHARED_BLOCKS_MAX = 50_000
 _ROWS: dict[tuple, dict] = {}
+_BLOCKS: dict[tuple, dict] = {}
 _ROW_EFFECTS: dict[bytes, tuple] = {}
 _HAZARDS: dict[tuple, dict] = {}
 
 
-def _shared_memo(memos: dict, context) -> dict:
+def _shared_memo(memos: dict, context, entries: int = _SHARED_MAX) -> dict:
     got = memos.get(context)
-    if got is None or len(got) > _SHARED_MAX:
+    if got is None or len(got) > entries:
         got = memos[context] = {}
     return got
 
@@ -354,7 +418,10 @@ def operand_layout(spec: isa.OpSpec) -> tuple[tuple[str, int, int], ...]:
 
 # opcodes whose encoding depends on the program's labels and size, or on its descriptor count
 _LABEL_BOUND = isa.op_table(lambda spec: "label" in _operand_kinds(spec))
-_DESC_BOUND = isa.op_table(lambda spec: "desc" in _operand_kinds(spec))
+_LABEL_BOUND_OPS = _LABEL_BOUND.tolist()            # indexed in the encoder's loop: plain bools
+# the field holding a DMA's descriptor, by opcode
+_DESC_FIELD = {spec.code: slot for spec in isa.OPS for kind, slot, _imm in
+               (operand_layout(spec) if spec.syntax != "reason" else ()) if kind == "desc"}
 
 
 def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:
@@ -454,36 +521,146 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
 
     Straight-line tracking; branch targets start with every register ready, and a control
     transfer must find every write landed by the next bundle, so blocks check independently.
-    Each distinct bundle's registers are worked out once (:func:`_bundle_hazards`); a bundle that may
-    fault is walked again by :func:`_raise_hazard`, which names the first hazard in unit order.
+    Each distinct bundle's registers are worked out once (:func:`_bundle_hazards`); the program is
+    checked with array operations (:func:`_hazard_free`), and one they flag is walked bundle by bundle
+    (:func:`_walk_hazards`, the reference), which names the first hazard.
     """
-    lat = platform.latencies
-    targets = set(prog.labels.values())
     code = prog.code
     n = code.shape[0]
-    if n:
-        branching = _TARGET_OPS[code[:, :, isa.F_OP]]
-        targets.update(int(t) for t in code[:, :, isa.F_IMM0][branching])
-    ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
+    if not n:
+        return
+    flat = np.ascontiguousarray(code, dtype=np.int64).reshape(n, -1)
+    _, first, inverse = np.unique(flat.view(np.dtype((np.void, flat.shape[1] * 8))).ravel(),
+                                  return_index=True, return_inverse=True)
+    _check_hazards(prog, platform, code[first], inverse.ravel())
+
+
+def _check_hazards(prog: Program, platform: Platform, distinct: np.ndarray, ids: np.ndarray) -> None:
+    """:func:`check_latency_hazards` given the program's bundles as ``distinct[ids]``."""
+    lat = platform.latencies
+    n = prog.code.shape[0]
+    if not n:
+        return
     known = _shared_memo(_HAZARDS, lat)           # a bundle's hazards depend on it and the latencies alone
     if len(_ROW_EFFECTS) > _SHARED_MAX:
         _ROW_EFFECTS.clear()
-    # each distinct bundle's hazards, looked up once (the program repeats most bundles many times)
-    per_bundle = []
-    if n:
-        flat = np.ascontiguousarray(code, dtype=np.int64).reshape(n, -1)
-        _, first, inverse = np.unique(flat.view(np.dtype((np.void, flat.shape[1] * 8))).ravel(),
-                                      return_index=True, return_inverse=True)
-        distinct = []
-        for b in first.tolist():
-            key = code[b].tobytes()
-            hazards = known.get(key)
-            if hazards is None:
-                hazards = known[key] = _bundle_hazards(code[b], lat, _ROW_EFFECTS)
-            distinct.append(hazards)
-        per_bundle = [distinct[i] for i in inverse.ravel().tolist()]
+    # a bundle's hazards depend on its opcodes and registers alone, not on its immediates (addresses,
+    # counts, targets): bundles that differ only there share one entry
+    regs = np.ascontiguousarray(distinct[:, :, :isa.F_IMM0]).reshape(len(distinct), -1)
+    _, first, inverse = np.unique(regs.view(np.dtype((np.void, regs.shape[1] * 8))).ravel(),
+                                  return_index=True, return_inverse=True)
+    entries = []
+    for b in first.tolist():
+        key = regs[b].tobytes()
+        got = known.get(key)
+        if got is None:
+            got = known[key] = _hazard_entry(_bundle_hazards(distinct[b], lat, _ROW_EFFECTS))
+        entries.append(got)
+    ids = inverse.ravel()[ids]
+    targets = _targets(prog, distinct)
+    if not _hazard_free(n, entries, ids, targets):
+        _walk_hazards(prog, lat, [entries[i][0] for i in ids.tolist()], targets)
+
+
+def _reg_id(reg: tuple[str, int]) -> int:
+    """A register as one integer (scalar registers first, then vector ones)."""
+    return reg[1] + (1 << 31 if reg[0] == "v" else 0)
+
+
+def _hazard_entry(hazards: tuple) -> tuple:
+    """A bundle's :func:`_bundle_hazards` and, for :func:`_hazard_free`, the registers it touches, those
+    it writes and their latencies, as integers."""
+    touched, updates, _control, _clean = hazards
+    return (hazards, [_reg_id(r) for r in touched], [_reg_id(r) for r, _l, _u in updates],
+            [lat for _r, lat, _u in updates])
+
+
+def _targets(prog: Program, distinct: np.ndarray) -> set[int]:
+    """Bundles where tracking starts again: the labels and every branch target (``distinct``: every
+    bundle of the program, once or more)."""
+    targets = set(prog.labels.values())
+    if len(distinct):
+        branching = _TARGET_OPS[distinct[:, :, isa.F_OP]]
+        targets.update(distinct[:, :, isa.F_IMM0][branching].tolist())
+    return targets
+
+
+def _csr(lists: list[list], dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenated items, offsets and counts of a list of lists."""
+    counts = np.fromiter(map(len, lists), dtype=np.intp, count=len(lists))
+    offsets = np.zeros(len(lists), dtype=np.intp)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=dtype, count=int(counts.sum()))
+    return flat, offsets, counts
+
+
+def _gather(flat: np.ndarray, offsets: np.ndarray, counts: np.ndarray, ids: np.ndarray):
+    """(bundle, item) of every item of every bundle, bundle ``b`` holding the items of ``ids[b]``, in order."""
+    per = counts[ids]
+    total = int(per.sum())
+    bundle = np.repeat(np.arange(len(ids), dtype=np.intp), per)
+    starts = np.cumsum(per) - per
+    at = np.repeat(offsets[ids] - starts, per) + np.arange(total, dtype=np.intp)
+    return bundle, flat[at]
+
+
+def _hazard_free(n: int, entries: list[tuple], ids: np.ndarray, targets: set[int]) -> bool:
+    """True when :func:`_walk_hazards` finds nothing in the program whose bundle ``b`` is the distinct
+    bundle ``entries[ids[b]]`` (:func:`_hazard_entry`); False where it may fault (the walk then decides
+    and names the fault).
+
+    The walk's state is the last write to each register since tracking last started (a branch target,
+    or the bundle after a control transfer: a *segment*). A bundle faults if it touches a register whose
+    last earlier write in its segment is still in flight (issued at ``w`` with latency ``l``:
+    ``w + l > b``), and a control transfer at ``c`` faults if some register's last write in its segment
+    has ``w + l > c + 1``; earlier writes to that register landed before the write that replaced them
+    (it touched the register), so only the last one can be late."""
+    hazards = [e[0] for e in entries]
+    if not all(h[3] for h in hazards):
+        return False
+    touched = [e[1] for e in entries]
+    w_regs = [e[2] for e in entries]
+    w_lats = [e[3] for e in entries]
+    control = np.array([h[2] for h in hazards], dtype=bool)[ids]
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    starts[[t for t in targets if 0 <= t < n]] = True
+    starts[1:] |= control[:-1]
+    seg = np.cumsum(starts) - 1
+    seg_end = np.append(np.flatnonzero(starts)[1:] - 1, n - 1)       # each segment's last bundle
+    wr_flat, w_off, w_cnt = _csr(w_regs, np.int64)
+    wl_flat = _csr(w_lats, np.int64)[0]
+    wb, wr = _gather(wr_flat, w_off, w_cnt, ids)
+    wl = _gather(wl_flat, w_off, w_cnt, ids)[1]
+    if not len(wb):
+        return True
+    # writes by register, then bundle (a stable sort keeps a bundle's writes in the walk's order)
+    by_reg = np.argsort(wr, kind="stable")
+    wr, wb, wl = wr[by_reg], wb[by_reg], wl[by_reg]
+    wkey = wr * (n + 1) + wb
+    t_flat, t_off, t_cnt = _csr(touched, np.int64)
+    tb, tr = _gather(t_flat, t_off, t_cnt, ids)
+    # each touch's last write to its register in an earlier bundle (a bundle's own writes land after it)
+    last = np.searchsorted(wkey, tr * (n + 1) + tb, side="left") - 1
+    ok = last >= 0
+    last = np.maximum(last, 0)
+    prior = ok & (wr[last] == tr) & (seg[wb[last]] == seg[tb])
+    if np.any(prior & (wb[last] + wl[last] > tb)):
+        return False
+    # the last write to each register in a segment that ends in a control transfer
+    final = np.ones(len(wr), dtype=bool)
+    final[:-1] = (wr[1:] != wr[:-1]) | (seg[wb[1:]] != seg[wb[:-1]])
+    end = seg_end[seg[wb]]
+    return not np.any(final & control[end] & (wb + wl > end + 1))
+
+
+def _walk_hazards(prog: Program, lat, per_bundle: list[tuple], targets: set[int]) -> None:
+    """The reference check: walk the program bundle by bundle with the writes in flight; raise at the first
+    hazard (``per_bundle``: each bundle's :func:`_bundle_hazards`)."""
+    code = prog.code
+    ready: dict[tuple[str, int], tuple[int, int, int]] = {}   # reg -> (ready cycle, bundle, unit)
     cycle = 0
-    for b in range(n):
+    for b in range(code.shape[0]):
         if b in targets:
             ready = {}
         touched, updates, control, clean = per_bundle[b]
@@ -503,7 +680,8 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
 
 def _effects(block: np.ndarray, known: dict | None = None) -> list[tuple[int, isa.OpSpec, list, list, str | None]]:
     """(unit, spec, reads, writes, latency field) of each instruction of one encoded bundle, in unit order.
-    ``known``: encoded row bytes -> its effects, filled as rows are met (distinct bundles share most rows)."""
+    ``known``: a row's opcode and register fields (all its effects depend on) -> its effects, filled as
+    rows are met (distinct bundles share most rows)."""
     out = []
     for u in range(isa.N_UNITS):
         row = block[u]
@@ -513,7 +691,7 @@ def _effects(block: np.ndarray, known: dict | None = None) -> list[tuple[int, is
         if known is None:
             reads, writes, latname = _reg_effects(row)
         else:
-            key = row.tobytes()
+            key = row[:isa.F_IMM0].tobytes()
             got = known.get(key)
             if got is None:
                 got = known[key] = _reg_effects(row)

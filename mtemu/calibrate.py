@@ -26,7 +26,8 @@ from rtcommon.fileio import atomic_write_figure
 from .errors import CapacityError, MtemuError
 from .kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
 from .kernels.gemm_a_resident import AResidentGemmTiles, a_resident_timing
-from .kernels.gemm_bound import a_resident_bound, gemm_bound
+from .kernels.gemm_bound import a_resident_bound, gemm_bound, with_row_overhead
+from .kernels.gemm_tiles import a_resident_bound_of, a_resident_traffic
 from .platform import DEFAULT, Platform
 from .validate.table5 import FIT_ROWS, TABLE5, TABLE5_M, TABLE5_TOLERANCE_PP
 
@@ -127,10 +128,13 @@ def fit_row_overhead(platform: Platform, tiles: GemmTiles, rows: Iterable[tuple[
                      lo: float = 0.0, hi: float = OVERHEAD_MAX, iterations: int = 60) -> float:
     """Row overhead (cycles) minimizing the largest |bound - paper| over ``rows``."""
     index = [SHAPES.index(r) for r in rows]
+    # the kernel's traffic does not depend on the overhead: planned once, each overhead tried from it
+    # (the same bounds as gemm_bound on the platform with that overhead, bit for bit)
+    bounds = [gemm_bound(TABLE5_M, *SHAPES[i], tiles, platform) for i in index]
 
     def errors(ov: float) -> list[float]:
-        p = replace(platform, dma_row_overhead_cycles=ov)
-        return [100 * gemm_bound(TABLE5_M, *SHAPES[i], tiles, p).utilization - PAPER_PP[i] for i in index]
+        return [100 * with_row_overhead(b, platform, ov).utilization - PAPER_PP[i]
+                for b, i in zip(bounds, index, strict=True)]
 
     return _minimax_overhead(errors, lo, hi, iterations)
 
@@ -234,10 +238,14 @@ def a_resident_fit(platform: Platform, strategy: str = "oracle",
             pp(platform, SHAPES[:1])
         except CapacityError:
             continue
+        # the traffic does not depend on the overhead: worked out once per row, each overhead tried from
+        # it (what pp gives on the platform with that overhead, bit for bit)
+        traffic = [(k, n, *a_resident_traffic(TABLE5_M, k, n, t.mg, t.kg, t.n2, platform, t.partial_bytes))
+                   for k, n in rows]
 
-        def errors(ov: float) -> list[float]:
-            p = replace(platform, dma_row_overhead_cycles=ov)
-            return [u - PAPER_PP[SHAPES.index(s)] for u, s in zip(pp(p, rows), rows, strict=False)]
+        def errors(ov: float, traffic: list = traffic) -> list[float]:
+            return [100 * a_resident_bound_of(TABLE5_M, k, n, nbytes, nrows, platform, ov)
+                    - PAPER_PP[SHAPES.index((k, n))] for k, n, nbytes, nrows in traffic]
 
         ov = _minimax_overhead(errors, 0.0, OVERHEAD_MAX)
         f = Table5Fit(strategy, platform.ddr_bandwidth, t, ov, rows,

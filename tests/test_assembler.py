@@ -290,6 +290,7 @@ def test_a_repeated_bundle_with_a_bool_or_float_operand_is_still_refused():
 def _clear_shared_memos():
     from mtemu import assembler
     assembler._ROWS.clear()
+    assembler._BLOCKS.clear()
     assembler._ROW_EFFECTS.clear()
     assembler._HAZARDS.clear()
 
@@ -360,3 +361,83 @@ def test_a_program_assembles_the_same_with_warm_or_cold_memos():
     assert all(isinstance(c, str) and c == w or np.array_equal(c, w) for c, w in zip(cold, warm, strict=True))
     outcomes = {isinstance(c, str) for c in cold}
     assert outcomes == {True, False}, outcomes          # both passing and refused programs exercised
+
+
+def test_the_array_hazard_check_gives_the_walks_verdict_on_random_programs():
+    """The NumPy check (_hazard_free) passes exactly the programs the bundle-by-bundle walk passes."""
+    from mtemu import assembler
+    rng = np.random.default_rng(12)
+    verdicts = {True: 0, False: 0}
+    for _ in range(600):
+        prog = _random_program(rng)
+        if prog is None:
+            continue
+        flat = prog.code.reshape(prog.bundles, -1)
+        _, ids = np.unique(flat, axis=0, return_inverse=True)
+        distinct = [prog.code[int(np.flatnonzero(ids.ravel() == i)[0])] for i in range(int(ids.max()) + 1)]
+        hazards = [assembler._bundle_hazards(block, DEFAULT.latencies) for block in distinct]
+        targets = assembler._targets(prog, prog.code)
+        fast = assembler._hazard_free(prog.bundles, [assembler._hazard_entry(h) for h in hazards], ids.ravel(),
+                                      targets)
+        try:
+            assembler._walk_hazards(prog, DEFAULT.latencies, [hazards[i] for i in ids.ravel()], targets)
+            walk = True
+        except AssemblyError:
+            walk = False
+        assert fast == walk
+        verdicts[walk] += 1
+    assert min(verdicts.values()) >= 50, verdicts
+
+
+def _fresh(bundles):
+    """The same bundles, every instruction and bundle a new object."""
+    return [tuple(ins(i.op, *i.args, unit=i.unit) for i in b) for b in bundles]
+
+
+def test_repeated_bundle_objects_encode_as_copies_do():
+    """A bundle appended again as the same object (ProgramBuilder.extend) encodes, and is refused, as
+    the same bundle built anew at each place."""
+    loop = (ins("smovi", 3, 7), ins("vldh", 2, (0, 64)))
+    pad = (ins("nop"),)
+    bad = (ins("smovi", 1, 1.0),)
+    for body, error in (([loop] + [pad] * 12 + [loop, (ins("saddi", 4, 3, 1),)] + [pad] * 12 + [loop] + [pad] * 12,
+                         None),
+                        ([loop, pad, bad, loop, bad], "bundle 3, unit SMAC1, smovi, operand 2: expected an integer")):
+        programs = []
+        for bundles in (body, _fresh(body)):
+            _clear_shared_memos()
+            b = ProgramBuilder(DEFAULT)
+            b.bundle(ins("nop"))
+            b.extend(bundles)
+            b.nops(3)
+            b.bundle(ins("halt"))
+            if error is None:
+                programs.append(b.assemble().code)
+            else:
+                with pytest.raises(AssemblyError, match=error):
+                    b.assemble()
+        if error is None:
+            assert np.array_equal(*programs)
+
+
+def test_extend_refuses_a_program_past_the_bundle_limit():
+    from mtemu.assembler import MAX_PROGRAM_BUNDLES
+    b = ProgramBuilder(DEFAULT)
+    b.nops(MAX_PROGRAM_BUNDLES - 2)
+    b.extend([(ins("nop"),)] * 2)
+    with pytest.raises(AssemblyError, match="program would pass"):
+        b.extend(iter([(ins("nop"),)] * 3))
+    assert b.pc == MAX_PROGRAM_BUNDLES
+
+
+def test_one_instruction_bundles_are_shared_and_typed():
+    from mtemu.assembler import one
+    assert one("dmawait", 2) is one("dmawait", 2) and one("dmawait", 2) == (ins("dmawait", 2),)
+    assert one("dmawait", True) is not one("dmawait", 1)
+    b = ProgramBuilder(DEFAULT)
+    for _ in range(3):
+        b.add(one("dmawait", 1))
+    b.add(one("dmawait", True))
+    b.add(one("halt"))
+    with pytest.raises(AssemblyError, match=r"bundle 3, unit \w+, dmawait, operand 1"):
+        b.assemble()

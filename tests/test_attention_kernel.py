@@ -362,3 +362,29 @@ def test_cli_validate_attention_json(capsys, monkeypatch):
                      "--dsps", "2", "--vector-lanes", "16", "--json"]) == 0
     fwd = json.loads(capsys.readouterr().out)
     assert fwd["max_rel_error_o_vs_float64"] < 2e-3 and fwd["cycles"] > 0
+
+
+class _Forgetful(dict):
+    """A memo that keeps nothing: every call's bundles are built anew."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+@pytest.mark.parametrize("variant", ["resident", "ddr-staged"])
+def test_driver_calls_built_once_give_the_programs_built_call_by_call(monkeypatch, variant):
+    """Driver.call appends the bundles of a register setting it met before as the same objects; without
+    that memo (the reference) every DSP's program is the same, bit for bit."""
+    from mtemu.kernels.attention import backward, driver, forward
+    plan = plan_attention(4, 2, 320, 64, variant=variant)
+    programs = {}
+    init = driver.Library.__init__
+    for memo in (dict, _Forgetful):
+        def fresh(self, *args, memo=memo):
+            init(self, *args)
+            self.call_sites = memo()
+        monkeypatch.setattr(driver.Library, "__init__", fresh)
+        built = backward.build_attention_backward(plan, DEFAULT).programs
+        built += forward.build_attention_forward(forward.plan_attention_forward(4, 2, 320, 64), DEFAULT).programs
+        programs[memo] = [(p.code.tobytes(), p.descriptors.tobytes(), sorted(p.labels.items())) for p in built]
+    assert programs[dict] == programs[_Forgetful]

@@ -10,7 +10,8 @@ import pytest
 from mtemu.calibrate import SHAPES, TILE_GRID, bandwidth_study, calibrate, fit_row_overhead, tile_grid
 from mtemu.errors import CapacityError, MtemuError
 from mtemu.kernels.gemm import DEFAULT_TILES, GemmTiles, gemm_timing
-from mtemu.kernels.gemm_bound import gemm_bound
+from mtemu.kernels.gemm_bound import a_resident_bound, gemm_bound, with_row_overhead
+from mtemu.kernels.gemm_tiles import a_resident_bound_of, a_resident_traffic
 from mtemu.platform import DEFAULT, load_platform
 from mtemu.validate import FIT_ROWS, TABLE5_M
 
@@ -201,3 +202,20 @@ def test_fig4_loop_order_meets_table5_on_the_raw_ddr_platform():
     fit = emulate_a_resident()
     assert fit.source == "emulated" and fit.row_overhead_cycles == 0.0
     assert fit.rows_within == 5 and fit.worst_error_pp < 1.0
+
+
+@pytest.mark.parametrize("overhead", [0.0, 3.25, 17.0, 1e-3])
+def test_bounds_at_another_row_overhead_are_those_of_that_platform(overhead):
+    """The calibrations try overheads on bounds worked out once (with_row_overhead, a_resident_bound_of):
+    each is what the bound gives on the platform with that overhead, bit for bit."""
+    for bw in (30e9, 51e9):
+        base = replace(DEFAULT, ddr_bandwidth=bw)
+        there = replace(base, dma_row_overhead_cycles=overhead)
+        for k, n in SHAPES:
+            for tiles in (DEFAULT_TILES, GemmTiles(mg=512, k2=256, n2=384)):
+                assert with_row_overhead(gemm_bound(TABLE5_M, k, n, tiles, base), base, overhead) == \
+                    gemm_bound(TABLE5_M, k, n, tiles, there)
+            for mg, kg, n2, pb in ((1024, 1536, 384, 2), (512, 768, 768, 4)):
+                traffic = a_resident_traffic(TABLE5_M, k, n, mg, kg, n2, base, pb)
+                assert a_resident_bound_of(TABLE5_M, k, n, *traffic, base, overhead) == \
+                    a_resident_bound(TABLE5_M, k, n, mg, kg, n2, there, pb)

@@ -119,3 +119,28 @@ def test_library_entry_points_refuse_wrong_argument_types():
         mtemu.gemm_timing(64, 64, 64, tiles="big")
     with pytest.raises(MtemuError, match="tiles must be a AResidentGemmTiles"):
         a_resident_timing(64, 64, 64, tiles=mtemu.GemmTiles())
+
+
+def _program_bytes(program, dsp_desc, init):
+    return (program.code.tobytes(), program.descriptors.tobytes(), sorted(program.labels.items()),
+            {d: t.tobytes() for d, t in dsp_desc.items()}, init)
+
+
+@pytest.mark.parametrize("kind", ["gemm", "a_resident"])
+@pytest.mark.parametrize("shape,tiles", [((100, 300, 500), None), ((48, 64, 192), "small"), ((600, 1000, 700), None)])
+def test_call_sites_built_once_give_the_program_built_site_by_site(monkeypatch, kind, shape, tiles):
+    """_call_tiles appends a program's repeated call sites as the same bundle objects; without its memo
+    (every bundle built anew, the reference) the program is the same, bit for bit."""
+    from mtemu.kernels import gemm, gemm_a_resident
+    from mtemu.kernels.gemm_tiles import AResidentGemmTiles
+    mod = gemm if kind == "gemm" else gemm_a_resident
+    if kind == "gemm":
+        t = SMALL_TILES if tiles else GemmTiles()
+        plan = gemm.plan_gemm(*shape, t, DEFAULT)
+    else:
+        t = AResidentGemmTiles(mg=48, kg=64, k2=32, n2=384, mr=2, nv=2) if tiles else AResidentGemmTiles()
+        plan = gemm_a_resident.plan_a_resident(*shape, t, DEFAULT)
+    memoised = _program_bytes(*mod._assemble(plan, DEFAULT))
+    call_tiles = gemm._call_tiles
+    monkeypatch.setattr(mod, "_call_tiles", lambda *args: call_tiles(*args[:-1]))   # sites=None
+    assert _program_bytes(*mod._assemble(plan, DEFAULT)) == memoised

@@ -32,7 +32,7 @@ import numpy as np
 from rtcommon.checks import positive_ints
 
 from .. import isa, timing_memo
-from ..assembler import Instr, Program, ProgramBuilder, ins
+from ..assembler import Instr, Program, ProgramBuilder, ins, one
 from ..errors import CapacityError, MtemuError
 from ..fast.prepared import sized_memo
 from ..machine import Cluster, RunStats
@@ -256,18 +256,41 @@ class _Descriptors:
         return self.keys.index(key)
 
 
-def _leader_only(b: ProgramBuilder, body: list[Instr], skip_label: str) -> None:
-    """Instructions only DSP 0 runs (the others branch over them)."""
+def _leader_only(b: ProgramBuilder, body: list, skip_label: str) -> None:
+    """Instructions (or one-instruction bundles, :func:`~mtemu.assembler.one`) only DSP 0 runs (the
+    others branch over them), one a bundle."""
     b.bundle(ins("bnz", R_LEADER_SKIP, skip_label))
-    for instr in body:
-        b.bundle(instr)
+    for item in body:
+        if type(item) is tuple:
+            b.add(item)
+        else:
+            b.bundle(item)
     b.label(skip_label)
 
 
 def _call_tiles(b: ProgramBuilder, mk_labels: dict, t, rows_max: int, n2p: int, nvec: int, kw: int,
-                first: bool, last: bool, sm: int, bslot: int, am_c: int, am_wb: int, lanes: int) -> None:
-    """Call the micro-kernel over the busiest DSP's rows (groups of mr) and the panel's vectors (nv)."""
+                first: bool, last: bool, sm: int, bslot: int, am_c: int, am_wb: int, lanes: int,
+                sites: dict | None = None) -> None:
+    """Call the micro-kernel over the busiest DSP's rows (groups of mr) and the panel's vectors (nv).
+
+    ``sites``: the program's call sites so far, by these arguments. A program makes the same call
+    sites at every step with the same slots and widths (hundreds of thousands of bundles in a big
+    GEMM); they are built once and appended again as the same bundle objects, which the assembler also
+    encodes once. Without it every bundle is built anew (the reference; the program is the same)."""
+    key = (t, rows_max, n2p, nvec, kw, first, last, sm, bslot, am_c, am_wb, lanes)
+    got = sites.get(key) if sites is not None else None
+    if got is None:
+        got = _call_sites(mk_labels, t, rows_max, n2p, nvec, kw, first, last, sm, bslot, am_c, am_wb, lanes)
+        if sites is not None:
+            sites[key] = got
+    b.extend(got)
+
+
+def _call_sites(mk_labels: dict, t, rows_max: int, n2p: int, nvec: int, kw: int, first: bool, last: bool,
+                sm: int, bslot: int, am_c: int, am_wb: int, lanes: int) -> list[tuple[Instr, ...]]:
+    """The bundles of :func:`_call_tiles`, registering each micro-kernel it calls in ``mk_labels``."""
     astride, cstride, wstride = t.k2 * 2, n2p * 4, n2p * 2
+    out = []
     for r0 in range(0, rows_max, t.mr):
         mr = min(t.mr, rows_max - r0)
         for c0 in range(0, nvec, t.nv):
@@ -277,17 +300,17 @@ def _call_tiles(b: ProgramBuilder, mk_labels: dict, t, rows_max: int, n2p: int, 
             if label is None:
                 label = mk_labels[key] = f"mk_{mr}x{nv}_k{kw}_{'f' if first else ''}{'l' if last else ''}"
             # Instr directly, not ins(): a big GEMM makes ~10**5 of these call sites
-            b.bundle(Instr("smovi", (R_ABASE, sm + r0 * astride)), Instr("smovi", (R_BBASE, bslot + c0 * lanes * 2)),
-                     Instr("smovi", (R_CBASE, am_c + r0 * cstride + c0 * lanes * 4)))
-            b.bundle(Instr("smovi", (R_WBASE, am_wb + r0 * wstride + c0 * lanes * 2)), Instr("call", (label,)))
+            out.append((Instr("smovi", (R_ABASE, sm + r0 * astride)), Instr("smovi", (R_BBASE, bslot + c0 * lanes * 2)),
+                        Instr("smovi", (R_CBASE, am_c + r0 * cstride + c0 * lanes * 4))))
+            out.append((Instr("smovi", (R_WBASE, am_wb + r0 * wstride + c0 * lanes * 2)), Instr("call", (label,))))
+    return out
 
 
 def _emit_microkernels(b: ProgramBuilder, mk_labels: dict, t, n2p: int, pipelined: bool, platform: Platform) -> None:
     for (mr, nv, ks, first, last), label in mk_labels.items():
         b.label(label)
-        for bundle in microkernel(mr, nv, ks, first, last, t.k2 * 2, n2p * 2, n2p * 4, n2p * 2,
-                                  t.rotation, pipelined, platform):
-            b.bundle(*bundle)
+        b.extend(microkernel(mr, nv, ks, first, last, t.k2 * 2, n2p * 2, n2p * 4, n2p * 2,
+                             t.rotation, pipelined, platform))
 
 
 def _dsp_tables(program: Program, descs: _Descriptors, partitions: dict, full_rows: int, last_rows: int,
@@ -363,49 +386,50 @@ def _assemble(plan: GemmPlan, platform: Platform) -> tuple[Program, dict[int, np
 
     pipelined = t.pipelined
     mk_labels: dict[tuple, str] = {}
+    sites: dict[tuple, list] = {}
 
     def leader_only(body: list[Instr], skip_label: str) -> None:
         _leader_only(b, body, skip_label)
 
     # prologue
     b.bundle(a_to_gsm_i(0))
-    b.bundle(ins("dmawait", CH_A_GSM))
+    b.add(one("dmawait", CH_A_GSM))
     b.bundle(a_to_sm_i(0))
     if len(steps) > 1:
         b.bundle(a_to_gsm_i(1))
     leader_only([b_bcast_i(0)], "pro_lead")
     n_steps = len(steps)
     for i, s in enumerate(steps):
-        leader_only([ins("dmawait", CH_B)], f"s{i}_w")
-        b.bundle(ins("barrier"))
+        leader_only([one("dmawait", CH_B)], f"s{i}_w")
+        b.add(one("barrier"))
         if i + 1 < n_steps:
             leader_only([b_bcast_i(i + 1)], f"s{i}_b")
         if pipelined:
-            b.bundle(ins("dmawait", CH_A_SM))
+            b.add(one("dmawait", CH_A_SM))
             if i + 1 < n_steps:
-                b.bundle(ins("dmawait", CH_A_GSM))
+                b.add(one("dmawait", CH_A_GSM))
                 b.bundle(a_to_sm_i(i + 1))
             if i + 2 < n_steps:
                 b.bundle(a_to_gsm_i(i + 2))
         else:
             # no overlap: this step's A_2 arrived; the next loads are issued after compute
-            b.bundle(ins("dmawait", CH_A_SM))
+            b.add(one("dmawait", CH_A_SM))
         if s.last:
-            b.bundle(ins("dmawait", CH_C))
+            b.add(one("dmawait", CH_C))
         # compute: row groups x column groups of the micro-kernel
         _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, math.ceil(s.nw / lanes), s.kw, s.first, s.last,
-                    plan.sm_slots[i % 2], plan.am_b_slots[i % 2], plan.am_c, plan.am_wb, lanes)
+                    plan.sm_slots[i % 2], plan.am_b_slots[i % 2], plan.am_c, plan.am_wb, lanes, sites)
         if not pipelined:
             if i + 1 < n_steps:
                 b.bundle(a_to_gsm_i(i + 1))
-                b.bundle(ins("dmawait", CH_A_GSM))
+                b.add(one("dmawait", CH_A_GSM))
                 b.bundle(a_to_sm_i(i + 1))
         if s.last:
             b.bundle(c_back(s))
             if not pipelined:
-                b.bundle(ins("dmawait", CH_C))
-    b.bundle(ins("dmawait", CH_C))
-    b.bundle(ins("halt"))
+                b.add(one("dmawait", CH_C))
+    b.add(one("dmawait", CH_C))
+    b.add(one("halt"))
     _emit_microkernels(b, mk_labels, t, plan.n2p, pipelined, platform)
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.k2, plan.n,

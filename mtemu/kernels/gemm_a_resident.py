@@ -27,7 +27,7 @@ import numpy as np
 from rtcommon.checks import positive_ints
 
 from .. import isa, timing_memo
-from ..assembler import Instr, Program, ProgramBuilder, ins
+from ..assembler import Instr, Program, ProgramBuilder, ins, one
 from ..errors import CapacityError, MtemuError
 from ..fast.prepared import sized_memo
 from ..platform import DEFAULT, Platform, as_platform
@@ -207,7 +207,10 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
     t = plan.tiles
     lanes = platform.vector_lanes
     steps = _steps(plan)
-    partitions = {s.mrows: _partition(s.mrows, platform.dsps) for s in steps}
+    partitions = {}
+    for s in steps:                     # few distinct m-block heights among ~10**4 steps
+        if s.mrows not in partitions:
+            partitions[s.mrows] = _partition(s.mrows, platform.dsps)
     b = ProgramBuilder(platform)
     desc = _Descriptors(b, lambda key, rows: _desc_fields(key, plan, rows), plan.rows_max)
 
@@ -261,9 +264,10 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
             prev_first = i
 
     mk_labels: dict[tuple, str] = {}
+    sites: dict[tuple, list] = {}
     widen_labels: dict[int, str] = {}
     b.bundle(a_to_gsm(steps[0]))
-    b.bundle(ins("dmawait", CH_A_GSM))
+    b.add(one("dmawait", CH_A_GSM))
     b.bundle(a_to_sm(0))
     later = [s for s in steps if s.block_first and s.block == 1]
     if later:
@@ -271,40 +275,39 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
     leader_only([b_bcast(j) for j in range(min(ahead, len(steps)))], "pro_lead")
     n_steps = len(steps)
     for i, s in enumerate(steps):
-        leader_only([ins("dmawait", b_channel(i))], f"s{i}_w")
-        b.bundle(ins("barrier"))
+        leader_only([one("dmawait", b_channel(i))], f"s{i}_w")
+        b.add(one("barrier"))
         if i + ahead < n_steps:          # its slot was step i - 1's: every DSP passed the barrier
             leader_only([b_bcast(i + ahead)], f"s{i}_b")
         if s.block_first and i > 0:
             nxt = [x for x in steps[i:] if x.block_first and x.block == s.block + 1]
             if nxt:            # the slot of block - 1 is free: every DSP passed the barrier
                 b.bundle(a_to_gsm(nxt[0]))
-        b.bundle(ins("dmawait", CH_A_SM))
+        b.add(one("dmawait", CH_A_SM))
         if i + 1 < n_steps:
             if steps[i + 1].block_first:
-                b.bundle(ins("dmawait", CH_A_GSM))
+                b.add(one("dmawait", CH_A_GSM))
             b.bundle(a_to_sm(i + 1))
         nvec = math.ceil(s.nw / lanes)
         if s.first and s.kb > 0:
-            b.bundle(ins("dmawait", CH_CIN))
+            b.add(one("dmawait", CH_CIN))
             widen_labels.setdefault(nvec, f"widen_{nvec}")
             b.bundle(ins("call", widen_labels[nvec]))
         if s.last:
-            b.bundle(ins("dmawait", CH_C))
+            b.add(one("dmawait", CH_C))
         # C starts from zero only in the first k-block; later ones resume from the widened partial
         _call_tiles(b, mk_labels, t, plan.rows_max, plan.n2p, nvec, s.kw, s.first and s.kb == 0, s.last,
-                    plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots], plan.am_c, plan.am_wb, lanes)
+                    plan.sm_slots[i % 2], plan.am_b_slots[i % t.b_slots], plan.am_c, plan.am_wb, lanes, sites)
         if s.last:
             b.bundle(c_dma(s, back=True))
         for j in fetch_after.get(i, ()):
             b.bundle(c_dma(steps[j], back=False))
-    b.bundle(ins("dmawait", CH_C))
-    b.bundle(ins("halt"))
+    b.add(one("dmawait", CH_C))
+    b.add(one("halt"))
     _emit_microkernels(b, mk_labels, t, plan.n2p, True, platform)
     for nvec, label in widen_labels.items():
         b.label(label)
-        for bundle in _widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform):
-            b.bundle(*bundle)
+        b.extend(_widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform))
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
                                  platform.dsps)

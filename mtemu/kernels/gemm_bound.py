@@ -68,10 +68,23 @@ def gemm_bound(m: int, k: int, n: int, tiles: GemmTiles = DEFAULT_TILES,
             # C_2 written back once per panel, each DSP its own rows
             ddr_bytes += steps * mrows * nw * 2
             ddr_rows += steps * mrows
+    return GemmBound(m, k, n, m * k * n, ddr_bytes, ddr_rows,
+                     _ddr_cycles(ddr_bytes, ddr_rows, platform, platform.dma_row_overhead_cycles),
+                     vmac_cycles(m, k, n, t.mg, t.n2, platform), platform.peak_macs_per_cycle)
+
+
+def _ddr_cycles(ddr_bytes: int, ddr_rows: int, platform: Platform, row_overhead: float) -> float:
     bytes_per_cycle = platform.ddr_bandwidth / platform.clock_hz
-    ddr_cycles = ddr_bytes / bytes_per_cycle + ddr_rows * platform.dma_row_overhead_cycles
-    return GemmBound(m, k, n, m * k * n, ddr_bytes, ddr_rows, ddr_cycles, vmac_cycles(m, k, n, t.mg, t.n2, platform),
-                     platform.peak_macs_per_cycle)
+    return ddr_bytes / bytes_per_cycle + ddr_rows * row_overhead
 
 
-__all__ = ["GemmBound", "a_resident_bound", "gemm_bound", "vmac_cycles"]
+def with_row_overhead(bound: GemmBound, platform: Platform, row_overhead: float) -> GemmBound:
+    """``bound`` (of ``platform``) on the same platform with ``dma_row_overhead_cycles = row_overhead``:
+    what :func:`gemm_bound` gives there, bit for bit, without planning the kernel again (a calibration
+    tries tens of overheads per tile set)."""
+    return GemmBound(bound.m, bound.k, bound.n, bound.macs, bound.ddr_bytes, bound.ddr_rows,
+                     _ddr_cycles(bound.ddr_bytes, bound.ddr_rows, platform, row_overhead), bound.compute_cycles,
+                     bound.peak_macs_per_cycle)
+
+
+__all__ = ["GemmBound", "a_resident_bound", "gemm_bound", "vmac_cycles", "with_row_overhead"]

@@ -102,6 +102,14 @@ def a_resident_bound(m: int, k: int, n: int, mg: int, kg: int, n2: int, platform
     to FP16, 4 keeps FP32) and is written as FP16 after the last. DDR time only (with the row
     overhead) against the ideal VMAC time: an upper bound on what such a kernel could reach.
     """
+    nbytes, nrows = a_resident_traffic(m, k, n, mg, kg, n2, platform, partial_bytes)
+    return a_resident_bound_of(m, k, n, nbytes, nrows, platform, platform.dma_row_overhead_cycles)
+
+
+def a_resident_traffic(m: int, k: int, n: int, mg: int, kg: int, n2: int, platform: Platform = DEFAULT,
+                       partial_bytes: int = 2) -> tuple[int, int]:
+    """(bytes, strided rows) through the DDR server in :func:`a_resident_bound`'s loop order: they do not
+    depend on the DDR rate or the row overhead, which a calibration varies."""
     for name, v in (("m", m), ("k", k), ("n", n), ("mg", mg), ("kg", kg), ("n2", n2)):
         if not isinstance(v, int) or v <= 0:
             raise MtemuError(f"a_resident_bound: {name} must be a positive integer, got {v!r}")
@@ -124,7 +132,13 @@ def a_resident_bound(m: int, k: int, n: int, mg: int, kg: int, n2: int, platform
         for nw, ncount in _pieces(n, n2):
             nbytes += mcount * ncount * mrows * nw * ((nk - 1) * 2 * partial_bytes + 2)
             nrows += mcount * ncount * mrows * (2 * (nk - 1) + 1)
-    ddr = nbytes / (platform.ddr_bandwidth / platform.clock_hz) + nrows * platform.dma_row_overhead_cycles
+    return nbytes, nrows
+
+
+def a_resident_bound_of(m: int, k: int, n: int, nbytes: int, nrows: int, platform: Platform,
+                        row_overhead: float) -> float:
+    """:func:`a_resident_bound` from its :func:`a_resident_traffic`, with ``row_overhead`` cycles per row."""
+    ddr = nbytes / (platform.ddr_bandwidth / platform.clock_hz) + nrows * row_overhead
     ideal = m * k * n / platform.peak_macs_per_cycle
     return ideal / max(ddr, ideal)
 

@@ -69,10 +69,13 @@ def schedule(ops: list[Op], platform: Platform) -> list[list[Instr]]:
             busy = unit_busy.get(t)
             if busy is None:
                 busy = unit_busy[t] = set()
-            unit = next((u for u in units if u not in busy), None)
-            if unit is not None:
-                break
-            t += 1
+            for unit in units:              # the first free one, in the op's unit order
+                if unit not in busy:
+                    break
+            else:
+                t += 1
+                continue
+            break
         busy.add(unit)
         for r in op.reads:
             if last_read.get(r, -1) < t:

@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from ... import isa
-from ...assembler import Program, ProgramBuilder, ins
+from ...assembler import Instr, Program, ProgramBuilder, ins, one
 from ...platform import Platform
 from .microkernels import mk_gemm, mk_round
 from .plan import AttentionPlan
@@ -34,6 +34,7 @@ class Library:
         self.platform = platform
         self.kernels = {**SHARED_KERNELS, **kernels}
         self.keys: dict[tuple, None] = {}
+        self.call_sites: dict[tuple, tuple] = {}      # Driver.call's bundles, by register setting
 
     def need(self, key: tuple) -> None:
         self.keys.setdefault(key, None)
@@ -54,6 +55,18 @@ class Library:
         return np.concatenate(parts), offsets
 
 
+def call_bundles(regs: dict[int, int]) -> tuple[tuple[Instr, ...], ...]:
+    """The bundles of a call with registers ``regs`` set first (three moves a bundle, the last ones
+    beside the call, whose target the linker fills in)."""
+    movs = [ins("smovi", r, v) for r, v in regs.items()]
+    out = []
+    while len(movs) > 2:
+        out.append(tuple(movs[:3]))
+        movs = movs[3:]
+    out.append((*movs, ins("call", 0)))
+    return tuple(out)
+
+
 class Driver:
     """Straight-line driver of one DSP: DMAs, waits, barriers and calls into a shared library."""
 
@@ -70,21 +83,26 @@ class Driver:
         self.b.bundle(ins("dma", ch, desc, (0, src), (0, dst)))
 
     def wait(self, ch: int) -> None:
-        self.b.bundle(ins("dmawait", ch))
+        self.b.add(one("dmawait", ch))
 
     def barrier(self) -> None:
-        self.b.bundle(ins("barrier"))
+        self.b.add(one("barrier"))
 
     def call(self, key: tuple, regs: dict[int, int]) -> None:
         self.lib.need(key)
-        movs = [ins("smovi", r, v) for r, v in regs.items()]
-        while len(movs) > 2:
-            self.b.bundle(*movs[:3])
-            movs = movs[3:]
-        self.calls.append((self.b.bundle(*movs, ins("call", 0)), key))
+        # the drivers repeat few register settings (a backward's ~10**5 calls, ~10**2 settings): their
+        # bundles are built once per library and appended again as the same objects, which the
+        # assembler encodes once (call_bundles builds them)
+        sites = self.lib.call_sites
+        at = (*regs.items(), *map(type, regs.values()))     # the types too: True is refused, 1 is not
+        got = sites.get(at)
+        if got is None:
+            got = sites[at] = call_bundles(regs)
+        self.b.extend(got)
+        self.calls.append((self.b.pc - 1, key))
 
     def finish(self, lib_code: np.ndarray, lib_offsets: dict) -> Program:
-        self.b.bundle(ins("halt"))
+        self.b.add(one("halt"))
         prog = self.b.assemble()
         n = prog.bundles
         code = np.concatenate([prog.code, lib_code])
