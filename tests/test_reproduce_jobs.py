@@ -105,7 +105,8 @@ def busy_side(tmp, busy):
     return reproduce(KEYS, Path(tmp) / "out", progress=False, jobs=2)
 
 
-@pytest.mark.parametrize("busy", ["table2", "table5"])
+# each case starts two fresh interpreters: the quick layer runs one, the full suite (CI) both
+@pytest.mark.parametrize("busy", ["table2", pytest.param("table5", marks=pytest.mark.slow)])
 def test_a_side_experiment_runs_in_the_process_free_first(tmp_path, busy):
     here, exps = _in_fresh_interpreter("busy_side", str(tmp_path), busy)
     pid = {e["key"]: e["rows"][0]["pid"] for e in exps}
@@ -178,6 +179,7 @@ print("loaded:", sorted(mine), "holds waited:", jit.HOLDS_WAITED[0])
 """
 
 
+@pytest.mark.slow      # a fresh interpreter running two jobs: the full suite (CI) runs it
 def test_the_parent_of_two_jobs_loads_no_jitted_code(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(PARENT_RUN)
@@ -208,6 +210,7 @@ os.waitpid(pid, 0)
 """
 
 
+@pytest.mark.slow      # Numba imported and a function compiled in a fresh interpreter: the full suite runs it
 def test_a_hold_makes_the_first_jitted_load_wait(tmp_path):
     script = tmp_path / "held.py"
     script.write_text(HELD)
