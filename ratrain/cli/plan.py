@@ -99,7 +99,7 @@ def idle_cores() -> int:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):        # no load average on this system
         return cores
-    return max(1, min(cores, cores - round(busy)))
+    return max(1, cores - round(busy))
 
 
 def _row(c, schedules: bool = False, gpu: bool = False) -> str:

@@ -513,7 +513,7 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
         raise ConfigError(f"profile source must be one of {', '.join(PROFILE_SOURCES)}, got {source!r}")
     platform = platform or TrainingPlatform()
     key = platform_key(platform)
-    memo_key = (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, key)
+    memo_key = _memo_key(spec, micro_batch, seq, tp, source, key)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
     if source != "emulated":
@@ -535,6 +535,12 @@ def layer_profile(spec: ModelSpec, micro_batch: int, seq: int, tp: int = 1, *, s
     write_json_cache(caches.path("profiles") / name, prof.to_json())   # unwritable: warned, rebuilt next time
     _MEMO[memo_key] = prof
     return prof
+
+
+def _memo_key(spec: ModelSpec, micro_batch: int, seq: int, tp: int, source: str, key: str) -> tuple:
+    """A profile's key in this process's memo (``_MEMO``): the model's full description, the shape, the
+    source and the platform's key."""
+    return (json.dumps(spec.to_json(), sort_keys=True), micro_batch, seq, tp, source, key)
 
 
 def _stored_profile(name: str, key: str) -> LayerProfile | None:
@@ -585,7 +591,7 @@ def unbuilt_profiles(requests: list[ProfileRequest], platform: TrainingPlatform)
     key = platform_key(platform)
     out = []
     for spec, b, seq, tp in requests:
-        memo_key = (json.dumps(spec.to_json(), sort_keys=True), b, seq, tp, "emulated", key)
+        memo_key = _memo_key(spec, b, seq, tp, "emulated", key)
         if memo_key in _MEMO:
             continue
         prof = _stored_profile(_profile_name(spec, b, seq, tp, key), key)
