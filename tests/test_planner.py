@@ -344,3 +344,13 @@ def test_the_fast_models_ddr_rates_are_its_shipped_references_and_the_probes():
     fast = profile.layer_profile(spec, 2, 2048, 2, source="bound", platform=platform, progress=False)
     assert fast.ddr_rates == reference.ddr_rates
     assert reference.ddr_rates == profile.ddr_rates(platform, "emulated")
+
+
+def test_the_analytic_pass_is_timed_within_the_search():
+    for schedules in (("1f1b",), ("1f1b", "gpipe")):
+        r = planner("llama2-7b").plan(8, 64, schedules=schedules)
+        assert 0 < r.analytic_s <= r.elapsed_s - r.profile_s
+        body = r.to_json()
+        assert body["analytic_configs_per_s"] == r.enumerated / r.analytic_s >= body["configs_per_s"]
+    import gc
+    assert gc.isenabled()           # the collector paused for the search is back on

@@ -196,7 +196,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
              f"x {args.seq}, method {args.method}, profile {source}",
              _space_line(space, args),
              f"enumerated {result.enumerated}, pruned by memory {result.pruned_by_memory}, timed {result.timed} "
-             f"({result.configs_per_s:.0f} configurations/s; {result.profile_s:.1f} s building profiles)"]
+             f"({result.configs_per_s:.0f} configurations/s, the analytic pass {result.analytic_configs_per_s:.0f}/s; "
+             f"{result.profile_s:.1f} s building profiles)"]
     if result.confirmed and not gpu:
         lines.append(f"ranked on the fast kernel model ({result.kernel_model}); the {result.confirmed} best confirmed "
                      f"on emulated kernels: fast model within {100 * result.fast_error:.2f}%, "

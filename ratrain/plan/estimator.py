@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from itertools import accumulate
 
 from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
@@ -223,7 +224,8 @@ def _chains_without_prefetch(kinds: list[LayerKind], ready: list[float], ff: lis
         if s < link_start:
             link_start = s
         free = end
-    link_end = max((g_end[-mj] for _, mj in order), default=-inf)
+    # the link runs them one after another, each ending after it starts: the last to end is the last run
+    link_end = free if m else -inf
     # the instants the event loop would visit: every ready time, end and the last Send's end (a start is one
     # of those)
     instants = [r for r, _ in order] + [g_end[-mj] for _, mj in order]
@@ -265,11 +267,9 @@ def _chains_without_prefetch(kinds: list[LayerKind], ready: list[float], ff: lis
         u_end[j] = now = end
     # the check: no two distinct instants closer than the event loop's tolerance
     instants.sort()
-    prev = instants[0] if instants else 0.0
-    for x in instants:
-        if x != prev and x - prev <= _SEPARATION:
+    for a, b in zip(instants, instants[1:], strict=False):
+        if 0.0 < b - a <= _SEPARATION:       # (b - a is 0 only when b == a: floats underflow gradually)
             return None
-        prev = x
     return (g_end, u_end, u_end), link_end, link_start    # PrefetchW's ends are UpdateShard's: one list
 
 
@@ -416,18 +416,13 @@ def _stage_life(kinds: list[LayerKind], bprime: list[float], X: float, mode: str
     for UpdateShard/PrefetchW, and for GradSync too when PrefetchW shares the link); the barrier
     modes run all updates after the last GradSync, then all PrefetchWs back to back."""
     n = len(kinds)
-    ready = [0.0] * n
     if mode != "bulk":
-        acc = 0.0
-        for j in range(n):          # layer j's last B ends before layers j-1..0 run theirs
-            ready[j] = -acc
-            acc += bprime[j]
+        # layer j's last B ends before layers j-1..0 run theirs (the sums in layer order, as a running total)
+        ready = [-a for a in accumulate(bprime[:-1], initial=0.0)]
+    else:
+        ready = [0.0] * n
     if mode == "deadline":
-        ff = [0.0] * n
-        acc = 0.0
-        for j in range(n):
-            ff[j] = acc
-            acc += kinds[j].forward
+        ff = list(accumulate([k.forward for k in kinds[:-1]], initial=0.0))
         # the chains as the resources run them (with PrefetchW on the link, GradSync ends include
         # its interference; E_comm/E_upd/E_pref split the joint schedule)
         ends, link_end, first = _deadline_chains(kinds, ready, ff, X, has_send, prefetch_link)
@@ -535,6 +530,24 @@ def main_path(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, 
     return MainPath(stages, X, policy, shapes, sig, f, b0, rsum, share, t_1f1b, t_main, slot, q)
 
 
+def _runs(kinds: list[LayerKind], recs: list[float]) -> tuple:
+    """A stage's layers as runs of one LayerKind: (forward, backward, recovery, GradSync, UpdateShard,
+    PrefetchW, layers) each, what ``_stage_life`` reads of them (a layer's recovery follows from its kind)."""
+    out = []
+    prev = None
+    start = 0
+    for i, k in enumerate(kinds):
+        if k is not prev:
+            if prev is not None:
+                out.append((prev.forward, prev.backward, recs[start], prev.gradsync, prev.update, prev.prefetch,
+                            i - start))
+            prev, start = k, i
+    if prev is not None:
+        out.append((prev.forward, prev.backward, recs[start], prev.gradsync, prev.update, prev.prefetch,
+                    len(kinds) - start))
+    return tuple(out)
+
+
 def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: bool = True,
                    recovery_resource: str = "compute", prefetch_resource: str = PREFETCH_RESOURCE,
                    chains: dict | None = None) -> StepBreakdown:
@@ -565,16 +578,18 @@ def lifecycle_tail(main: MainPath, *, layerwise: bool = True, update_prefetch: b
         got = memo.get(key)
         if got is None:
             s = share[p]
-            bprime = [k.backward + s * r for k, r in zip(kinds, shapes[sig[p]][3], strict=False)]
+            recs = shapes[sig[p]][3]
             # zero-length PrefetchWs occupy nothing: the link then holds GradSync alone (FIFO)
             args = (X, mode, P > 1 and p > 0, link_w and any([k.prefetch > 0 for k in kinds]))
             if chains is None:
-                got = _stage_life(kinds, bprime, *args)
+                got = _stage_life(kinds, [k.backward + s * r for k, r in zip(kinds, recs, strict=True)], *args)
             else:
-                inputs = (tuple([(k.forward, k.gradsync, k.update, k.prefetch) for k in kinds]), tuple(bprime), args)
+                # everything a chain reads, the stage's layers as runs of one kind (a few runs, not a tuple a layer)
+                inputs = (_runs(kinds, recs), s, args)
                 got = chains.get(inputs)
                 if got is None:
-                    got = chains[inputs] = _stage_life(kinds, bprime, *args)
+                    got = chains[inputs] = _stage_life(
+                        kinds, [k.backward + s * r for k, r in zip(kinds, recs, strict=True)], *args)
             memo[key] = got
         worst, all_g, first_g, link_end, ddr_ends = got
         span = ends[p] - starts[p]

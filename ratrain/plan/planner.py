@@ -28,9 +28,11 @@ best by (step, peak, point, schedule) whatever that order.
 """
 from __future__ import annotations
 
+import gc
 import math
 import time
 from bisect import insort
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from heapq import merge
 from operator import itemgetter
@@ -178,12 +180,21 @@ class PlanResult:
     schedules: list[str] = field(default_factory=lambda: ["1f1b"])   # the schedules searched
     simulated: int = 0               # finalists confirmed by simulation (when schedules were searched)
     sim_error: float | None = None   # max |estimate - simulated| / simulated over them
+    # part of elapsed_s: the analytic pass, Eq. 10's memory check and the main-path bound (a lower bound of
+    # the step) of every enumerated configuration, profiles aside; the rest is the finalists' lifecycle chains,
+    # their confirmation and the ranked list's stage memory
+    analytic_s: float = 0.0
 
     @property
     def configs_per_s(self) -> float:
         """Search speed: enumerated configurations per second, profile building excluded."""
         search = self.elapsed_s - self.profile_s
         return self.enumerated / search if search > 0 else float("inf")
+
+    @property
+    def analytic_configs_per_s(self) -> float:
+        """The analytic pass's speed: enumerated configurations per second of ``analytic_s``."""
+        return self.enumerated / self.analytic_s if self.analytic_s > 0 else float("inf")
 
     def to_json(self) -> dict:
         return {
@@ -195,6 +206,7 @@ class PlanResult:
             "counts": {"enumerated": self.enumerated, "pruned_by_memory": self.pruned_by_memory,
                        "timed": self.timed},
             "elapsed_s": self.elapsed_s, "profile_s": self.profile_s, "configs_per_s": self.configs_per_s,
+            "analytic_s": self.analytic_s, "analytic_configs_per_s": self.analytic_configs_per_s,
             "grid": self.grid, "kernel_model": self.kernel_model, "confirmed": self.confirmed,
             "reordered": self.reordered, "fast_error": self.fast_error,
             "schedules": self.schedules, "simulated": self.simulated, "sim_error": self.sim_error,
@@ -332,11 +344,12 @@ class Planner:
         got = self._profiles.get(key)
         if got is None:
             t0 = time.perf_counter()
-            if self.profile_fn is not None:
-                got = self.profile_fn(self.model, micro_batch, seq, tp, source=source)
-            else:
-                got = load_profile(self.model, micro_batch, seq, tp, source=source, platform=self.platform,
-                                   progress=self.progress)
+            with _collector_resumed():          # loading may emulate kernels: minutes of allocation
+                if self.profile_fn is not None:
+                    got = self.profile_fn(self.model, micro_batch, seq, tp, source=source)
+                else:
+                    got = load_profile(self.model, micro_batch, seq, tp, source=source, platform=self.platform,
+                                       progress=self.progress)
             self._profiles[key] = got
             self.profile_s += time.perf_counter() - t0
         return got
@@ -351,7 +364,9 @@ class Planner:
         t0 = time.perf_counter()
         todo = unbuilt_profiles([(self.model, b, seq, t) for b, t in dict.fromkeys(shapes)], self.platform)
         if todo:
-            build_profiles(todo, platform=self.platform, workers=self.workers, progress=Progress(self.progress is True))
+            with _collector_resumed():
+                build_profiles(todo, platform=self.platform, workers=self.workers,
+                               progress=Progress(self.progress is True))
         self.profile_s += time.perf_counter() - t0
 
     def stage_layers(self, pp: int) -> list[range]:
@@ -513,6 +528,12 @@ class Planner:
         """Algorithm 2 with the pipeline schedule as one more dimension (``schedules``: names or
         PipelineSchedule, name and v; interleaved by name has v = 2). Memory first per schedule; with more than 1F1B
         the ``confirm`` finalists are also simulated under their schedule and re-ranked on that."""
+        with _collector_paused():
+            return self._search(clusters, global_batch, seq, method, top, micro_batches=micro_batches,
+                                tp_degrees=tp_degrees, zero_stages=zero_stages, confirm=confirm, schedules=schedules)
+
+    def _search(self, clusters: int, global_batch: int, seq: int, method: str, top: int, *, micro_batches,
+                tp_degrees, zero_stages, confirm: int, schedules) -> PlanResult:
         _check_method(method)
         choices = check_schedules(schedules)
         if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
@@ -591,6 +612,7 @@ class Planner:
             # the top is the best by (step, peak, point, schedule) whatever order the bounds are taken in:
             # the two lists in one bound order
             ordered = merge(ordered, waiting, key=itemgetter(0))
+        analytic = time.perf_counter() - t0 - (self.profile_s - p0)
         for bound, peak, c, si, make in ordered:
             if len(timed) >= top and bound > timed[-1][0]:
                 break           # this step and every later one exceed the whole top's
@@ -648,7 +670,43 @@ class Planner:
         return PlanResult(self.model.name, method, clusters, global_batch, seq, ranked[0] if ranked else None,
                           ranked, enumerated, pruned, feasible, elapsed, grid, self.profile_s - p0,
                           fast or self.profile_source, confirmed, reordered, fast_error,
-                          [c.label() for c in choices], simulated, sim_error)
+                          [c.label() for c in choices], simulated, sim_error, analytic)
+
+
+# The search makes tens of thousands of short-lived objects and no cycles that must go before it ends; in a new
+# process the cyclic collector's passes over them took a sixth to a quarter of a search. It is paused for the
+# search and resumed while profiles load or build (that can emulate kernels for minutes).
+_paused_by_search = False
+
+
+@contextmanager
+def _collector_paused():
+    global _paused_by_search
+    if _paused_by_search or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    _paused_by_search = True
+    try:
+        yield
+    finally:
+        _paused_by_search = False
+        gc.enable()
+
+
+@contextmanager
+def _collector_resumed():
+    global _paused_by_search
+    if not _paused_by_search:
+        yield
+        return
+    gc.enable()
+    _paused_by_search = False
+    try:
+        yield
+    finally:
+        gc.disable()
+        _paused_by_search = True
 
 
 def _rank_key(x: tuple) -> tuple:
