@@ -180,6 +180,13 @@ class ProgramBuilder:
             self._too_long(len(got))
         self._bundles.extend(got)
 
+    def extend_tuples(self, bundles: tuple[tuple[Instr, ...], ...]) -> None:
+        """Append a tuple of bundles that are tuples already (a memoised call site), kept as those
+        objects: :meth:`extend` without its per-bundle conversion."""
+        if len(self._bundles) + len(bundles) > MAX_PROGRAM_BUNDLES:
+            self._too_long(len(bundles))
+        self._bundles.extend(bundles)
+
     @property
     def pc(self) -> int:
         return len(self._bundles)

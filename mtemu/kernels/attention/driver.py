@@ -36,9 +36,6 @@ class Library:
         self.keys: dict[tuple, None] = {}
         self.call_sites: dict[tuple, tuple] = {}      # Driver.call's bundles, by register setting
 
-    def need(self, key: tuple) -> None:
-        self.keys.setdefault(key, None)
-
     def build(self) -> tuple[np.ndarray, dict]:
         parts, offsets, off = [], {}, 0
         for key in self.keys:
@@ -73,7 +70,8 @@ class Driver:
     def __init__(self, platform: Platform, library: Library):
         self.b = ProgramBuilder(platform)
         self.lib = library
-        self.calls: list[tuple[int, tuple]] = []
+        self.call_pcs: list[int] = []          # the bundle of each call, and its library key
+        self.call_keys: list[tuple] = []
 
     def dma(self, ch: int, src_sp: str, dst_sp: str, rows: int, row_bytes: int, sstr: int, dstr: int,
             src: int, dst: int, mode: str = "copy") -> None:
@@ -89,7 +87,7 @@ class Driver:
         self.b.add(one("barrier"))
 
     def call(self, key: tuple, regs: dict[int, int]) -> None:
-        self.lib.need(key)
+        self.lib.keys.setdefault(key, None)           # the library's kernels, in first-use order
         # the drivers repeat few register settings (a backward's ~10**5 calls, ~10**2 settings): their
         # bundles are built once per library and appended again as the same objects, which the
         # assembler encodes once (call_bundles builds them)
@@ -98,16 +96,19 @@ class Driver:
         got = sites.get(at)
         if got is None:
             got = sites[at] = call_bundles(regs)
-        self.b.extend(got)
-        self.calls.append((self.b.pc - 1, key))
+        self.b.extend_tuples(got)
+        self.call_pcs.append(self.b.pc - 1)
+        self.call_keys.append(key)
 
     def finish(self, lib_code: np.ndarray, lib_offsets: dict) -> Program:
         self.b.add(one("halt"))
         prog = self.b.assemble()
         n = prog.bundles
         code = np.concatenate([prog.code, lib_code])
-        for bundle, key in self.calls:
-            code[bundle, isa.SBR, isa.F_IMM0] = n + lib_offsets[key]
+        # every call's target at once (a backward's driver makes ~10**5 calls)
+        targets = np.fromiter(map(lib_offsets.__getitem__, self.call_keys), dtype=np.int64,
+                              count=len(self.call_keys))
+        code[np.asarray(self.call_pcs, dtype=np.intp), isa.SBR, isa.F_IMM0] = n + targets
         return Program(code, prog.descriptors, {"main": 0}, prog.descriptor_names)
 
 
