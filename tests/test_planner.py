@@ -1,6 +1,7 @@
 """Planner (ratrain.plan.planner, Algorithm 2) and `ratrain plan`."""
 from __future__ import annotations
 
+import gc
 import json
 import random
 
@@ -352,5 +353,4 @@ def test_the_analytic_pass_is_timed_within_the_search():
         assert 0 < r.analytic_s <= r.elapsed_s - r.profile_s
         body = r.to_json()
         assert body["analytic_configs_per_s"] == r.enumerated / r.analytic_s >= body["configs_per_s"]
-    import gc
     assert gc.isenabled()           # the collector paused for the search is back on

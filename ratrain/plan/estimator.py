@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from itertools import accumulate
+from itertools import accumulate, groupby
 
 from ratrain.cost.terms import PREFETCH_RESOURCE, LayerKind
 from ratrain.errors import ConfigError
@@ -533,18 +533,12 @@ def main_path(stages: list[list[LayerKind]], transfer_ms: float, accum: int, *, 
 def _runs(kinds: list[LayerKind], recs: list[float]) -> tuple:
     """A stage's layers as runs of one LayerKind: (forward, backward, recovery, GradSync, UpdateShard,
     PrefetchW, layers) each, what ``_stage_life`` reads of them (a layer's recovery follows from its kind)."""
-    out = []
-    prev = None
-    start = 0
-    for i, k in enumerate(kinds):
-        if k is not prev:
-            if prev is not None:
-                out.append((prev.forward, prev.backward, recs[start], prev.gradsync, prev.update, prev.prefetch,
-                            i - start))
-            prev, start = k, i
-    if prev is not None:
-        out.append((prev.forward, prev.backward, recs[start], prev.gradsync, prev.update, prev.prefetch,
-                    len(kinds) - start))
+    out, start = [], 0
+    for _, run in groupby(kinds, key=id):         # the same object: one kind
+        n = sum(1 for _ in run)
+        k = kinds[start]
+        out.append((k.forward, k.backward, recs[start], k.gradsync, k.update, k.prefetch, n))
+        start += n
     return tuple(out)
 
 
