@@ -195,6 +195,10 @@ class ProgramBuilder:
         return _encode(self.platform, self._bundles, self._labels, self._descs,
                        self._desc_names, check_hazards)
 
+    def descriptor_table(self) -> tuple[np.ndarray, list[str]]:
+        """The descriptors so far, checked and encoded as :meth:`assemble` encodes them, and their names."""
+        return _descriptor_array(self._descs, self._desc_names, self.platform), list(self._desc_names)
+
 
 # ------------------------------------------------------------------------------------------
 # Encoding and checks
@@ -246,11 +250,16 @@ def _offset(value, where: str) -> int:
     return off
 
 
-def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
-    ns, nv = platform.scalar_registers, platform.vector_registers
+def _descriptor_array(descs: list[Descriptor], desc_names: list[str], platform: Platform) -> np.ndarray:
     desc_arr = np.zeros((len(descs), isa.N_DESC), dtype=np.int64)
     for k, d in enumerate(descs):
         desc_arr[k] = _check_descriptor(d, desc_names[k], platform)
+    return desc_arr
+
+
+def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
+    ns, nv = platform.scalar_registers, platform.vector_registers
+    desc_arr = _descriptor_array(descs, desc_names, platform)
     # a kernel repeats the same bundles many times (unrolled loops): each distinct bundle is checked and
     # encoded once, keyed by its instructions with their operands' types (a bool or a float operand equal
     # to an accepted int is still refused); every check of the encoding depends only on the bundle
@@ -299,7 +308,7 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     code = distinct[ids]
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
-        _check_hazards(prog, platform, distinct, ids)
+        check_hazards_indexed(prog, platform, distinct, ids)
     return prog
 
 
@@ -539,11 +548,13 @@ def check_latency_hazards(prog: Program, platform: Platform) -> None:
     flat = np.ascontiguousarray(code, dtype=np.int64).reshape(n, -1)
     _, first, inverse = np.unique(flat.view(np.dtype((np.void, flat.shape[1] * 8))).ravel(),
                                   return_index=True, return_inverse=True)
-    _check_hazards(prog, platform, code[first], inverse.ravel())
+    check_hazards_indexed(prog, platform, code[first], inverse.ravel())
 
 
-def _check_hazards(prog: Program, platform: Platform, distinct: np.ndarray, ids: np.ndarray) -> None:
-    """:func:`check_latency_hazards` given the program's bundles as ``distinct[ids]``."""
+def check_hazards_indexed(prog: Program, platform: Platform, distinct: np.ndarray, ids: np.ndarray) -> None:
+    """:func:`check_latency_hazards` given the program's bundles as ``distinct[ids]`` (a generator that
+    keeps its bundles so: each distinct bundle is looked at once). ``distinct`` may differ from the
+    program's bundles in immediates other than branch targets, which hazards do not depend on."""
     lat = platform.latencies
     n = prog.code.shape[0]
     if not n:
@@ -567,6 +578,36 @@ def _check_hazards(prog: Program, platform: Platform, distinct: np.ndarray, ids:
     targets = _targets(prog, distinct)
     if not _hazard_free(n, entries, ids, targets):
         _walk_hazards(prog, lat, [entries[i][0] for i in ids.tolist()], targets)
+
+
+def hazard_free_by_parts(parts: list[np.ndarray], fillers: np.ndarray, platform: Platform) -> bool:
+    """Whether every program made of ``parts`` (runs of encoded bundles, each ending in a control
+    transfer), in any order and any number of times, with any of the bundles ``fillers`` anywhere
+    between them, is free of latency hazards: what :func:`check_latency_hazards` would find in each.
+
+    A filler that writes no register leaves nothing in flight, and a part's last control transfer must
+    find its writes landed, so every part starts with nothing in flight and each is checked once, the
+    parts one after another. False when a filler writes a register, a part does not end in a control
+    transfer or a part faults: then each program has to be checked on its own (which names the fault)."""
+    lat = platform.latencies
+    if any(_bundle_hazards(block, lat, _ROW_EFFECTS)[1] for block in fillers):
+        return False
+    if not all(len(part) and _bundle_hazards(part[-1], lat, _ROW_EFFECTS)[2] for part in parts):
+        return False
+    blocks = [*parts, fillers]
+    code = np.concatenate(blocks) if blocks else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    try:
+        check_latency_hazards(Program(code, np.zeros((0, isa.N_DESC), dtype=np.int64)), platform)
+    except AssemblyError:
+        return False
+    return True
+
+
+def check_dma_offset(value, bundle: int, operand: int) -> int:
+    """A DMA's address offset (``operand`` 3, the source, or 4, the destination, of bundle ``bundle``),
+    checked as the assembler checks it."""
+    return _offset(value, f"bundle {bundle}, unit SIEU, dma, operand {operand} "
+                          f"({('source', 'destination')[operand - 3]})")
 
 
 def _reg_id(reg: tuple[str, int]) -> int:

@@ -275,6 +275,57 @@ def test_hazard_check_matches_a_plain_walk_on_random_programs():
     assert min(verdicts.values()) >= 50, verdicts      # both outcomes exercised
 
 
+def test_hazards_decided_by_parts_hold_for_every_program_made_of_them():
+    """hazard_free_by_parts says True only when every program made of its parts and fillers, in any
+    order, passes the check; and it says False when a part alone faults or a filler writes."""
+    from mtemu.assembler import Program, check_latency_hazards, hazard_free_by_parts
+    rng = np.random.default_rng(11)
+    no_desc = np.zeros((0, isa.N_DESC), dtype=np.int64)
+
+    def encoded(bundles):
+        b = ProgramBuilder(DEFAULT)
+        b.extend(bundles)
+        return b.assemble(check_hazards=False).code
+
+    def faults(code):
+        try:
+            check_latency_hazards(Program(code, no_desc), DEFAULT)
+            return False
+        except AssemblyError:
+            return True
+
+    verdicts = {True: 0, False: 0}
+    for _ in range(300):
+        parts = []
+        for _p in range(int(rng.integers(1, 4))):
+            body = [[_pool_instr(rng)] for _b in range(int(rng.integers(0, 3)))]
+            body += [[ins("nop")]] * int(rng.integers(0, 8))
+            parts.append(encoded(body + [[_pool_instr(rng, "SIEU"), ins("dmawait", 0)]]))
+        filler = [[ins("barrier")], [ins("nop")], [ins("dmawait", 1)]]
+        if rng.random() < 0.2:
+            filler.append([ins("smovi", 2, 1)])
+        fillers = encoded(filler)
+        verdict = hazard_free_by_parts(parts, fillers, DEFAULT)
+        verdicts[verdict] += 1
+        pieces = list(parts) + [fillers[i:i + 1] for i in range(len(fillers))]
+        for _q in range(8):
+            program = np.concatenate([pieces[int(i)] for i in rng.integers(0, len(pieces), 6)])
+            if verdict:
+                assert not faults(program)
+        if not verdict:
+            assert len(filler) == 4 or any(faults(part) for part in parts)
+    assert min(verdicts.values()) >= 30, verdicts
+
+
+def _pool_instr(rng, unit=None):
+    s, v = (int(x) for x in rng.integers(1, 4, 2))
+    if unit == "SIEU":
+        return ins("smovi", s, 3, unit="SIEU")
+    return [ins("smovi", s, 3), ins("saddi", s, int(rng.integers(1, 4)), 1), ins("sldh", s, (0, 0)),
+            ins("vldh", v, (0, 0)), ins("vfma", v, int(rng.integers(1, 4)), 2), ins("svbcast", v, s)][
+        int(rng.integers(0, 6))]
+
+
 def test_two_units_writing_one_register_in_one_bundle():
     with pytest.raises(AssemblyError, match="bundle 0: two units write s3 in one bundle"):
         build([ins("smovi", 3, 4, unit="SMAC1"), ins("smovi", 3, 5, unit="SMAC2")], [ins("halt")]).assemble()

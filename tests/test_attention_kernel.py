@@ -364,27 +364,62 @@ def test_cli_validate_attention_json(capsys, monkeypatch):
     assert fwd["max_rel_error_o_vs_float64"] < 2e-3 and fwd["cycles"] > 0
 
 
-class _Forgetful(dict):
-    """A memo that keeps nothing: every call's bundles are built anew."""
-
-    def __setitem__(self, key, value):
-        pass
+def _program_bits(programs):
+    return [(p.code.tobytes(), p.descriptors.tobytes(), sorted(p.labels.items()), p.descriptor_names)
+            for p in programs]
 
 
-@pytest.mark.parametrize("variant", ["resident", "ddr-staged"])
-def test_driver_calls_built_once_give_the_programs_built_call_by_call(monkeypatch, variant):
-    """Driver.call appends the bundles of a register setting it met before as the same objects; without
-    that memo (the reference) every DSP's program is the same, bit for bit."""
-    from mtemu.kernels.attention import backward, driver, forward
-    plan = plan_attention(4, 2, 320, 64, variant=variant)
-    programs = {}
-    init = driver.Library.__init__
-    for memo in (dict, _Forgetful):
-        def fresh(self, *args, memo=memo):
-            init(self, *args)
-            self.call_sites = memo()
-        monkeypatch.setattr(driver.Library, "__init__", fresh)
-        built = backward.build_attention_backward(plan, DEFAULT).programs
-        built += forward.build_attention_forward(forward.plan_attention_forward(4, 2, 320, 64), DEFAULT).programs
-        programs[memo] = [(p.code.tobytes(), p.descriptors.tobytes(), sorted(p.labels.items())) for p in built]
-    assert programs[dict] == programs[_Forgetful]
+@pytest.mark.parametrize("direction,variant,schedule,causal", [
+    ("bwd", "resident", "auto", True), ("bwd", "ddr-staged", "auto", True), ("bwd", "resident", "own", False),
+    ("bwd", "resident", "broadcast", True), ("fwd", None, "gsm", True), ("fwd", None, "own", False),
+    ("fwd", None, "broadcast", True),
+])
+def test_drivers_from_templates_are_the_programs_built_bundle_by_bundle(direction, variant, schedule, causal):
+    """The drivers' fast path (bundles as encoded templates, DMAs filled in by array operations) gives
+    every DSP the program the assembler builds bundle by bundle (ReferenceDriver), bit for bit."""
+    from mtemu.kernels.attention import backward, forward
+    plat = SMALL.with_overrides(dsps=6)
+    tiles = AttentionTiles(32, 16, 32, 8, 8)
+    if direction == "bwd":
+        plan = plan_attention(4, 2, 96, 32, causal=causal, tiles=tiles, variant=variant, platform=plat,
+                              schedule=schedule)
+        built = [backward.build_attention_backward(plan, plat, reference=r) for r in (False, True)]
+    else:
+        plan = forward.plan_attention_forward(4, 2, 96, 32, causal=causal, tiles=tiles, platform=plat,
+                                              schedule=schedule)
+        built = [forward.build_attention_forward(plan, plat, reference=r) for r in (False, True)]
+    assert built[0].schedule == built[1].schedule == (schedule if schedule != "auto" else built[0].schedule)
+    assert _program_bits(built[0].programs) == _program_bits(built[1].programs)
+    assert sum(p.bundles for p in built[0].programs) > 1000
+
+
+def test_driver_refuses_what_the_assembler_refuses():
+    """A DMA address beyond any memory, an unknown channel, a bad descriptor and a latency hazard are
+    refused by both paths with the assembler's message, the same bundle and operand named."""
+    from mtemu.isa import MAX_ADDRESS_IMM
+    from mtemu.kernels.attention.driver import Library, link
+
+    def message(fill, platform, reference):
+        lib = Library(platform, {}, reference=reference)
+        drv = lib.driver()
+        drv.barrier()
+        drv.wait(1)
+        with pytest.raises(AssemblyError) as err:
+            fill(drv)
+            link([drv], lib)
+        return str(err.value)
+
+    slow = DEFAULT.with_overrides(latencies={"scalar_alu": 3})
+    far = MAX_ADDRESS_IMM + 2
+    cases = [
+        (lambda d: d.dma(0, "DDR", "AM", 1, 64, 0, 0, 0, far), DEFAULT,
+         "bundle 2, unit SIEU, dma, operand 4 (destination): address offset"),
+        (lambda d: d.dma(0, "DDR", "AM", 1, 64, 0, 0, -far, 0), DEFAULT, "bundle 2, unit SIEU, dma, operand 3"),
+        (lambda d: (d.barrier(), d.wait(99)), DEFAULT, "bundle 3, unit SBR, dmawait, operand 1: DMA channel 99"),
+        (lambda d: d.dma(0, "DDR", "AM", 1, 63, 0, 0, 0, 0), DEFAULT, "DMA descriptor 'd0': row_bytes must be even"),
+        (lambda d: d.call(("round", 1, 1, 0, 64, 32), {1: 64, 2: 128}), slow,
+         "bundle 2, unit SBR: control transfer while s1"),
+    ]
+    for fill, platform, expected in cases:
+        fast, ref = (message(fill, platform, r) for r in (False, True))
+        assert fast == ref and fast.startswith(expected), (fast, ref)

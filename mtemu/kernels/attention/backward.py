@@ -642,11 +642,12 @@ def _convert(drv: Driver, plan: AttentionPlan, p: Platform, dsp: int, heads: lis
     drv.barrier()
 
 
-def build_attention_backward(plan: AttentionPlan, platform: Platform) -> AttentionProgram:
-    """The per-DSP programs of one backward (shape, tiles, variant and schedule from ``plan``)."""
+def build_attention_backward(plan: AttentionPlan, platform: Platform, *, reference: bool = False) -> AttentionProgram:
+    """The per-DSP programs of one backward (shape, tiles, variant and schedule from ``plan``);
+    ``reference``: every driver built bundle by bundle through the assembler."""
     builder = _BackwardBuilder(plan, platform)
-    library = Library(platform, BACKWARD_KERNELS)
-    drivers = [Driver(platform, library) for _ in range(platform.dsps)]
+    library = Library(platform, BACKWARD_KERNELS, reference=reference)
+    drivers = [library.driver() for _ in range(platform.dsps)]
     useful, pairs = _useful_work(plan)
     for dsp, drv in enumerate(drivers):
         if builder.mode == "broadcast":

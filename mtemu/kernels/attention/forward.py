@@ -401,12 +401,13 @@ class _ForwardBuilder:
                 self.finish(drv, it)
 
 
-def build_attention_forward(plan: AttentionPlan, platform: Platform) -> AttentionProgram:
-    """The per-DSP programs of one forward (shape, tiles and schedule from ``plan``)."""
+def build_attention_forward(plan: AttentionPlan, platform: Platform, *, reference: bool = False) -> AttentionProgram:
+    """The per-DSP programs of one forward (shape, tiles and schedule from ``plan``); ``reference``:
+    every driver built bundle by bundle through the assembler (:class:`~.driver.ReferenceDriver`)."""
     p = platform
     builder = _ForwardBuilder(plan, p)
-    library = Library(p, FORWARD_KERNELS)
-    drivers = [Driver(p, library) for _ in range(p.dsps)]
+    library = Library(p, FORWARD_KERNELS, reference=reference)
+    drivers = [library.driver() for _ in range(p.dsps)]
     useful, pairs = builder.useful_work()
     mode = builder.mode
     if mode == "gsm" and builder.fit < 1:
