@@ -1097,8 +1097,10 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: b
             and programs[0].code.dtype == np.int64:
         code = programs[0].code     # tables read from disk: nothing derives from it here, no copy is needed
     else:
-        code = (np.concatenate([pr.code for pr in programs]) if total
-                else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64))
+        code = _back_to_back(programs, total)
+        if code is None:
+            code = (np.concatenate([pr.code for pr in programs]) if total
+                    else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64))
     descs = (np.concatenate([pr.descriptors for pr in programs]) if dtotal
              else np.zeros((1, isa.N_DESC), np.int64))
     lo = np.empty(p.dsps, np.int64)
@@ -1109,6 +1111,35 @@ def _link(programs: list[Program], dsp_program: list[int], p: Platform, check: b
             raise MachineError(f"DSP {d}: program index {k} out of range 0..{len(programs) - 1}")
         lo[d], hi[d], doff[d] = offsets[k], offsets[k] + programs[k].bundles, doffs[k]
     return np.ascontiguousarray(code), np.ascontiguousarray(descs), lo, hi, doff
+
+
+def _back_to_back(programs: list[Program], total: int) -> np.ndarray | None:
+    """The programs' code as one read-only array without a copy, where they already lie back to back in
+    one C-contiguous int64 array, in order (the attention kernels build theirs so: some 10**6 bundles,
+    hundreds of MB); None otherwise."""
+    if len(programs) < 2 or not total:
+        return None
+    first = programs[0].code
+    root = first
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.dtype != np.int64 or not root.flags.c_contiguous or root.size % (isa.N_UNITS * isa.N_FIELDS):
+        return None
+    row = isa.N_UNITS * isa.N_FIELDS * 8
+    at = first.__array_interface__["data"][0]
+    for pr in programs:
+        c = pr.code
+        if c.dtype != np.int64 or not c.flags.c_contiguous or c.shape[1:] != (isa.N_UNITS, isa.N_FIELDS) \
+                or c.__array_interface__["data"][0] != at:
+            return None
+        at += c.shape[0] * row
+    start = (first.__array_interface__["data"][0] - root.__array_interface__["data"][0]) // row
+    rows = root.reshape(-1, isa.N_UNITS, isa.N_FIELDS)
+    if start < 0 or start + total > rows.shape[0]:
+        return None
+    code = rows[start:start + total]
+    code.flags.writeable = False
+    return code
 
 
 # membership tables over opcodes (isa.op_table): address operands, branch targets, named scalar destinations

@@ -256,3 +256,32 @@ def test_random_dma_addresses_never_crash(addr, rows, stride, space):
         run_text(text, ddr=65536)
     except MtemuError as exc:
         assert "DSP 0" in str(exc) or "DSP 1" in str(exc)
+
+
+def test_programs_back_to_back_in_one_array_are_linked_without_a_copy():
+    """Programs whose code lies back to back in one array (as the attention kernels build theirs) run
+    from that memory, read-only, with the statistics of the same programs in arrays of their own; out
+    of order, or apart, they are copied as before."""
+    from mtemu.assembler import Program
+    plat = DEFAULT.with_overrides(dsps=3)
+    built = []
+    for k in range(3):
+        b = ProgramBuilder(plat)
+        d = b.descriptor("DDR", "AM", 1, 64 * (k + 1), 0, 0)
+        b.bundle(ins("dma", 0, d, (0, 128 * k), (0, 0)))
+        b.bundle(ins("dmawait", 0))
+        b.nops(5 * k)
+        b.bundle(ins("halt"))
+        built.append(b.assemble())
+    whole = np.concatenate([p.code for p in built])
+    ends = np.cumsum([p.bundles for p in built])
+    views = [Program(whole[e - p.bundles:e], p.descriptors) for p, e in zip(built, ends, strict=True)]
+    linked = machine._back_to_back(views, int(ends[-1]))
+    assert linked is not None and np.shares_memory(linked, whole) and not linked.flags.writeable
+    assert np.array_equal(linked, whole)
+    assert machine._back_to_back(views[::-1], int(ends[-1])) is None
+    assert machine._back_to_back(built, int(ends[-1])) is None
+    runs = [Cluster(plat, ddr_bytes=1 << 20, functional=False).run(ps, dsp_program=[0, 1, 2])
+            for ps in (views, built)]
+    assert runs[0].cycles == runs[1].cycles and runs[0].stall_cycles() == runs[1].stall_cycles()
+    assert whole.flags.writeable           # the builder's array is left as it was

@@ -203,14 +203,19 @@ class Driver:
         self.call_pcs.append(len(ids) - 1)
         self.call_keys.append(key)
 
-    def finish(self, lib_offsets: dict, linked: Linked) -> Program:
-        """This DSP's program: its driver code, a halt, then the library (``linked``: see :func:`link`)."""
+    def halt(self) -> None:
+        """End the driver (before :func:`link` stacks the templates)."""
         self._room(1)
-        self.ids.append(self.lib.single(len(self.ids), "halt"))     # encoded before link stacked the templates
+        self.ids.append(self.lib.single(len(self.ids), "halt"))
+
+    def finish(self, lib_offsets: dict, linked: Linked, code: np.ndarray) -> Program:
+        """This DSP's program, written into ``code`` (:meth:`halt` bundles): its driver code, a halt, then
+        the library (``linked``: see :func:`link`)."""
         descriptors, names = self.descs.descriptor_table()
         n = len(self.ids)
         ids = np.array(self.ids, dtype=np.intp)
-        code = np.take(linked.table, np.concatenate([ids, linked.library_rows]), axis=0)
+        # the ids are in range by construction; mode "raise" would buffer the output to check them first
+        np.take(linked.table, np.concatenate([ids, linked.library_rows]), axis=0, out=code, mode="clip")
         if self.dmas:
             dmas = np.array(self.dmas, dtype=np.int64)
             for col, operand in ((2, 3), (3, 4)):
@@ -259,8 +264,10 @@ class ReferenceDriver(Driver):
         self.call_pcs.append(self.b.pc - 1)
         self.call_keys.append(key)
 
-    def finish(self, lib_offsets: dict, linked: Linked) -> Program:
+    def halt(self) -> None:
         self.b.add(one("halt"))
+
+    def finish(self, lib_offsets: dict, linked: Linked, code: np.ndarray | None = None) -> Program:
         prog = self.b.assemble()
         n = prog.bundles
         code = np.concatenate([prog.code, linked.table[linked.library_rows]])
@@ -286,14 +293,21 @@ def link(drivers: list[Driver], library: Library) -> list[Program]:
     is free of hazards on its own every driver is (:func:`~mtemu.assembler.hazard_free_by_parts`);
     otherwise each driver is checked bundle by bundle, which names the fault."""
     lib_code, offsets = library.build()
-    library.single(0, "halt")    # the last template a finish needs, before they are stacked
-    templates = np.stack(library.blocks)
+    for drv in drivers:
+        drv.halt()
+    templates = np.stack(library.blocks) if library.blocks else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64)
     fillers = templates[sorted(library.singles.values())]
     hazard_free = not library.reference and hazard_free_by_parts(
         [templates[list(site)] for site in library.sites], fillers, library.platform)
     table = np.concatenate([templates, lib_code])
     linked = Linked(table, np.arange(len(templates), len(table), dtype=np.intp), hazard_free)
-    return [drv.finish(offsets, linked) for drv in drivers]
+    if library.reference:
+        return [drv.finish(offsets, linked) for drv in drivers]
+    # every program in one array, back to back: the machine links them without a copy (machine._link)
+    ends = np.cumsum([len(drv.ids) + len(lib_code) for drv in drivers])
+    code = np.empty((int(ends[-1]) if len(ends) else 0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
+    return [drv.finish(offsets, linked, code[end - len(drv.ids) - len(lib_code):end])
+            for drv, end in zip(drivers, ends.tolist(), strict=True)]
 
 
 @dataclass
