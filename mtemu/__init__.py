@@ -33,6 +33,7 @@ _LAZY = {
     "emulator_version": "mtemu.version",
     "connect_scheduler": "mtemu.tune",
     "map_jobs": "mtemu.tune",
+    "LocalPool": "mtemu.tune",
     "warm_numba_cache": "mtemu.tune",
     "JIT_STATE": "mtemu.jit",
 }
@@ -41,7 +42,8 @@ __all__ = ["AssemblyError", "CapacityError", "MachineError", "MtemuError", "Plat
            "DEFAULT_TILES", "GemmResult", "GemmTiles", "gemm_timing", "reference_gemm", "run_gemm",
            "DEFAULT_PLATFORM", "Platform", "load_platform", "run_attention", "run_attention_backward",
            "attention_forward_timing", "attention_backward_timing", "GEMM_VARIANTS", "gemm_variant", "choose_tiles",
-           "pattern_bandwidth", "emulator_version", "connect_scheduler", "map_jobs", "warm_numba_cache"]
+           "pattern_bandwidth", "emulator_version", "connect_scheduler", "map_jobs", "LocalPool",
+           "warm_numba_cache"]
 
 
 def __getattr__(name: str):

@@ -11,6 +11,7 @@ is contacted before any work starts.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib
@@ -335,10 +336,39 @@ def connect_scheduler(scheduler):
                          f"({type(exc).__name__}: {exc})") from None
 
 
-def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], None], fn=None
-             ) -> Iterable[tuple[int, dict]]:
+class LocalPool:
+    """Local worker processes for several :func:`map_jobs` calls in a row (a plan's reference profile, then
+    its finalists'): started on the first call that needs them, so they fork from a process whose machine
+    is compiled, and kept, with what they built (micro-kernels, schedules), until :meth:`close` or the
+    end of a ``with`` block."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context(),
+                                             initializer=end_with_parent)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], None], fn=None,
+             pool: LocalPool | None = None) -> Iterable[tuple[int, dict]]:
     """(index into ``args``, result) as each completes, calling ``step(note)`` after each: on a Dask
-    cluster (``scheduler``: an address or a Client), else on ``workers`` local processes."""
+    cluster (``scheduler``: an address or a Client), else on ``workers`` local processes (those of
+    ``pool`` where given: its worker count wins)."""
     fn = fn or _emulate
     if not args:
         return
@@ -351,15 +381,17 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
             step("dask")
             yield index[f.key], res
         return
-    workers = workers or os.cpu_count() or 1
+    workers = pool.workers if pool is not None else workers or os.cpu_count() or 1
     if workers == 1 or len(args) == 1:
         for i, a in enumerate(args):
             res = fn(a)
             step("")
             yield i, res
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=end_with_parent) as pool:
-        futures = {pool.submit(fn, a): i for i, a in enumerate(args)}
+    with contextlib.ExitStack() as stack:
+        executor = pool.executor() if pool is not None else stack.enter_context(
+            ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=end_with_parent))
+        futures = {executor.submit(fn, a): i for i, a in enumerate(args)}
         try:
             for f in done_order(futures):
                 res = f.result()

@@ -104,7 +104,8 @@ def test_a_plan_emulating_on_local_workers_is_the_plan_emulating_here(fresh, mon
     built = []
     real_build = profile.build_profiles
     monkeypatch.setattr("ratrain.plan.planner.build_profiles",
-                        lambda requests, **kw: built.append((requests, kw["workers"])) or real_build(requests, **kw))
+                        lambda requests, **kw: built.append((requests, kw["workers"], kw["pool"]))
+                        or real_build(requests, **kw))
 
     def run(workers: int) -> dict:
         fresh(f"plan-{workers}")
@@ -115,8 +116,10 @@ def test_a_plan_emulating_on_local_workers_is_the_plan_emulating_here(fresh, mon
     here = run(1)
     assert built == []
     there = run(2)
-    assert [w for _, w in built] == [2, 2]          # the b=1 reference first, then the finalists' profiles
+    assert [w for _, w, _ in built] == [2, 2]          # the b=1 reference first, then the finalists' profiles
     assert built[0][0] == [(TINY, 1, 64, 1)]
+    pool = built[0][2]
+    assert pool is built[1][2] and pool.workers == 2 and pool._pool is None   # one set of workers, closed after
     assert there == here and here["confirmed"] == 3
 
 

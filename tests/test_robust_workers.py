@@ -59,3 +59,21 @@ def test_workers_end_with_their_parent(sig):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def _pid(_job) -> int:
+    return os.getpid()
+
+
+def test_a_local_pool_keeps_its_workers_between_calls():
+    """map_jobs calls given one LocalPool run on the same worker processes (what the first call built
+    stays in them), and closing it ends them."""
+    from mtemu.tune import LocalPool, map_jobs
+    with LocalPool(2) as pool:
+        first = {pid for _, pid in map_jobs(list(range(6)), 5, None, lambda note: None, fn=_pid, pool=pool)}
+        again = {pid for _, pid in map_jobs(list(range(6)), 5, None, lambda note: None, fn=_pid, pool=pool)}
+        assert first == again and 1 <= len(first) <= 2 and os.getpid() not in first
+    assert pool._pool is None
+    for pid in first:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -612,10 +612,11 @@ def _job_cost(job: tuple) -> tuple:
 
 
 def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform | None = None,
-                   scheduler=None, workers: int = 1, progress: Progress | None = None) -> list[LayerProfile]:
+                   scheduler=None, workers: int = 1, progress: Progress | None = None,
+                   pool: mtemu.LocalPool | None = None) -> list[LayerProfile]:
     """The emulated profiles of ``requests`` (as :func:`layer_profile` gives them, bit for bit), their
     missing kernels emulated in parallel on a Dask cluster (``scheduler``: an address or a Client)
-    or on ``workers`` local processes.
+    or on ``workers`` local processes (``pool``'s, kept between calls, where given).
 
     The numba cache is filled in this process before any job is sent (numba's on-disk cache is not
     safe for concurrent writers); workers only emulate and return numbers. This process alone merges
@@ -627,6 +628,7 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
     if jobs:
         keys = sorted(jobs)
         client = mtemu.connect_scheduler(scheduler)          # reached before anything is compiled or emulated
+        workers = pool.workers if pool is not None else workers
         where = "the Dask cluster" if client is not None else f"{workers} local process(es)"
         progress(f"profiles: {len(keys)} kernels to emulate on {where}; compiling the machine here first")
         mtemu.warm_numba_cache(platform.cluster)
@@ -639,7 +641,7 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
                 progress(f"profiles: {i}/{len(keys)} kernels emulated")
         # the longest first (attention, then the GEMMs by MACs), so that no worker starts a long one last
         order = sorted(keys, key=lambda k: _job_cost(jobs[k]), reverse=True)
-        for i, entry in mtemu.map_jobs([jobs[k] for k in order], workers, client, step, emulate_kernel):
+        for i, entry in mtemu.map_jobs([jobs[k] for k in order], workers, client, step, emulate_kernel, pool):
             results[order[i]] = entry
         for k in keys:                                  # merged in key order, whatever order they finished in
             cache.entries[k] = results[k]

@@ -40,6 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+import mtemu  # a lazy package: the tuner and Numba load only where kernels are emulated
 from ratrain.cost.profile import build_profiles, unbuilt_profiles
 from ratrain.cost.terms import (
     PROFILE_SOURCES,
@@ -336,6 +337,7 @@ class Planner:
         self._terms: dict[tuple, CostTerms] = {}
         self._parts: dict[int, list[range]] = {}
         self.profile_s = 0.0
+        self._pool = None            # the local workers of the plan running now (plan)
 
     # -- caches
     def profile(self, micro_batch: int, seq: int, tp: int, source: str | None = None):
@@ -364,9 +366,14 @@ class Planner:
         t0 = time.perf_counter()
         todo = unbuilt_profiles([(self.model, b, seq, t) for b, t in dict.fromkeys(shapes)], self.platform)
         if todo:
+            if self._pool is None:
+                # one set of local workers for the reference profile and then the finalists', which reuse
+                # what the workers built for the reference (micro-kernels, schedules); started only when
+                # there is something to emulate (the emulator's tuner, which holds it, loads Numba)
+                self._pool = mtemu.LocalPool(self.workers)
             with _collector_resumed():
                 build_profiles(todo, platform=self.platform, workers=self.workers,
-                               progress=Progress(self.progress is True))
+                               progress=Progress(self.progress is True), pool=self._pool)
         self.profile_s += time.perf_counter() - t0
 
     def stage_layers(self, pp: int) -> list[range]:
@@ -529,8 +536,14 @@ class Planner:
         PipelineSchedule, name and v; interleaved by name has v = 2). Memory first per schedule; with more than 1F1B
         the ``confirm`` finalists are also simulated under their schedule and re-ranked on that."""
         with _collector_paused():
-            return self._search(clusters, global_batch, seq, method, top, micro_batches=micro_batches,
-                                tp_degrees=tp_degrees, zero_stages=zero_stages, confirm=confirm, schedules=schedules)
+            try:
+                return self._search(clusters, global_batch, seq, method, top, micro_batches=micro_batches,
+                                    tp_degrees=tp_degrees, zero_stages=zero_stages, confirm=confirm,
+                                    schedules=schedules)
+            finally:
+                if self._pool is not None:
+                    self._pool.close()
+                    self._pool = None
 
     def _search(self, clusters: int, global_batch: int, seq: int, method: str, top: int, *, micro_batches,
                 tp_degrees, zero_stages, confirm: int, schedules) -> PlanResult:
