@@ -128,6 +128,7 @@ class ProgramBuilder:
         self._descs: list[Descriptor] = []
         self._desc_names: list[str] = []
         self._desc_index: dict[tuple, int] = {}
+        self._portable: list[tuple[int, np.ndarray]] = []      # (first bundle, code) of extend_portable's runs
 
     # structure --------------------------------------------------------------------------
     def label(self, name: str) -> None:
@@ -187,13 +188,24 @@ class ProgramBuilder:
             self._too_long(len(bundles))
         self._bundles.extend(bundles)
 
+    def extend_portable(self, bundles: tuple[tuple[Instr, ...], ...]) -> None:
+        """:meth:`extend_tuples` for a tuple a cache keeps and never changes (a micro-kernel): its bundles
+        are encoded once per platform and that tuple (:func:`portable_code`), and copied into every
+        program that appends it, where they hold unchanged if no operand is a label or a DMA descriptor.
+        One that has such an operand, or fails to encode on its own, is encoded bundle by bundle
+        with the program, as :meth:`extend` would (the program is the same either way)."""
+        code = portable_code(bundles, self.platform)
+        if code is not None:
+            self._portable.append((len(self._bundles), code))
+        self.extend_tuples(bundles)
+
     @property
     def pc(self) -> int:
         return len(self._bundles)
 
     def assemble(self, check_hazards: bool = True) -> Program:
         return _encode(self.platform, self._bundles, self._labels, self._descs,
-                       self._desc_names, check_hazards)
+                       self._desc_names, check_hazards, self._portable)
 
     def descriptor_table(self) -> tuple[np.ndarray, list[str]]:
         """The descriptors so far, checked and encoded as :meth:`assemble` encodes them, and their names."""
@@ -257,7 +269,8 @@ def _descriptor_array(descs: list[Descriptor], desc_names: list[str], platform: 
     return desc_arr
 
 
-def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards) -> Program:
+def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazards,
+            copied: list[tuple[int, np.ndarray]] = ()) -> Program:
     ns, nv = platform.scalar_registers, platform.vector_registers
     desc_arr = _descriptor_array(descs, desc_names, platform)
     # a kernel repeats the same bundles many times (unrolled loops): each distinct bundle is checked and
@@ -281,12 +294,24 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
     # object is looked at once, at its first position, so a failing one raises where a bundle-by-bundle
     # pass would (every bundle before it is a repeat of an object that passed)
     # (the bundles list holds every object, so no two of them share an id while this runs)
-    _, first, order = np.unique(np.fromiter(map(id, bundles), dtype=np.uint64, count=len(bundles)),
-                                return_index=True, return_inverse=True)
+    # the runs :meth:`ProgramBuilder.extend_portable` encoded already are left out, and copied in at the end
+    objects = np.fromiter(map(id, bundles), dtype=np.uint64, count=len(bundles))
+    rest = None
+    if copied:
+        outside = np.ones(len(bundles), dtype=bool)
+        for start, run in copied:
+            outside[start:start + len(run)] = False
+        rest = np.flatnonzero(outside)
+        objects = objects[rest]
+    _, first, order = np.unique(objects, return_index=True, return_inverse=True)
     order = order.ravel()
+    if rest is not None:
+        first = rest[first]                 # positions in the program
     block_of = np.empty(len(first), dtype=np.intp)
-    first = np.sort(first)                  # each object's first position, in program order
-    for b, j in zip(first.tolist(), order[first].tolist(), strict=True):
+    object_of = np.arange(len(first))       # np.unique's objects, each at its first position
+    by_position = np.argsort(first, kind="stable")
+    first, object_of = first[by_position], object_of[by_position]   # in program order
+    for b, j in zip(first.tolist(), object_of.tolist(), strict=True):
         instrs = bundles[b]
         keys = _instr_keys(instrs)
         known = encoded.get(keys)
@@ -304,12 +329,50 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
         block_of[j] = len(blocks)
         blocks.append(block)
     distinct = np.stack(blocks) if blocks else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), dtype=np.int64)
-    ids = block_of[order]
+    if rest is None:
+        ids = block_of[order]
+    else:                                   # each copied bundle a distinct one of its own
+        ids = np.empty(len(bundles), dtype=np.intp)
+        ids[rest] = block_of[order]
+        parts, at = [distinct], len(distinct)
+        for start, run in copied:
+            ids[start:start + len(run)] = np.arange(at, at + len(run))
+            parts.append(run)
+            at += len(run)
+        distinct = np.concatenate(parts)
     code = distinct[ids]
     prog = Program(code, desc_arr, dict(labels), list(desc_names))
     if check_hazards:
         check_hazards_indexed(prog, platform, distinct, ids)
     return prog
+
+
+_PORTABLE: dict[tuple, dict[int, tuple[tuple, np.ndarray | None]]] = {}
+_PORTABLE_MAX = 4096
+
+
+def portable_code(bundles: tuple[tuple[Instr, ...], ...], platform: Platform) -> np.ndarray | None:
+    """The encoding of ``bundles`` in any program on ``platform`` (:meth:`ProgramBuilder.extend_portable`),
+    memoised by that tuple object (kept alive by the memo, so its id is not reused); None where it
+    depends on the program (a label or a DMA descriptor operand) or does not encode on its own."""
+    memo = _shared_memo(_PORTABLE, (platform.scalar_registers, platform.vector_registers, platform.dma_channels),
+                        _PORTABLE_MAX)
+    got = memo.get(id(bundles))
+    if got is not None and got[0] is bundles:
+        return got[1]
+    b = ProgramBuilder(platform)
+    b.extend_tuples(bundles)
+    try:
+        code = b.assemble(check_hazards=False).code
+    except AssemblyError:
+        code = None
+    if code is not None and (_LABEL_BOUND[code[:, :, isa.F_OP]].any()
+                             or np.isin(code[:, :, isa.F_OP], list(_DESC_FIELD)).any()):
+        code = None
+    if code is not None:
+        code.flags.writeable = False
+    memo[id(bundles)] = (bundles, code)
+    return code
 
 
 def _encode_block(instrs, keys, b: int, rows: dict, shared: dict, ns: int, nv: int, labels, n: int, ndesc: int,

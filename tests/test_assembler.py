@@ -338,6 +338,49 @@ def test_a_repeated_bundle_with_a_bool_or_float_operand_is_still_refused():
             b.assemble()
 
 
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_pipelined_off", "a_resident"])
+def test_micro_kernels_copied_encoded_give_the_programs_encoded_bundle_by_bundle(monkeypatch, kernel):
+    """extend_portable (a cached micro-kernel's encoding copied in) gives the program extend gives, bit
+    for bit: code, descriptors and labels."""
+    from mtemu.assembler import ProgramBuilder as PB
+    from mtemu.kernels import gemm, gemm_a_resident
+    from mtemu.kernels.gemm_tiles import AResidentGemmTiles, GemmTiles
+    plat = DEFAULT.with_overrides(dsps=4)
+
+    def build():
+        if kernel == "a_resident":
+            plan = gemm_a_resident.plan_a_resident(200, 320, 400, AResidentGemmTiles(), plat)
+            return gemm_a_resident._assemble(plan, plat)[0]
+        plan = gemm.plan_gemm(200, 320, 400, GemmTiles(pipelined=kernel == "gemm"), plat)
+        return gemm._assemble(plan, plat)[0]
+
+    fast = build()
+    monkeypatch.setattr(PB, "extend_portable", PB.extend_tuples)
+    slow = build()
+    assert fast.bundles > 1000
+    assert fast.code.tobytes() == slow.code.tobytes() and fast.descriptors.tobytes() == slow.descriptors.tobytes()
+    assert fast.labels == slow.labels and fast.descriptor_names == slow.descriptor_names
+
+
+def test_portable_code_only_for_bundles_that_hold_in_any_program():
+    from mtemu.assembler import portable_code
+    plain = ((ins("smovi", 1, 5),), (ins("vfma", 1, 2, 3), ins("sldh", 4, (1, 0))), (ins("ret"),))
+    code = portable_code(plain, DEFAULT)
+    assert code is not None and code.shape == (3, isa.N_UNITS, isa.N_FIELDS) and not code.flags.writeable
+    assert portable_code(plain, DEFAULT) is code                       # memoised by the tuple
+    b = ProgramBuilder(DEFAULT)
+    b.extend_tuples(plain)
+    assert np.array_equal(code, b.assemble(check_hazards=False).code)
+    assert portable_code(((ins("br", 0),),), DEFAULT) is None                 # a branch target
+    assert portable_code(((ins("dma", 0, 0, (0, 0), (0, 0)),),), DEFAULT) is None   # a descriptor
+    assert portable_code(((ins("smovi", 99, 1),),), DEFAULT) is None           # refused: encoded with the program
+    b = ProgramBuilder(DEFAULT)
+    b.bundle(ins("nop"))
+    b.extend_portable(((ins("smovi", 99, 1),),))
+    with pytest.raises(AssemblyError, match="bundle 1, unit SMAC1, smovi, operand 1: scalar register s99"):
+        b.assemble()
+
+
 def _clear_shared_memos():
     from mtemu import assembler
     assembler._ROWS.clear()

@@ -309,8 +309,9 @@ def _call_sites(mk_labels: dict, t, rows_max: int, n2p: int, nvec: int, kw: int,
 def _emit_microkernels(b: ProgramBuilder, mk_labels: dict, t, n2p: int, pipelined: bool, platform: Platform) -> None:
     for (mr, nv, ks, first, last), label in mk_labels.items():
         b.label(label)
-        b.extend(microkernel(mr, nv, ks, first, last, t.k2 * 2, n2p * 2, n2p * 4, n2p * 2,
-                             t.rotation, pipelined, platform))
+        # encoded once per micro-kernel, not once per program that calls it (~10**4 bundles a GEMM)
+        b.extend_portable(microkernel(mr, nv, ks, first, last, t.k2 * 2, n2p * 2, n2p * 4, n2p * 2,
+                                      t.rotation, pipelined, platform))
 
 
 def _dsp_tables(program: Program, descs: _Descriptors, partitions: dict, full_rows: int, last_rows: int,

@@ -307,7 +307,7 @@ def _assemble(plan: AResidentPlan, platform: Platform) -> tuple[Program, dict[in
     _emit_microkernels(b, mk_labels, t, plan.n2p, True, platform)
     for nvec, label in widen_labels.items():
         b.label(label)
-        b.extend(_widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform))
+        b.extend_portable(_widen(plan.rows_max, nvec, plan.am_cin, plan.am_c, plan.n2p, platform))
     program = b.assemble()
     dsp_desc, init = _dsp_tables(program, desc, partitions, full_rows, steps[-1].mrows, plan.k, t.kg, plan.n,
                                  platform.dsps)
