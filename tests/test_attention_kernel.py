@@ -415,6 +415,8 @@ def test_driver_refuses_what_the_assembler_refuses():
         (lambda d: d.dma(0, "DDR", "AM", 1, 64, 0, 0, 0, far), DEFAULT,
          "bundle 2, unit SIEU, dma, operand 4 (destination): address offset"),
         (lambda d: d.dma(0, "DDR", "AM", 1, 64, 0, 0, -far, 0), DEFAULT, "bundle 2, unit SIEU, dma, operand 3"),
+        (lambda d: d.dma(0, "DDR", "AM", 1, 64, 0, 0, 64.0, 0), DEFAULT,
+         "bundle 2, unit SIEU, dma, operand 3 (source): expected an integer immediate"),
         (lambda d: (d.barrier(), d.wait(99)), DEFAULT, "bundle 3, unit SBR, dmawait, operand 1: DMA channel 99"),
         (lambda d: d.dma(0, "DDR", "AM", 1, 63, 0, 0, 0, 0), DEFAULT, "DMA descriptor 'd0': row_bytes must be even"),
         (lambda d: d.call(("round", 1, 1, 0, 64, 32), {1: 64, 2: 128}), slow,

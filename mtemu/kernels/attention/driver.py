@@ -217,7 +217,11 @@ class Driver:
         # the ids are in range by construction; mode "raise" would buffer the output to check them first
         np.take(linked.table, np.concatenate([ids, linked.library_rows]), axis=0, out=code, mode="clip")
         if self.dmas:
-            dmas = np.array(self.dmas, dtype=np.int64)
+            dmas = np.array(self.dmas)
+            if dmas.dtype != np.int64:          # an address that is not an integer (or beyond int64)
+                for pc, _desc, *addresses in self.dmas:
+                    for operand, value in enumerate(addresses, start=3):
+                        check_dma_offset(value, pc, operand)
             for col, operand in ((2, 3), (3, 4)):
                 bad = np.abs(dmas[:, col]) > isa.MAX_ADDRESS_IMM
                 if bad.any():
