@@ -305,12 +305,11 @@ def _encode(platform: Platform, bundles, labels, descs, desc_names, check_hazard
         objects = objects[rest]
     _, first, order = np.unique(objects, return_index=True, return_inverse=True)
     order = order.ravel()
+    block_of = np.empty(len(first), dtype=np.intp)
+    first = np.sort(first)                  # each object's first position, in program order
+    object_of = order[first]
     if rest is not None:
         first = rest[first]                 # positions in the program
-    block_of = np.empty(len(first), dtype=np.intp)
-    object_of = np.arange(len(first))       # np.unique's objects, each at its first position
-    by_position = np.argsort(first, kind="stable")
-    first, object_of = first[by_position], object_of[by_position]   # in program order
     for b, j in zip(first.tolist(), object_of.tolist(), strict=True):
         instrs = bundles[b]
         keys = _instr_keys(instrs)
@@ -366,8 +365,7 @@ def portable_code(bundles: tuple[tuple[Instr, ...], ...], platform: Platform) ->
         code = b.assemble(check_hazards=False).code
     except AssemblyError:
         code = None
-    if code is not None and (_LABEL_BOUND[code[:, :, isa.F_OP]].any()
-                             or np.isin(code[:, :, isa.F_OP], list(_DESC_FIELD)).any()):
+    if code is not None and _PROGRAM_BOUND[code[:, :, isa.F_OP]].any():
         code = None
     if code is not None:
         code.flags.writeable = False
@@ -501,6 +499,8 @@ _LABEL_BOUND_OPS = _LABEL_BOUND.tolist()            # indexed in the encoder's l
 # the field holding a DMA's descriptor, by opcode
 _DESC_FIELD = {spec.code: slot for spec in isa.OPS for kind, slot, _imm in
                (operand_layout(spec) if spec.syntax != "reason" else ()) if kind == "desc"}
+# opcodes whose encoding depends on the program: its labels and size, or its descriptors
+_PROGRAM_BOUND = isa.op_table(lambda spec: spec.code in _DESC_FIELD or "label" in _operand_kinds(spec))
 
 
 def _encode_one(spec, instr, where, ns, nv, labels, n, ndesc, platform) -> np.ndarray:

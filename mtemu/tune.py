@@ -388,10 +388,9 @@ def map_jobs(args: list, workers: int | None, scheduler, step: Callable[[str], N
             step("")
             yield i, res
         return
-    with contextlib.ExitStack() as stack:
-        executor = pool.executor() if pool is not None else stack.enter_context(
-            ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context(), initializer=end_with_parent))
-        futures = {executor.submit(fn, a): i for i, a in enumerate(args)}
+    # without a pool, one for this call alone
+    with contextlib.nullcontext(pool) if pool is not None else LocalPool(workers) as local:
+        futures = {local.executor().submit(fn, a): i for i, a in enumerate(args)}
         try:
             for f in done_order(futures):
                 res = f.result()

@@ -628,7 +628,6 @@ def build_profiles(requests: list[ProfileRequest], *, platform: TrainingPlatform
     if jobs:
         keys = sorted(jobs)
         client = mtemu.connect_scheduler(scheduler)          # reached before anything is compiled or emulated
-        workers = pool.workers if pool is not None else workers
         where = "the Dask cluster" if client is not None else f"{workers} local process(es)"
         progress(f"profiles: {len(keys)} kernels to emulate on {where}; compiling the machine here first")
         mtemu.warm_numba_cache(platform.cluster)

@@ -51,7 +51,6 @@ class Library:
         self.reference = reference                    # drivers built bundle by bundle (ReferenceDriver)
         self.keys: dict[tuple, None] = {}
         self.call_sites: dict[tuple, tuple[int, ...]] = {}    # a call's templates, by register setting
-        self.sites: list[tuple[int, ...]] = []                # every call's templates, as encoded
         self.singles: dict[tuple, int] = {}                   # one-bundle templates, by instruction
         self.blocks: list[np.ndarray] = []                    # every template's encoded bundle
         self.on: dict[str, dict[int, int]] = {"dma": {}, "dmawait": {}}     # see on_channel
@@ -81,9 +80,7 @@ class Library:
 
     def call_site(self, regs: dict[int, int], at: int) -> tuple[int, ...]:
         """The templates of a call with registers ``regs`` (:func:`call_bundles`), met first at bundle ``at``."""
-        got = self.encode(call_bundles(regs), at)
-        self.sites.append(got)
-        return got
+        return self.encode(call_bundles(regs), at)
 
     def single(self, at: int, op: str, *args) -> int:
         """The template of a one-instruction bundle (a wait, a barrier, a halt, a DMA on a channel),
@@ -302,7 +299,7 @@ def link(drivers: list[Driver], library: Library) -> list[Program]:
     templates = np.stack(library.blocks) if library.blocks else np.zeros((0, isa.N_UNITS, isa.N_FIELDS), np.int64)
     fillers = templates[sorted(library.singles.values())]
     hazard_free = not library.reference and hazard_free_by_parts(
-        [templates[list(site)] for site in library.sites], fillers, library.platform)
+        [templates[list(site)] for site in library.call_sites.values()], fillers, library.platform)
     table = np.concatenate([templates, lib_code])
     linked = Linked(table, np.arange(len(templates), len(table), dtype=np.intp), hazard_free)
     if library.reference:
